@@ -1,0 +1,131 @@
+"""Speed of mmembed's batched InfoNCE against per-group Python loops, on the CPU.
+
+A batch of B=64 groups, D=1024, each group with 0..15 negatives (uniform), float32.
+Timed: forward + backward with respect to the embeddings. Two baselines, both checked to
+give the same loss and gradient:
+
+- ``reference``: the plain loop of ``tests/reference_losses.py`` (one dot product per
+  candidate), the one the tests trust;
+- ``per-group``: one matrix product per anchor, the way ms-swift computes batches whose
+  groups differ in size.
+
+Run: ``python benchmarks/bench_infonce.py [--repeats N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from reference_losses import parse_groups, reference_infonce  # noqa: E402
+
+from mmembed.losses import InfoNCELoss  # noqa: E402
+
+
+def make_batch(n_groups: int, dim: int, max_neg: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, max_neg + 1, (n_groups,), generator=gen).tolist()
+    labels = torch.tensor([x for k in counts for x in [1.0] + [0.0] * k])
+    emb = F.normalize(torch.randn(sum(2 + k for k in counts), dim, generator=gen), dim=-1)
+    return emb, labels, counts
+
+
+def per_group_loop(emb, labels, *, temperature, use_batch, include_qq=False, include_dd=False,
+                   mask_fake_negative=False, fake_neg_margin=0.1):
+    """One matrix product per anchor against its candidates (ms-swift's unequal-size path)."""
+    groups = parse_groups(emb.shape[0], labels.tolist())
+    loss = emb.new_zeros(())
+    if not use_batch:
+        for a, p, negs in groups:
+            logits = emb[a] @ emb[[p] + negs].T / temperature
+            loss = loss + F.cross_entropy(logits[None], torch.zeros(1, dtype=torch.long))
+        return loss / len(groups)
+    doc_rows, pos_col = [], []
+    for a, p, negs in groups:
+        pos_col.append(len(doc_rows))
+        doc_rows += [p] + negs
+    docs = emb[doc_rows]
+    anchors = emb[[a for a, _, _ in groups]]
+    for i, (a, p, _) in enumerate(groups):
+        qd = emb[a] @ docs.T
+        threshold = qd[pos_col[i]].detach() + fake_neg_margin
+        if mask_fake_negative:
+            fake = qd > threshold
+            fake[pos_col[i]] = False
+            qd = qd.masked_fill(fake, float("-inf"))
+        row = [qd]
+        if include_qq:
+            qq = torch.cat([emb[a] @ anchors[:i].T, emb[a] @ anchors[i + 1:].T])
+            if mask_fake_negative:
+                qq = qq.masked_fill(qq > threshold, float("-inf"))
+            row.append(qq)
+        if include_dd:
+            dd = emb[p] @ docs.T
+            row.append(torch.cat([dd[: pos_col[i]], dd[pos_col[i] + 1:]]))
+        logits = torch.cat(row) / temperature
+        loss = loss + F.cross_entropy(logits[None], torch.tensor([pos_col[i]]))
+    return loss / len(groups)
+
+
+def run(fn, emb):
+    x = emb.detach().clone().requires_grad_(True)
+    start = time.perf_counter()
+    loss = fn(x)
+    loss.backward()
+    return time.perf_counter() - start, loss.detach(), x.grad
+
+
+def timed(fn, emb, repeats):
+    run(fn, emb)  # warm-up
+    results = [run(fn, emb) for _ in range(repeats)]
+    return statistics.median(r[0] for r in results), results[-1][1], results[-1][2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", type=int, default=64)
+    parser.add_argument("--dim", type=int, default=1024)
+    parser.add_argument("--max-neg", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+
+    emb, labels, counts = make_batch(args.groups, args.dim, args.max_neg)
+    print(
+        f"B={args.groups} D={args.dim} negatives per group 0..{args.max_neg} "
+        f"(total {sum(counts)}, rows {emb.shape[0]}), float32, CPU threads={torch.get_num_threads()}, "
+        f"torch {torch.__version__}; median of {args.repeats} forward+backward runs"
+    )
+    configs = {
+        "use_batch=True": dict(use_batch=True),
+        "use_batch=True +qq +dd +mask": dict(use_batch=True, include_qq=True, include_dd=True, mask_fake_negative=True),
+        "use_batch=False": dict(use_batch=False),
+    }
+    header = f"{'config':30} {'mmembed ms':>11} {'baseline':>10} {'baseline ms':>12} {'ratio':>8} {'|dloss|':>9} {'max|dgrad|':>10}"
+    print(header)
+    print("-" * len(header))
+    for name, options in configs.items():
+        options = dict(temperature=0.1, **options)
+        loss_fn = InfoNCELoss(**options)
+        t_ours, loss_ours, grad_ours = timed(lambda x: loss_fn({"last_hidden_state": x}, labels), emb, args.repeats)
+        baselines = {
+            "reference": lambda x: reference_infonce(x, labels, **options),
+            "per-group": lambda x: per_group_loop(x, labels, **options),
+        }
+        for base_name, base_fn in baselines.items():
+            repeats = 1 if base_name == "reference" else args.repeats
+            t_base, loss_base, grad_base = timed(base_fn, emb, repeats)
+            print(
+                f"{name:30} {t_ours * 1e3:11.2f} {base_name:>10} {t_base * 1e3:12.1f} {t_base / t_ours:7.1f}x "
+                f"{(loss_ours - loss_base).abs().item():9.1e} {(grad_ours - grad_base).abs().max().item():10.1e}"
+            )
+
+
+if __name__ == "__main__":
+    main()

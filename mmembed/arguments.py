@@ -1,0 +1,118 @@
+"""Command-line arguments, parsed once into dataclasses (ms-swift's flag names and defaults).
+
+``SftArguments`` extends ``transformers.TrainingArguments`` with ms-swift's embedding flags.
+Flags left out take ms-swift 4.x's ``sft`` defaults, so the same script trains the same
+way: cosine schedule, weight decay 0.1, Adam beta2 0.95, learning rate 1e-4 for LoRA and
+1e-5 for full training, gradient checkpointing on, a global batch of 16 through gradient
+accumulation when ``--gradient_accumulation_steps`` is not given, and over-long rows
+deleted (``--truncation_strategy delete``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+from transformers import HfArgumentParser, TrainingArguments
+
+TUNER_TYPES = ("lora", "full")
+TRUNCATION_STRATEGIES = ("delete", "left", "right")
+
+# flags accepted for script compatibility that change nothing here (listed in the README)
+NO_EFFECT_FLAGS = ("lazy_tokenize",)
+
+
+@dataclass
+class SftArguments(TrainingArguments):
+    # model and template
+    model: str | None = field(default=None, metadata={"help": "local model folder"})
+    model_type: str | None = field(default=None, metadata={"help": "ms-swift model type (picks the template)"})
+    template: str | None = field(default=None, metadata={"help": "template name from templates/"})
+    task_type: str = field(default="embedding", metadata={"help": "must be 'embedding'"})
+    torch_dtype: str | None = field(default=None, metadata={"help": "float32 | bfloat16 | float16 (default float32)"})
+    attn_impl: str | None = field(default=None, metadata={"help": "sdpa | eager | flash_attn"})
+    padding_side: str | None = field(default=None, metadata={"help": "left | right (default: the template's)"})
+    pooling: str | None = field(default=None, metadata={"help": "override the template's pooling: last | mean | cls | max"})
+    system: str | None = field(default=None, metadata={"help": "system prompt for rows that give none"})
+    max_length: int | None = field(default=None, metadata={"help": "maximum tokens per input (default: the model's)"})
+    truncation_strategy: str = field(default="delete", metadata={"help": "delete | left | right"})
+    # tuning
+    tuner_type: str | None = field(default=None, metadata={"help": "lora | full (ms-swift >= 3.9 spelling)"})
+    train_type: str | None = field(default=None, metadata={"help": "lora | full (older ms-swift spelling)"})
+    lora_rank: int = 8
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    # data
+    dataset: list[str] = field(default_factory=list, metadata={"help": "data files / folders, path#N samples N rows"})
+    val_dataset: list[str] = field(default_factory=list)
+    split_dataset_ratio: float = 0.0
+    strict: bool = field(default=True, metadata={"help": "false: skip broken rows and report them"})
+    lazy_tokenize: bool = True
+    load_from_cache_file: bool = True
+    dataset_num_proc: int = 1
+    loss_type: str = "infonce"
+    # ms-swift defaults that differ from transformers'
+    output_dir: str | None = "output"
+    learning_rate: float | None = None  # type: ignore[assignment]
+    weight_decay: float = 0.1
+    adam_beta2: float = 0.95
+    lr_scheduler_type: str = "cosine"  # type: ignore[assignment]
+    gradient_checkpointing: bool | None = None  # ms-swift's name; default on (as ms-swift)
+    logging_steps: float = 5
+    logging_first_step: bool = True
+    eval_strategy: str | None = None  # type: ignore[assignment]
+    per_device_train_batch_size: int = 1
+    per_device_eval_batch_size: int = 1
+    gradient_accumulation_steps: int | None = None  # type: ignore[assignment]
+    remove_unused_columns: bool = False
+
+    def __post_init__(self):
+        if self.task_type != "embedding":
+            raise ValueError(f"--task_type {self.task_type!r}: mmembed trains embedding models only (--task_type embedding)")
+        if not self.model:
+            raise ValueError("--model is required (a local model folder)")
+        if self.tuner_type and self.train_type and self.tuner_type != self.train_type:
+            raise ValueError(f"--tuner_type {self.tuner_type} and --train_type {self.train_type} disagree")
+        self.tuner_type = self.tuner_type or self.train_type or "lora"
+        self.train_type = self.tuner_type
+        if self.tuner_type not in TUNER_TYPES:
+            raise ValueError(f"--tuner_type must be one of {TUNER_TYPES}, got {self.tuner_type!r}")
+        if self.truncation_strategy not in TRUNCATION_STRATEGIES:
+            raise ValueError(f"--truncation_strategy must be one of {TRUNCATION_STRATEGIES}, got {self.truncation_strategy!r}")
+        if self.padding_side not in (None, "left", "right"):
+            raise ValueError(f"--padding_side must be left or right, got {self.padding_side!r}")
+        if not 0.0 <= self.split_dataset_ratio < 1.0:
+            raise ValueError(f"--split_dataset_ratio must be in [0, 1), got {self.split_dataset_ratio}")
+        if self.learning_rate is None:
+            self.learning_rate = 1e-4 if self.tuner_type == "lora" else 1e-5
+        if self.gradient_accumulation_steps is None:
+            world = int(os.environ.get("WORLD_SIZE", "1"))
+            self.gradient_accumulation_steps = max(1, math.ceil(16 / self.per_device_train_batch_size / world))
+        has_val = bool(self.val_dataset) or self.split_dataset_ratio > 0
+        if self.eval_strategy is None:
+            self.eval_strategy = "steps" if has_val else "no"
+        if self.eval_steps is None and self.eval_strategy == "steps":
+            self.eval_steps = self.save_steps
+        # ms-swift's --gradient_checkpointing (default true) is transformers 5's activation_checkpointing
+        if self.activation_checkpointing is None:
+            self.activation_checkpointing = True if self.gradient_checkpointing is None else self.gradient_checkpointing
+        if self.activation_checkpointing_kwargs is None:
+            self.activation_checkpointing_kwargs = self.gradient_checkpointing_kwargs or {"use_reentrant": False}
+        self.gradient_checkpointing = self.gradient_checkpointing_kwargs = None
+        if self.label_names is None:
+            self.label_names = ["labels"]
+        super().__post_init__()
+
+
+def parse_sft_args(argv: list[str]) -> SftArguments:
+    """Parse ``mmembed sft`` flags; an unknown flag is an error that names it."""
+    parser = HfArgumentParser(SftArguments, allow_abbrev=False, prog="mmembed sft")
+    args, rest = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    if rest:
+        unknown = [r for r in rest if r.startswith("-")] or rest
+        raise SystemExit(f"mmembed sft: unknown flag(s): {' '.join(unknown)} (see `mmembed sft --help`)")
+    if not args.dataset:
+        raise SystemExit("mmembed sft: --dataset is required")
+    return args

@@ -1,0 +1,141 @@
+"""``mmembed`` command line: sft (alias train), embed, export, eval.
+
+Flags follow ms-swift's spelling; ``mmembed COMMAND --help`` lists them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+
+USAGE = """usage: mmembed COMMAND [flags]
+
+commands:
+  sft (train)   fine-tune an embedding model (ms-swift's `swift sft --task_type embedding` flags)
+  embed         embed a file of inputs into a .npy array
+  export        merge a LoRA checkpoint into a standalone folder (--adapters CKPT --merge_lora true)
+  eval          STS (Spearman/Pearson) and pair-retrieval metrics of a model on scored pairs
+"""
+
+
+def _setup_logging() -> None:
+    level = logging.INFO if int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))) == 0 else logging.WARNING
+    logging.basicConfig(level=level, format="[%(levelname)s:%(name)s] %(message)s")
+    logging.getLogger("mmembed").setLevel(level)
+
+
+def _maybe_relaunch(argv: list[str]) -> int | None:
+    """ms-swift's launch habit: NPROC_PER_NODE (with NNODES, NODE_RANK, MASTER_ADDR,
+    MASTER_PORT) re-runs the command under torchrun, once per process."""
+    nproc = int(os.environ.get("NPROC_PER_NODE", "1"))
+    nnodes = int(os.environ.get("NNODES", "1"))
+    if (nproc <= 1 and nnodes <= 1) or "LOCAL_RANK" in os.environ:
+        return None
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--nnodes={nnodes}",
+           f"--node_rank={os.environ.get('NODE_RANK', '0')}",
+           f"--master_addr={os.environ.get('MASTER_ADDR', '127.0.0.1')}",
+           f"--master_port={os.environ.get('MASTER_PORT', '29500')}",
+           "-m", "mmembed.cli", *argv]
+    return subprocess.call(cmd)
+
+
+def cmd_sft(argv: list[str]) -> int:
+    code = _maybe_relaunch(["sft", *argv])
+    if code is not None:
+        return code
+    from .arguments import parse_sft_args
+    from .sft import run_sft
+
+    try:
+        args = parse_sft_args(argv)
+    except ValueError as e:  # our own argument checks
+        raise SystemExit(f"mmembed sft: {e}")
+    metrics = run_sft(args)
+    if args.should_save:
+        print(json.dumps(metrics, indent=2, default=str))
+    return 0
+
+
+def cmd_embed(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="mmembed embed", allow_abbrev=False)
+    p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder")
+    p.add_argument("--input", required=True, help=".txt (one text per line) or .jsonl/.json/.csv rows with query/text")
+    p.add_argument("--output", required=True, help="where to write the [n, D] float32 .npy")
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--torch_dtype", default=None)
+    a = p.parse_args(argv)
+    import numpy as np
+
+    from .inference import Embedder, read_inputs
+
+    inputs = read_inputs(a.input)
+    emb = Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype).encode(inputs, batch_size=a.batch_size)
+    np.save(a.output, emb)
+    print(f"wrote {emb.shape[0]} x {emb.shape[1] if emb.ndim == 2 else 0} embeddings to {a.output}")
+    return 0
+
+
+def _bool(s: str) -> bool:
+    if s.lower() in ("true", "1", "yes"):
+        return True
+    if s.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+
+
+def cmd_export(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="mmembed export", allow_abbrev=False)
+    p.add_argument("--adapters", "--ckpt_dir", dest="adapters", required=True, help="checkpoint folder")
+    p.add_argument("--merge_lora", type=_bool, default=True)
+    p.add_argument("--output_dir", default=None, help="default: CHECKPOINT-merged")
+    a = p.parse_args(argv)
+    from .export import export_checkpoint
+
+    out = export_checkpoint(a.adapters, a.output_dir, a.merge_lora)
+    print(f"exported {a.adapters} -> {out}")
+    return 0
+
+
+def cmd_eval(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="mmembed eval", allow_abbrev=False)
+    p.add_argument("--model", required=True)
+    p.add_argument("--sts", help="scored pairs (rows with query, response, label in [0, 1] or 0-5)")
+    p.add_argument("--output", default=None, help="write the metrics as JSON here")
+    p.add_argument("--batch_size", type=int, default=64)
+    a = p.parse_args(argv)
+    if not a.sts:
+        raise SystemExit("mmembed eval: pass --sts FILE")
+    from .eval_tasks import evaluate_pairs_file
+    from .inference import Embedder
+
+    metrics = evaluate_pairs_file(Embedder.from_pretrained(a.model), a.sts, batch_size=a.batch_size)
+    text = json.dumps(metrics, indent=2)
+    print(text)
+    if a.output:
+        with open(a.output, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    return 0
+
+
+COMMANDS = {"sft": cmd_sft, "train": cmd_sft, "embed": cmd_embed, "export": cmd_export, "eval": cmd_eval}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"mmembed: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    _setup_logging()
+    return COMMANDS[command](rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""Rows -> samples: the readers for both ms-swift row forms, media binding, dataset specs.
+
+Validate a file without training::
+
+    from mmembed.data import read_file
+    samples = read_file("train.jsonl")   # raises DataError naming file, line and field
+"""
+
+from .dataset import EmbeddingDataset, LoadResult, SpecError, load_samples, parse_spec, split_dataset
+from .reader import iter_raw_rows, parse_row, read_file
+from .sample import DataError, Item, Sample
+
+__all__ = [
+    "DataError",
+    "EmbeddingDataset",
+    "Item",
+    "LoadResult",
+    "Sample",
+    "SpecError",
+    "iter_raw_rows",
+    "load_samples",
+    "parse_row",
+    "parse_spec",
+    "read_file",
+    "split_dataset",
+]

@@ -1,0 +1,368 @@
+"""Dataset specs (``--dataset``) and Arrow storage of the parsed samples.
+
+``load_samples(["train.jsonl#1000", "more_data/"])`` reads every file through
+:func:`~mmembed.data.reader.parse_row` inside ``datasets.Dataset.from_generator``, so rows go
+straight to a memory-mapped Arrow file in the ``datasets`` cache and are never held as a
+Python list. Each Arrow row holds one sample as JSON (``Sample.to_json``) plus its
+``source`` and ``line``; :class:`EmbeddingDataset` decodes them one at a time.
+
+Bad rows are recorded in the Arrow file itself (an ``error`` column, dropped before the
+dataset is returned), so that they survive worker processes and cache hits alike: with
+``strict=True`` the first one is raised as the :class:`DataError` it is, with
+``strict=False`` they are skipped and listed in :attr:`LoadResult.skipped` and in a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch.utils.data
+
+from .reader import DATA_EXTENSIONS, MediaFileError, _iter_rows, parse_row
+from .sample import DataError, Sample
+
+__all__ = ["EmbeddingDataset", "LoadResult", "SpecError", "load_samples", "parse_spec", "split_dataset"]
+
+logger = logging.getLogger(__name__)
+
+# Bump when the reader's output for the same file changes, so old caches are not reused.
+_CACHE_VERSION = "mmembed-samples-1"
+_REPORT_LIMIT = 50
+
+
+class SpecError(ValueError):
+    """A ``--dataset`` spec that names no readable local file or folder."""
+
+
+# ----------------------------------------------------------------------------- specs
+
+_HUB_PREFIX_RE = re.compile(r"^(hf|ms)::", re.IGNORECASE)
+_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(:[\w./-]+)?$")
+
+
+def parse_spec(spec: str) -> tuple[str, int | None]:
+    """Split a dataset spec into ``(absolute path, N or None)``.
+
+    Accepted: ``path``, ``path#N`` (N > 0: sample N rows, see :func:`load_samples`), a folder
+    (every data file under it). A path that exists as written wins over the ``#N`` reading.
+    A spec naming nothing on disk raises :class:`SpecError`; when it looks like a hub id
+    (``org/name``, ``AI-ModelScope/...``, ``hf::``/``ms::`` prefixes, ``:subset`` suffixes) the
+    message says that hub datasets cannot be downloaded here and to pass a local file.
+    """
+    spec = spec.strip()
+    if not spec:
+        raise SpecError("empty dataset spec (check --dataset for an empty string)")
+    if os.path.exists(os.path.expanduser(spec)):
+        return os.path.abspath(os.path.expanduser(spec)), None
+    path, n = spec, None
+    m = re.fullmatch(r"(.*)#(\d+)", spec)
+    if m:
+        path, n = m.group(1), int(m.group(2))
+        if n <= 0:
+            raise SpecError(f"dataset spec {spec!r}: the sample count after '#' must be positive")
+    local = os.path.expanduser(path)
+    if os.path.exists(local):
+        return os.path.abspath(local), n
+    if _looks_like_hub_id(path):
+        raise SpecError(
+            f"dataset {path!r} is not a local file or folder. It looks like a ModelScope / Hugging Face "
+            "hub dataset id: hub datasets cannot be downloaded here (mmembed reads local data only, "
+            "offline). Download the dataset and pass its local file or folder (e.g. data.jsonl or data.jsonl#1000)."
+        )
+    raise SpecError(f"dataset file or folder not found: {path!r} (from spec {spec!r})")
+
+
+def _looks_like_hub_id(path: str) -> bool:
+    if _HUB_PREFIX_RE.match(path):
+        return True
+    if path.startswith(("/", ".", "~")) or _has_data_extension(path.split(":")[0]):
+        return False
+    return bool(_HUB_ID_RE.match(path))
+
+
+def _has_data_extension(path: str) -> bool:
+    return os.path.splitext(path)[1].lower() in DATA_EXTENSIONS
+
+
+def _data_files(path: str) -> list[str]:
+    """A file -> [it]; a folder -> its data files (recursively, hidden entries skipped, sorted)."""
+    if os.path.isfile(path):
+        if not _has_data_extension(path):
+            raise SpecError(f"unsupported data file {path!r}: expected one of {', '.join(DATA_EXTENSIONS)}")
+        return [path]
+    found = []
+    for root, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found += [os.path.join(root, f) for f in files if not f.startswith(".") and _has_data_extension(f)]
+    if not found:
+        raise SpecError(f"folder {path!r} holds no data files ({', '.join(DATA_EXTENSIONS)})")
+    return sorted(found, key=lambda p: os.path.relpath(p, path))
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+@dataclass
+class LoadResult:
+    """What :func:`load_samples` returns: the dataset and the rows it skipped (strict=False)."""
+
+    dataset: Any  # datasets.Dataset with columns sample (JSON), source, line
+    skipped: list[DataError] = field(default_factory=list)
+    rows_read: int = 0
+
+    def report(self, limit: int = _REPORT_LIMIT) -> str:
+        """A human-readable list of skipped rows (``file:line field: reason``); "" if none."""
+        if not self.skipped:
+            return ""
+        lines = [f"skipped {len(self.skipped)} bad row(s) of {self.rows_read} read (strict=False):"]
+        lines += [f"  {e}" for e in self.skipped[:limit]]
+        rest: dict[str, list[int]] = {}
+        for e in self.skipped[limit:]:
+            rest.setdefault(e.source, []).append(e.line)
+        for source, numbers in rest.items():
+            shown = ", ".join(map(str, numbers[:200])) + (", ..." if len(numbers) > 200 else "")
+            lines.append(f"  ... {len(numbers)} more in {source}, lines {shown} (reasons in LoadResult.skipped)")
+        return "\n".join(lines)
+
+
+def _features():
+    import datasets
+
+    return datasets.Features(
+        {
+            "sample": datasets.Value("string"),
+            "source": datasets.Value("string"),
+            "line": datasets.Value("int64"),
+            "error": datasets.Value("string"),
+        }
+    )
+
+
+def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: str):
+    """Arrow rows for the given file shards; a bad row becomes an ``error`` row.
+
+    ``version`` only feeds the cache fingerprint. With ``strict`` a shard stops at its first
+    bad row (the caller raises it).
+    """
+    del version
+    for path, _mtime_ns, _size, shard, num_shards in shards:
+        base_dir = os.path.dirname(path)
+        for line, raw in _iter_rows(path, shard, num_shards):
+            if isinstance(raw, DataError):
+                err = raw
+            else:
+                try:
+                    sample = parse_row(raw, path, line, base_dir, verify_images=verify_images)
+                except DataError as e:
+                    err = e
+                else:
+                    yield {"sample": sample.to_json(), "source": path, "line": line, "error": None}
+                    continue
+            yield {
+                "sample": None,
+                "source": err.source,
+                "line": err.line,
+                "error": json.dumps(
+                    {"field": err.field, "reason": err.reason, "media": isinstance(err, MediaFileError)},
+                    ensure_ascii=False,
+                ),
+            }
+            if strict:
+                return
+
+
+def _build(gen_kwargs: dict, cache_dir: str | None, num_proc: int, force: bool):
+    import datasets
+    from datasets.io.generator import GeneratorDatasetInputStream
+
+    fingerprint = hashlib.sha256(json.dumps(gen_kwargs, sort_keys=True).encode()).hexdigest()[:32]
+    kwargs: dict[str, Any] = dict(
+        generator=_generate,
+        features=_features(),
+        cache_dir=cache_dir,
+        gen_kwargs=gen_kwargs,
+        num_proc=num_proc if num_proc > 1 else None,
+    )
+    if "fingerprint" in inspect.signature(datasets.Dataset.from_generator).parameters:
+        kwargs["fingerprint"] = fingerprint  # else datasets hashes gen_kwargs, which hold the same facts
+    try:
+        if not force:
+            return datasets.Dataset.from_generator(**kwargs)
+        # load_from_cache_file=False: the same stream from_generator uses, forced to regenerate.
+        stream = GeneratorDatasetInputStream(**kwargs)
+        stream.builder.download_and_prepare(download_mode="force_redownload", num_proc=kwargs["num_proc"])
+        ds = stream.builder.as_dataset(split=stream.builder.config.split)
+    except ValueError as e:
+        if "corresponds to no data" not in str(e):
+            raise
+        # The files hold no rows at all; datasets cannot build a split from nothing.
+        return datasets.Dataset.from_dict({k: [] for k in _features()}, features=_features())
+    if kwargs.get("fingerprint"):
+        ds._fingerprint = fingerprint
+    return ds
+
+
+def _errors(ds) -> list[tuple[int, DataError]]:
+    """The error rows of a freshly built dataset as ``(row index, DataError)``, in order."""
+    import pyarrow.compute as pc
+
+    column = ds.data.column("error")
+    if column.null_count == len(column):
+        return []
+    bad = np.flatnonzero(pc.is_valid(column).to_numpy(zero_copy_only=False))
+    errors = []
+    for i, row in zip(bad, ds.select(bad)):
+        info = json.loads(row["error"])
+        cls = MediaFileError if info.get("media") else DataError
+        errors.append((int(i), cls(row["source"], row["line"], info["field"], info["reason"])))
+    return errors
+
+
+def _from_cache(ds, started: float) -> bool:
+    files = [f["filename"] for f in getattr(ds, "cache_files", [])]
+    return bool(files) and all(os.path.getmtime(f) < started for f in files if os.path.exists(f))
+
+
+def _load_files(
+    files: list[str], *, strict: bool, verify_images: bool, cache_dir: str | None, num_proc: int, force: bool
+):
+    """Arrow dataset of the files' good rows, the bad rows as DataErrors, rows read."""
+    shards = []
+    for path in files:
+        st = os.stat(path)
+        n = num_proc if num_proc > 1 and path.lower().endswith(".jsonl") else 1
+        shards += [(path, st.st_mtime_ns, st.st_size, i, n) for i in range(n)]
+    gen_kwargs = {"shards": shards, "strict": strict, "verify_images": verify_images, "version": _CACHE_VERSION}
+    started = time.time()
+    ds = _build(gen_kwargs, cache_dir, num_proc, force)
+    errors = _errors(ds)
+    if not force and any(isinstance(e, MediaFileError) for _, e in errors) and _from_cache(ds, started):
+        # The cache is keyed by the data files only; media may have been added or fixed since.
+        ds = _build(gen_kwargs, cache_dir, num_proc, force=True)
+        errors = _errors(ds)
+    rows_read = len(ds)
+    if not errors:
+        return ds.remove_columns("error"), [], rows_read
+    if strict:
+        raise errors[0][1]
+    good = np.setdiff1d(np.arange(len(ds)), [i for i, _ in errors], assume_unique=True)
+    return ds.select(good).remove_columns("error"), [e for _, e in errors], rows_read
+
+
+def sample_indices(size: int, n: int, rng: np.random.RandomState) -> np.ndarray:
+    """Row indices for ``#n`` over ``size`` rows, as ms-swift picks them.
+
+    ``n <= size``: ``n`` distinct rows in random order (the first ``n`` of a permutation).
+    ``n > size``: every row ``n // size`` times in order, then ``n % size`` distinct random rows.
+    """
+    if size == 0:
+        raise ValueError(f"cannot sample {n} rows from an empty dataset")
+    repeats, rest = divmod(n, size)
+    idx = np.tile(np.arange(size), repeats)
+    if rest:
+        idx = np.concatenate([idx, rng.permutation(size)[:rest]])
+    return idx
+
+
+def load_samples(
+    specs: list[str] | str,
+    *,
+    strict: bool = True,
+    seed: int = 42,
+    cache_dir: str | None = None,
+    num_proc: int = 1,
+    load_from_cache_file: bool = True,
+    verify_images: bool = True,
+) -> LoadResult:
+    """Read dataset specs into one Arrow-backed ``datasets.Dataset`` of samples.
+
+    Columns: ``sample`` (``Sample.to_json()``), ``source`` (absolute file path), ``line``.
+    Specs (see :func:`parse_spec`) are read in order and concatenated; ``#N`` samples N rows
+    of that spec (after bad rows are dropped) with ``numpy.random.RandomState(seed)`` shared
+    across specs, as ms-swift does: without replacement when N <= rows; beyond, each row
+    ``N // rows`` times plus ``N % rows`` random distinct rows.
+
+    ``strict=True``: the first bad row raises its :class:`DataError`. ``strict=False``: bad
+    rows are skipped, listed in ``LoadResult.skipped`` and logged as a warning (never
+    silently). The Arrow cache (``cache_dir`` or the ``datasets`` default) is keyed by every
+    file's path, size and mtime and by the options, so an edited file is read again;
+    ``load_from_cache_file=False`` always re-reads. ``num_proc > 1`` reads files (and byte
+    ranges of ``.jsonl`` files) in parallel processes, keeping row order.
+    """
+    import datasets
+
+    if isinstance(specs, str):
+        specs = [specs]
+    if not specs:
+        raise SpecError("no dataset specs given")
+    parsed = [parse_spec(s) for s in specs]
+    file_lists = [_data_files(path) for path, _ in parsed]
+    rng = np.random.RandomState(seed)
+    parts, skipped, rows_read = [], [], 0
+    for (path, n), files in zip(parsed, file_lists):
+        ds, bad, read = _load_files(
+            files,
+            strict=strict,
+            verify_images=verify_images,
+            cache_dir=cache_dir,
+            num_proc=max(1, int(num_proc or 1)),
+            force=not load_from_cache_file,
+        )
+        skipped += bad
+        rows_read += read
+        if n is not None:
+            if len(ds) == 0:
+                raise SpecError(f"dataset {path!r} has no valid rows to sample {n} from")
+            if n > len(ds):
+                logger.warning("%s#%d: more than its %d rows, so rows repeat", path, n, len(ds))
+            ds = ds.select(sample_indices(len(ds), n, rng))
+        parts.append(ds)
+    dataset = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    result = LoadResult(dataset=dataset, skipped=skipped, rows_read=rows_read)
+    if skipped:
+        logger.warning("%s", result.report())
+    return result
+
+
+# ----------------------------------------------------------------------------- split / torch
+
+
+def split_dataset(ds, ratio: float, seed: int):
+    """Split off a validation set like ms-swift's ``--split_dataset_ratio``.
+
+    ``ratio == 0`` -> ``(ds, None)``. ``0 < ratio < 1`` -> ``(train, val)`` with
+    ``max(int(len(ds) * ratio), 1)`` validation rows chosen at random with ``seed``.
+    """
+    if not 0 <= ratio < 1:
+        raise ValueError(f"split_dataset_ratio must be in [0, 1), got {ratio}")
+    if ratio == 0:
+        return ds, None
+    n_val = max(int(len(ds) * ratio), 1)
+    if n_val >= len(ds):
+        raise ValueError(f"cannot split {len(ds)} row(s) with ratio {ratio}: no training rows would remain")
+    parts = ds.train_test_split(test_size=n_val, shuffle=True, seed=seed)
+    return parts["train"], parts["test"]
+
+
+class EmbeddingDataset(torch.utils.data.Dataset):
+    """A torch Dataset over the Arrow samples; ``ds[i]`` decodes row ``i`` into a Sample."""
+
+    def __init__(self, dataset: Any):
+        if isinstance(dataset, LoadResult):
+            dataset = dataset.dataset
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Sample:
+        return Sample.from_json(self.dataset[int(index)]["sample"])

@@ -1,0 +1,78 @@
+"""The normalized form every row becomes, whatever file format or row form it came from.
+
+A ``Sample`` is one training group: an anchor, its positive(s), its hard negatives (any
+number, including none) and an optional label (the score pair losses use). Each member is
+an ``Item``: the text as the user wrote it, with media tags (``<image>``, ``<video>``,
+``<audio>``) left in place, the system prompt if the row gave one, and the media paths
+bound to those tags, already resolved to absolute paths or data URIs.
+
+Samples are stored in Arrow as JSON strings (``Sample.to_json``) so that rows of any shape
+(variable negatives, media lists) share one column and are decoded only when a batch
+needs them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+MEDIA_KINDS = ("image", "video", "audio")
+
+
+@dataclass
+class Item:
+    """One text (with media tags) to embed."""
+
+    text: str
+    system: str | None = None
+    images: list[str] = field(default_factory=list)
+    videos: list[str] = field(default_factory=list)
+    audios: list[str] = field(default_factory=list)
+
+    def media(self, kind: str) -> list[str]:
+        return getattr(self, kind + "s")
+
+    @property
+    def has_media(self) -> bool:
+        return bool(self.images or self.videos or self.audios)
+
+
+@dataclass
+class Sample:
+    """One group: anchor, positives, negatives, label; plus where it came from."""
+
+    anchor: Item
+    positives: list[Item] = field(default_factory=list)
+    negatives: list[Item] = field(default_factory=list)
+    label: float | None = None
+    source: str = ""
+    line: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Sample":
+        d = json.loads(text)
+        return cls(
+            anchor=Item(**d["anchor"]),
+            positives=[Item(**x) for x in d["positives"]],
+            negatives=[Item(**x) for x in d["negatives"]],
+            label=d["label"],
+            source=d.get("source", ""),
+            line=d.get("line", 0),
+        )
+
+
+class DataError(ValueError):
+    """A row that breaks the data contract. The message names file, line and field."""
+
+    def __init__(self, source: str, line: int, fieldname: str | None, message: str):
+        self.source = source
+        self.line = line
+        self.field = fieldname
+        self.reason = message
+        where = f"{source}:{line}"
+        if fieldname:
+            where += f" field '{fieldname}'"
+        super().__init__(f"{where}: {message}")

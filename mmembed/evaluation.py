@@ -1,0 +1,419 @@
+"""Evaluation metrics for embeddings: ms-swift's (InfoNCE and pair metrics) plus retrieval.
+
+Every function here is pure: it takes embeddings (numpy arrays or torch tensors of any
+dtype and device), converts them to float64 numpy, and returns a ``dict[str, float]``.
+No model code, no environment reads; the trainer decides what to pass.
+
+Similarity is the dot product throughout (except ``pair_metrics``, which reports cosine,
+dot and distances side by side): mmembed's models L2-normalize their output, so the dot
+product is the cosine similarity.
+
+Large evaluation sets are scored in blocks of rows, so memory stays bounded by
+``_BLOCK_ELEMENTS`` float64 scores at a time whatever the number of queries and documents.
+
+Functions
+---------
+- ``infonce_metrics``: ``mean_pos``, ``mean_neg``, ``margin`` as ms-swift reports them.
+- ``retrieval_metrics``: ``recall@k``, ``mrr@10``, ``ndcg@10`` with deterministic ties.
+- ``pair_metrics``: pearson / spearman of the label against cosine, dot, -manhattan,
+  -euclidean.
+- ``embedding_eval_metrics``: the two first ones, straight from ms-swift's InfoNCE layout
+  (``[N, D]`` embeddings in group order and ``[N - B]`` labels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "infonce_metrics",
+    "retrieval_metrics",
+    "pair_metrics",
+    "embedding_eval_metrics",
+]
+
+# Upper bound on the number of float64 scores held at once (2**22 * 8 bytes = 32 MiB).
+_BLOCK_ELEMENTS = 1 << 22
+
+
+def _to_numpy(x: Any, name: str, ndim: int | None = None) -> np.ndarray:
+    """Return ``x`` as a float64 numpy array (torch tensors of any dtype/device included)."""
+    if hasattr(x, "detach"):  # torch.Tensor, without importing torch here
+        import torch
+
+        x = x.detach().to(device="cpu", dtype=torch.float64).numpy()
+    arr = np.asarray(x, dtype=np.float64)
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(arr.shape)}")
+    return arr
+
+
+def _to_int_array(x: Any, name: str) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    arr = np.asarray(x)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-dimensional, got shape {tuple(arr.shape)}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if not np.all(np.equal(np.mod(arr, 1), 0)):
+            raise ValueError(f"{name} must hold integers, got {arr[:8]!r}...")
+    return arr.astype(np.int64)
+
+
+def _rows_per_block(n_cols: int) -> int:
+    return max(1, _BLOCK_ELEMENTS // max(1, n_cols))
+
+
+# ---------------------------------------------------------------------------------------
+# InfoNCE (ms-swift's InfonceMetrics)
+# ---------------------------------------------------------------------------------------
+
+
+def infonce_metrics(
+    anchors: Any,
+    positives: Any,
+    negatives: Any,
+    neg_group: Any,
+    *,
+    use_batch: bool = True,
+) -> dict[str, float]:
+    """ms-swift's InfoNCE evaluation metrics over a whole evaluation set.
+
+    Inputs
+    ------
+    anchors:   ``[B, D]``, anchor ``a_i`` of group ``i``.
+    positives: ``[B, D]``, positive ``p_i`` of group ``i``.
+    negatives: ``[M, D]``, hard negatives of all groups (``M`` may be 0; ``None`` means 0).
+    neg_group: ``[M]`` int, the group (anchor index in ``[0, B)``) each negative belongs to
+               (``None`` when ``M = 0``).
+
+    Definitions (``s(x, y) = x . y``, the cosine for L2-normalized embeddings)
+    --------------------------------------------------------------------------
+    The candidates of anchor ``i`` other than its own positive, ``O_i``, are:
+
+    - ``use_batch=True`` (ms-swift's default, ``INFONCE_USE_BATCH=True``): every other
+      document of the whole set, i.e. ``p_j`` for ``j != i`` and every negative of every
+      group; ``|O_i| = B - 1 + M`` for all ``i``.
+    - ``use_batch=False``: only group ``i``'s own negatives.
+
+    Then
+
+    - ``mean_pos = (1/B) sum_i s(a_i, p_i)``
+    - ``mean_neg`` = mean of ``s(a_i, c)`` over all pairs ``(i, c)`` with ``c in O_i``
+      (pooled over pairs, as ms-swift does; with ``use_batch=True`` every ``O_i`` has the
+      same size, so this is also the mean over anchors of their mean).
+    - ``margin = mean_i [ s(a_i, p_i) - max_{c in O_i} s(a_i, c) ]``, over the anchors
+      whose ``O_i`` is not empty.
+
+    A metric with nothing to average (no other candidate at all, e.g. ``B = 1`` and
+    ``M = 0``, or ``use_batch=False`` and ``M = 0``) is ``nan``; ms-swift would fail there.
+    Every negative is used: ms-swift's ``INFONCE_HARD_NEGATIVES`` truncation/resampling is
+    a training device and is not applied to the metrics here.
+
+    Returns ``{"margin", "mean_neg", "mean_pos"}`` as Python floats.
+    """
+    a = _to_numpy(anchors, "anchors", 2)
+    p = _to_numpy(positives, "positives", 2)
+    n = _to_numpy([] if negatives is None else negatives, "negatives")
+    if n.size == 0:  # M = 0 may come as [], shape (0,) or (0, D)
+        n = n.reshape(0, a.shape[1])
+    if n.ndim != 2:
+        raise ValueError(f"negatives must be [M, D], got shape {tuple(n.shape)}")
+    g = _to_int_array([] if neg_group is None else neg_group, "neg_group")
+    b, d = a.shape
+    if b == 0:
+        raise ValueError("anchors is empty: need at least one group")
+    if p.shape != (b, d):
+        raise ValueError(f"positives must have the anchors' shape {(b, d)}, got {p.shape}")
+    if n.shape[1] != d:
+        raise ValueError(f"negatives must be [M, {d}], got shape {tuple(n.shape)}")
+    if g.shape[0] != n.shape[0]:
+        raise ValueError(f"neg_group must have one entry per negative ({n.shape[0]}), got {g.shape[0]}")
+    if g.size and (g.min() < 0 or g.max() >= b):
+        raise ValueError(f"neg_group entries must lie in [0, {b}), got range [{g.min()}, {g.max()}]")
+
+    pos = np.einsum("bd,bd->b", a, p)
+    mean_pos = float(pos.mean())
+
+    if use_batch:
+        docs = np.concatenate([p, n], axis=0)  # column i < B is p_i
+        neg_sum = 0.0
+        best = np.full(b, -np.inf)
+        step = _rows_per_block(docs.shape[0])
+        for start in range(0, b, step):
+            stop = min(b, start + step)
+            s = a[start:stop] @ docs.T
+            neg_sum += float(s.sum() - pos[start:stop].sum())
+            rows = np.arange(stop - start)
+            s[rows, start + rows] = -np.inf  # the own positive is not a competitor
+            best[start:stop] = s.max(axis=1)
+        n_pairs = b * (docs.shape[0] - 1)
+        has_other = np.full(b, docs.shape[0] > 1)
+    else:
+        neg_scores = np.einsum("md,md->m", a[g], n)
+        neg_sum = float(neg_scores.sum())
+        n_pairs = neg_scores.shape[0]
+        best = np.full(b, -np.inf)
+        np.maximum.at(best, g, neg_scores)
+        has_other = np.bincount(g, minlength=b) > 0
+
+    mean_neg = neg_sum / n_pairs if n_pairs else float("nan")
+    margin = float((pos - best)[has_other].mean()) if has_other.any() else float("nan")
+    return {"margin": margin, "mean_neg": float(mean_neg), "mean_pos": mean_pos}
+
+
+# ---------------------------------------------------------------------------------------
+# Retrieval
+# ---------------------------------------------------------------------------------------
+
+
+def _as_sets(x: Any, q: int, name: str) -> list[set[int]]:
+    if hasattr(x, "detach") or isinstance(x, np.ndarray):
+        arr = _to_int_array(x, name)
+        sets = [{int(v)} for v in arr]
+    else:
+        sets = []
+        for entry in x:
+            if isinstance(entry, Iterable) and not isinstance(entry, (str, bytes)):
+                sets.append({int(v) for v in entry})
+            else:
+                sets.append({int(entry)})
+    if len(sets) != q:
+        raise ValueError(f"{name} must have one entry per query ({q}), got {len(sets)}")
+    return sets
+
+
+def retrieval_metrics(
+    queries: Any,
+    docs: Any,
+    relevant: Sequence[set[int]] | Any,
+    ks: Sequence[int] = (1, 5, 10),
+    *,
+    exclude: Sequence[set[int]] | None = None,
+    cutoff: int = 10,
+) -> dict[str, float]:
+    """Rank ``docs`` for every query by dot product and score the ranking.
+
+    Inputs
+    ------
+    queries:  ``[Q, D]``.
+    docs:     ``[C, D]``.
+    relevant: the relevant documents (indices into ``docs``) of each query: a list of ``Q``
+              sets, or a ``[Q]`` int array holding each query's single relevant document.
+    ks:       cut-offs for ``recall@k``.
+    exclude:  optional list of ``Q`` sets of document indices removed from that query's
+              candidates (e.g. the query's own row when queries and docs are one set).
+              An excluded document is neither ranked nor counted as relevant.
+    cutoff:   the depth of ``mrr`` and ``ndcg`` (10, as in MRR@10 / nDCG@10).
+
+    Ranking
+    -------
+    Documents are sorted by decreasing score; equal scores are ordered by increasing
+    document index (a stable sort), so results are deterministic. The rank ``r`` of a
+    document counts from 1.
+
+    Definitions (``R_q`` = relevant documents of ``q`` that are not excluded)
+    ------------------------------------------------------------------------
+    - ``recall@k = |R_q ∩ top_k(q)| / |R_q|``, averaged over queries (hit@k when
+      ``|R_q| = 1``).
+    - ``mrr@10 = 1 / r`` of the first relevant document if ``r <= 10``, else 0; averaged.
+    - ``ndcg@10 = DCG / IDCG`` with binary relevance:
+      ``DCG = sum_{d in R_q, r_d <= 10} 1 / log2(r_d + 1)``,
+      ``IDCG = sum_{r=1}^{min(|R_q|, 10)} 1 / log2(r + 1)``; averaged.
+
+    Every query must keep at least one relevant document (``ValueError`` otherwise).
+    Returns ``{"recall@k" for k in ks, "mrr@10", "ndcg@10"}`` as Python floats.
+    """
+    qv = _to_numpy(queries, "queries", 2)
+    dv = _to_numpy(docs, "docs", 2)
+    nq, dim = qv.shape
+    nc = dv.shape[0]
+    if dv.shape[1] != dim:
+        raise ValueError(f"docs must be [C, {dim}] like queries, got shape {tuple(dv.shape)}")
+    if nq == 0 or nc == 0:
+        raise ValueError(f"need at least one query and one document, got Q={nq}, C={nc}")
+    ks = tuple(int(k) for k in ks)
+    if any(k < 1 for k in ks) or cutoff < 1:
+        raise ValueError(f"cut-offs must be >= 1, got ks={ks}, cutoff={cutoff}")
+    rel = _as_sets(relevant, nq, "relevant")
+    excl = _as_sets(exclude, nq, "exclude") if exclude is not None else [set() for _ in range(nq)]
+    for i, (r, e) in enumerate(zip(rel, excl)):
+        bad = [v for v in r | e if not 0 <= v < nc]
+        if bad:
+            raise ValueError(f"query {i}: document indices {sorted(bad)} outside [0, {nc})")
+        if not r - e:
+            raise ValueError(f"query {i} has no relevant document left (relevant={sorted(r)}, excluded={sorted(e)})")
+
+    # The rank of a relevant document d is 1 + the number of non-excluded documents placed
+    # before it: higher score, or equal score and smaller index. Computing it per relevant
+    # pair avoids sorting the whole [Q, C] score matrix.
+    kept = [np.array(sorted(r - e), dtype=np.int64) for r, e in zip(rel, excl)]
+    n_rel = np.array([k.size for k in kept], dtype=np.float64)
+    pair_q = np.repeat(np.arange(nq), n_rel.astype(np.int64))  # one entry per (query, relevant doc)
+    pair_d = np.concatenate(kept)
+    excl_idx = [np.array(sorted(e), dtype=np.int64) for e in excl]
+    has_excl = np.array([e.size > 0 for e in excl_idx])
+    col = np.arange(nc)
+    ranks = np.empty(pair_q.size, dtype=np.int64)
+    step = _rows_per_block(nc)
+    for start in range(0, pair_q.size, step):
+        stop = min(pair_q.size, start + step)
+        pq, pd = pair_q[start:stop], pair_d[start:stop]
+        s = qv[pq] @ dv.T  # [pairs, C]
+        for row in np.flatnonzero(has_excl[pq]):
+            s[row, excl_idx[pq[row]]] = np.nan  # nan compares False: never ahead
+        target = s[np.arange(stop - start), pd][:, None]
+        ahead = (s > target) | ((s == target) & (col[None, :] < pd[:, None]))
+        ranks[start:stop] = ahead.sum(axis=1) + 1
+
+    recall_hits = {k: np.bincount(pair_q, weights=ranks <= k, minlength=nq) for k in ks}
+    first = np.full(nq, np.iinfo(np.int64).max)
+    np.minimum.at(first, pair_q, ranks)
+    mrr = np.where(first <= cutoff, 1.0 / first, 0.0)
+    gains = np.where(ranks <= cutoff, 1.0 / np.log2(ranks + 1.0), 0.0)
+    dcg = np.bincount(pair_q, weights=gains, minlength=nq)
+
+    ideal_len = np.minimum(n_rel, cutoff).astype(np.int64)
+    discounts = np.cumsum(1.0 / np.log2(np.arange(1, cutoff + 1) + 1.0))
+    idcg = discounts[ideal_len - 1]
+
+    out = {f"recall@{k}": float(np.mean(recall_hits[k] / n_rel)) for k in ks}
+    out[f"mrr@{cutoff}"] = float(mrr.mean())
+    out[f"ndcg@{cutoff}"] = float(np.mean(dcg / idcg))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Pair metrics (ms-swift's PairedMetrics)
+# ---------------------------------------------------------------------------------------
+
+
+def _correlations(labels: np.ndarray, scores: np.ndarray) -> tuple[float, float]:
+    """(pearson, spearman); nan where undefined instead of scipy's warning or error."""
+    from scipy.stats import pearsonr, spearmanr
+
+    if (
+        labels.shape[0] < 2
+        or not np.all(np.isfinite(labels))
+        or not np.all(np.isfinite(scores))
+        or np.ptp(labels) == 0
+        or np.ptp(scores) == 0
+    ):
+        return float("nan"), float("nan")
+    return float(pearsonr(labels, scores)[0]), float(spearmanr(labels, scores)[0])
+
+
+def pair_metrics(emb1: Any, emb2: Any, labels: Any) -> dict[str, float]:
+    """ms-swift's pair metrics: correlation of the label with four similarity scores.
+
+    Inputs
+    ------
+    emb1, emb2: ``[n, D]``; row ``i`` of each forms pair ``i``.
+    labels:     ``[n]`` float, the gold score of each pair.
+
+    For each pair the scores are ``cosine = x.y / (|x| |y|)``, ``dot = x.y``,
+    ``manhattan = -sum |x - y|`` and ``euclidean = -|x - y|_2`` (distances negated so that
+    higher means more similar). For each score the Pearson correlation and the Spearman
+    rank correlation (average ranks for ties) with ``labels`` are computed by
+    ``scipy.stats.pearsonr`` / ``spearmanr``.
+
+    Keys: ``pearson_cosine, spearman_cosine, pearson_dot_product, spearman_dot_product,
+    pearson_manhattan, spearman_manhattan, pearson_euclidean, spearman_euclidean``
+    (ms-swift spells the dot-product pair ``pearson_dot_product`` / ``spearman_dot_product``).
+
+    A correlation is undefined, and reported as ``nan`` (no warning, no exception), when
+    ``n < 2``, when the labels or that score are constant (e.g. all labels equal, or
+    identical pairs giving cosine 1 everywhere), or when a score is not finite (a zero
+    vector has no cosine).
+    """
+    x = _to_numpy(emb1, "emb1", 2)
+    y = _to_numpy(emb2, "emb2", 2)
+    lab = _to_numpy(labels, "labels", 1)
+    if x.shape != y.shape:
+        raise ValueError(f"emb1 and emb2 must have the same shape, got {x.shape} and {y.shape}")
+    if lab.shape[0] != x.shape[0]:
+        raise ValueError(f"labels must have one entry per pair ({x.shape[0]}), got {lab.shape[0]}")
+
+    dot = np.einsum("nd,nd->n", x, y)
+    norms = np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cosine = dot / norms
+    diff = x - y
+    scores = {
+        "cosine": cosine,
+        "dot_product": dot,
+        "manhattan": -np.abs(diff).sum(axis=1),
+        "euclidean": -np.sqrt((diff * diff).sum(axis=1)),
+    }
+    out: dict[str, float] = {}
+    for name, value in scores.items():
+        out[f"pearson_{name}"], out[f"spearman_{name}"] = _correlations(lab, value)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# From ms-swift's InfoNCE layout
+# ---------------------------------------------------------------------------------------
+
+
+def _split_infonce_layout(embeddings: np.ndarray, labels: np.ndarray):
+    """Split ``a0, p0, n0_*, a1, p1, n1_*, ...`` rows using the ``[N - B]`` labels.
+
+    Label ``j`` belongs to non-anchor row ``j``; a 1.0 starts a group. Row of label ``j`` is
+    ``j + (number of 1.0 among labels[0..j])``, since each group before it (and its own)
+    adds one anchor row. Returns anchor rows, positive label indices, negative label
+    indices, the group of each negative, and the row of every label.
+    """
+    if labels.size and not np.all((labels == 0.0) | (labels == 1.0)):
+        bad = labels[(labels != 0.0) & (labels != 1.0)][:5]
+        raise ValueError(f"InfoNCE labels must be 1.0 (positive) or 0.0 (negative), got {bad.tolist()}")
+    is_pos = labels == 1.0
+    b = int(is_pos.sum())
+    if b == 0 or not is_pos[0]:
+        raise ValueError("InfoNCE labels must start with a 1.0 (each group's positive) and have at least one")
+    if embeddings.shape[0] != labels.shape[0] + b:
+        raise ValueError(
+            f"expected N = len(labels) + groups = {labels.shape[0]} + {b} = {labels.shape[0] + b} rows, "
+            f"got {embeddings.shape[0]}"
+        )
+    group = np.cumsum(is_pos) - 1  # group of each label
+    label_rows = np.arange(labels.shape[0]) + group + 1
+    pos_idx = np.flatnonzero(is_pos)
+    anchor_rows = pos_idx + np.arange(b)
+    neg_idx = np.flatnonzero(~is_pos)
+    return anchor_rows, pos_idx, neg_idx, group[neg_idx], label_rows
+
+
+def embedding_eval_metrics(
+    embeddings: Any,
+    labels: Any,
+    *,
+    use_batch: bool = True,
+    ks: Sequence[int] = (1, 5, 10),
+) -> dict[str, float]:
+    """All InfoNCE evaluation metrics from ms-swift's evaluation layout.
+
+    Inputs (exactly what the trainer gathers at evaluation)
+    -------------------------------------------------------
+    embeddings: ``[N, D]`` rows in group order ``a0, p0, n0_0, ..., a1, p1, n1_0, ...``.
+    labels:     ``[N - B]`` float, one per non-anchor row: 1.0 for the positive, 0.0 for
+                each negative. Each 1.0 starts a group, so groups may hold any number of
+                negatives (including none).
+
+    Returns ``infonce_metrics`` (``margin``, ``mean_neg``, ``mean_pos``; ``use_batch`` as
+    there) together with ``retrieval_metrics`` of the anchors against every evaluation
+    document: the ``N - B`` positives and negatives of the whole set, each anchor's
+    relevant document being its own positive (``recall@k`` for ``ks``, ``mrr@10``,
+    ``ndcg@10``).
+    """
+    emb = _to_numpy(embeddings, "embeddings", 2)
+    lab = _to_numpy(labels, "labels", 1)
+    anchor_rows, pos_idx, neg_idx, neg_group, label_rows = _split_infonce_layout(emb, lab)
+    anchors = emb[anchor_rows]
+    docs = emb[label_rows]  # doc j is the row of label j
+    out = infonce_metrics(anchors, docs[pos_idx], docs[neg_idx], neg_group, use_batch=use_batch)
+    out.update(retrieval_metrics(anchors, docs, pos_idx, ks=ks))
+    return out

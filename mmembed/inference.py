@@ -1,0 +1,156 @@
+"""Embedder: use a trained checkpoint, an exported folder or a base model without extra code.
+
+    from mmembed import Embedder
+    emb = Embedder.from_pretrained("output/checkpoint-60")
+    vectors = emb.encode(["A man is playing a flute.", "Someone plays music."])  # [2, D], L2-normalized
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .data.sample import Item
+from .modeling import EmbeddingModel, load_backbone, read_mmembed_config
+from .templates import Template, get_template
+
+
+def _base_model_of(path: str, cfg: dict[str, Any] | None) -> str:
+    if cfg and cfg.get("base_model") and os.path.isdir(cfg["base_model"]):
+        return cfg["base_model"]
+    with open(os.path.join(path, "adapter_config.json"), encoding="utf-8") as f:
+        base = json.load(f).get("base_model_name_or_path")
+    if not base or not os.path.isdir(base):
+        raise FileNotFoundError(f"{path}: the adapter's base model {base!r} is not a local folder")
+    return base
+
+
+def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool = True) -> tuple[EmbeddingModel, Any, Template, dict]:
+    """Load ``path`` (checkpoint, exported folder or base model) as an ``EmbeddingModel``.
+
+    Returns ``(model, tokenizer, template, info)`` where ``info`` holds the resolved
+    ``pooling``, ``max_length``, ``base_model`` and whether the folder was a LoRA adapter.
+    """
+    from transformers import AutoConfig, AutoTokenizer
+
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path!r} is not a local folder (hub ids cannot be downloaded here)")
+    cfg = read_mmembed_config(path) or {}
+    is_adapter = os.path.isfile(os.path.join(path, "adapter_config.json"))
+    base = _base_model_of(path, cfg) if is_adapter else path
+    backbone = load_backbone(base, torch_dtype)
+    if is_adapter:
+        from peft import PeftModel
+
+        backbone = PeftModel.from_pretrained(backbone, path)
+        if merge:
+            backbone = backbone.merge_and_unload()
+    tok_dir = path if os.path.isfile(os.path.join(path, "tokenizer_config.json")) else base
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    if cfg.get("template"):
+        template = get_template(cfg["template"])
+    else:
+        template = get_template(config_model_type=AutoConfig.from_pretrained(base).model_type)
+    if cfg.get("default_system") is not None:
+        import dataclasses
+
+        template = dataclasses.replace(template, default_system=cfg["default_system"])
+    pooling = cfg.get("pooling") or template.resolve_pooling(base)
+    if cfg.get("max_length"):
+        max_length = int(cfg["max_length"])
+    else:
+        from .sft import default_max_length
+
+        max_length = default_max_length(base, tokenizer)
+    model = EmbeddingModel(backbone, pooling, normalize=cfg.get("normalize", True))
+    model.eval()
+    info = {"pooling": pooling, "max_length": max_length, "base_model": base, "is_adapter": is_adapter}
+    return model, tokenizer, template, info
+
+
+def as_item(x: Any) -> Item:
+    """A string, an ``Item``, or a row-like dict (``{"query"|"text": ..., "images": [...], "system": ...}``)."""
+    if isinstance(x, Item):
+        return x
+    if isinstance(x, str):
+        return Item(text=x)
+    if isinstance(x, dict):
+        text = x.get("query", x.get("text"))
+        if not isinstance(text, str):
+            raise ValueError(f"an input dict needs a 'query' or 'text' string: {x!r}")
+        media = {}
+        for kind in ("images", "videos", "audios"):
+            v = x.get(kind) or []
+            media[kind] = [v] if isinstance(v, str) else list(v)
+        return Item(text=text, system=x.get("system"), **media)
+    raise TypeError(f"cannot embed an input of type {type(x).__name__}")
+
+
+class Embedder:
+    """Encode inputs into L2-normalized embeddings with a trained (or base) model."""
+
+    def __init__(self, model: EmbeddingModel, tokenizer: Any, template: Template, max_length: int, device: str | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.template = template
+        self.max_length = max_length
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model.to(self.device)
+        self.tokenizer.padding_side = template.padding_side
+
+    @classmethod
+    def from_pretrained(cls, path: str, device: str | None = None, torch_dtype: str | None = None) -> "Embedder":
+        model, tokenizer, template, info = load_embedding_model(path, torch_dtype)
+        return cls(model, tokenizer, template, info["max_length"], device)
+
+    @torch.no_grad()
+    def encode(self, inputs: str | Sequence[Any], batch_size: int = 32) -> np.ndarray:
+        """Embed ``inputs`` (strings, ``Item``s or row dicts); returns ``[n, D]`` float32, L2-normalized."""
+        if isinstance(inputs, (str, Item, dict)):
+            inputs = [inputs]
+        items = [as_item(x) for x in inputs]
+        texts = [self.template.render(it) for it in items]
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # similar lengths share a batch
+        out: list[np.ndarray | None] = [None] * len(texts)
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            enc = self.tokenizer(
+                [texts[i] for i in idx],
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                add_special_tokens=self.template.add_special_tokens,
+                return_tensors="pt",
+            ).to(self.device)
+            emb = self.model(**enc)["last_hidden_state"].float().cpu().numpy()
+            for j, i in enumerate(idx):
+                out[i] = emb[j]
+        if not out:
+            return np.zeros((0, 0), dtype=np.float32)
+        return np.stack(out).astype(np.float32)
+
+
+def read_inputs(path: str) -> list[Any]:
+    """Inputs for ``mmembed embed``: a .txt file (one text per line) or rows (.jsonl/.json/.csv)
+    with ``query`` or ``text`` (and media lists)."""
+    if path.endswith(".txt"):
+        with open(path, encoding="utf-8") as f:
+            return [line.rstrip("\n") for line in f if line.strip()]
+    from .data.reader import iter_raw_rows
+
+    rows: list[Any] = []
+    base = os.path.dirname(os.path.abspath(path))
+    for line, raw in iter_raw_rows(path):
+        if not isinstance(raw, dict) or not isinstance(raw.get("query", raw.get("text")), str):
+            raise ValueError(f"{path}:{line}: each row needs a 'query' or 'text' string")
+        item = as_item(raw)
+        for kind in ("images", "videos", "audios"):
+            paths = item.media(kind[:-1])
+            paths[:] = [p if "://" in p or p.startswith("data:") or os.path.isabs(p) else os.path.join(base, p) for p in paths]
+        rows.append(item)
+    return rows
+

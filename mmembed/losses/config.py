@@ -1,0 +1,154 @@
+"""InfoNCE settings, and the one place where mmembed reads the ``INFONCE_*`` variables.
+
+ms-swift configures its InfoNCE loss through the environment rather than the command
+line; mmembed keeps that contract so existing launch scripts work unchanged. The
+variables are parsed here, once, into an :class:`InfoNCEConfig` that the rest of the
+package passes around explicitly.
+
+=============================  ===========  ==========================================
+variable                       default      meaning
+=============================  ===========  ==========================================
+``INFONCE_TEMPERATURE``        ``0.1``      logits are similarities divided by this
+``INFONCE_USE_BATCH``          ``true``     every document of the batch is a candidate
+``INFONCE_HARD_NEGATIVES``     unset        negatives kept (or sampled up to) per group
+``INFONCE_MASK_FAKE_NEGATIVE`` ``false``    drop candidates scoring above the positive
+``INFONCE_FAKE_NEG_MARGIN``    ``0.1``      ... by more than this margin
+``INFONCE_INCLUDE_QQ``         ``false``    other anchors are candidates too
+``INFONCE_INCLUDE_DD``         ``false``    add the positive-vs-documents block
+=============================  ===========  ==========================================
+
+Booleans are ``true``/``false`` or ``1``/``0`` in any case. A variable set to an empty
+string counts as unset.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+ENV_VARS: dict[str, str] = {
+    "temperature": "INFONCE_TEMPERATURE",
+    "use_batch": "INFONCE_USE_BATCH",
+    "hard_negatives": "INFONCE_HARD_NEGATIVES",
+    "mask_fake_negative": "INFONCE_MASK_FAKE_NEGATIVE",
+    "fake_neg_margin": "INFONCE_FAKE_NEG_MARGIN",
+    "include_qq": "INFONCE_INCLUDE_QQ",
+    "include_dd": "INFONCE_INCLUDE_DD",
+}
+
+_TRUE = {"true", "1"}
+_FALSE = {"false", "0"}
+
+
+@dataclass(frozen=True)
+class InfoNCEConfig:
+    """Settings of :class:`mmembed.losses.InfoNCELoss`, with ms-swift's defaults.
+
+    Args:
+        temperature: Similarities are divided by this before the softmax. Must be > 0.
+        use_batch: If True, every positive and negative of the batch is a candidate
+            for every anchor; if False, each anchor only sees its own group.
+        hard_negatives: If set, each group keeps its first ``hard_negatives``
+            negatives, or is filled up to that many by sampling its own negatives with
+            replacement. Must be >= 1. ``None`` uses every negative as given.
+        mask_fake_negative: If True (and ``use_batch``), a query-document or
+            query-query similarity greater than the anchor's positive similarity plus
+            ``fake_neg_margin`` is removed from the softmax.
+        fake_neg_margin: The margin used by ``mask_fake_negative``.
+        include_qq: If True (and ``use_batch``), the other anchors are candidates too.
+        include_dd: If True (and ``use_batch``), append the similarities of the
+            anchor's positive to every other document.
+
+    Example:
+        ::
+
+            from mmembed.losses import InfoNCEConfig
+
+            config = InfoNCEConfig.from_env()              # what ms-swift would use
+            config = InfoNCEConfig.from_env(temperature=0.05)  # one value overridden
+    """
+
+    temperature: float = 0.1
+    use_batch: bool = True
+    hard_negatives: int | None = None
+    mask_fake_negative: bool = False
+    fake_neg_margin: float = 0.1
+    include_qq: bool = False
+    include_dd: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("use_batch", "mask_fake_negative", "include_qq", "include_dd"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"InfoNCE option {name} must be a bool, got {value!r}")
+        for name in ("temperature", "fake_neg_margin"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"InfoNCE option {name} must be a finite number, got {value!r}")
+        if self.temperature <= 0:
+            raise ValueError(f"InfoNCE temperature must be > 0, got {self.temperature!r}")
+        hn = self.hard_negatives
+        if hn is not None and (isinstance(hn, bool) or not isinstance(hn, int) or hn < 1):
+            raise ValueError(f"InfoNCE hard_negatives must be an integer >= 1 or None, got {hn!r}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> InfoNCEConfig:
+        """Read the ``INFONCE_*`` variables, as ms-swift does when it builds the loss.
+
+        Args:
+            environ: Where to read the variables; ``os.environ`` when None.
+            **overrides: Field values that win over the environment. A variable whose
+                field is overridden is not read, so a bad value there is not an error.
+
+        Returns:
+            A validated config. Unset (or empty) variables take the defaults above.
+
+        Raises:
+            ValueError: A variable that does not parse, naming it and its value, or a
+                value out of range (temperature <= 0, hard negatives < 1), or an
+                override that is not a field.
+        """
+        env = os.environ if environ is None else environ
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise ValueError(f"unknown InfoNCE option(s) {unknown}; known: {sorted(names)}")
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name in overrides:
+                values[f.name] = overrides[f.name]
+                continue
+            var = ENV_VARS[f.name]
+            raw = env.get(var)
+            if raw is None or raw.strip() == "":
+                continue
+            value = _parse(var, raw.strip(), f.default)
+            try:
+                cls(**{f.name: value})  # range checks, reported against the variable
+            except ValueError as exc:
+                raise ValueError(f"{var}={raw!r}: {exc}") from None
+            values[f.name] = value
+        return cls(**values)
+
+
+def _parse(var: str, raw: str, default: Any) -> Any:
+    """Parse one variable's text into the type of its field's default."""
+    if isinstance(default, bool):
+        low = raw.lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ValueError(f"{var}={raw!r} is not a boolean; use true/false or 1/0")
+    if default is None:  # hard_negatives: an integer
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{var}={raw!r} is not an integer") from None
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{var}={raw!r} is not a number") from None

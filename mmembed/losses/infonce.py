@@ -1,0 +1,370 @@
+"""InfoNCE over anchor / positive / hard-negative groups, as ms-swift's ``infonce`` loss.
+
+The batch layout is ms-swift's: embeddings in group order ``a0, p0, n0_0, ..., a1, p1,
+...`` and one label per non-anchor row (1.0 for the positive, 0.0 for each negative).
+Groups may carry different numbers of negatives, including none.
+
+ms-swift loops over the groups in Python when their sizes differ. Here every setting is
+one padded, masked computation, so the loss costs a few matrix products whatever the
+group sizes. Two of ms-swift's defects are not copied: padding to ``hard_negatives``
+samples only the group's own negatives (ms-swift can pick the positive), and the
+cross-device extension is meant to gather with gradient (see
+:meth:`InfoNCELoss.forward_from_parts`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import InfoNCEConfig
+
+_NEG_INF = float("-inf")
+
+
+def split_groups(labels: Tensor, n_rows: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Find the anchor, positive and negative rows of an InfoNCE batch from its labels.
+
+    The rows are ``a0, p0, n0_0, ..., n0_k0, a1, p1, n1_0, ...``; ``labels`` has one entry
+    per non-anchor row, 1.0 for a positive and 0.0 for a negative, so each 1.0 starts a
+    new group.
+
+    Args:
+        labels: Float tensor ``[n_rows - B]`` of 1.0 / 0.0, where ``B`` is the number of
+            1.0 entries (the number of groups).
+        n_rows: ``N``, the number of embedding rows.
+
+    Returns:
+        ``(anchor_idx [B], pos_idx [B], neg_idx [M], neg_group [M])``: long tensors on
+        ``labels.device``. ``anchor_idx[g]`` and ``pos_idx[g]`` are the rows of group
+        ``g``'s anchor and positive, ``neg_idx`` the rows of all ``M`` negatives in
+        group order and ``neg_group`` the group of each (non-decreasing).
+
+    Raises:
+        ValueError: ``labels`` is not 1-D, holds a value other than 0 or 1, starts with
+            a negative (a group without a positive), holds no positive, or its length is
+            not ``n_rows - B``.
+
+    Example:
+        ::
+
+            # a0 p0 n0_0 n0_1 | a1 p1 | a2 p2 n2_0
+            labels = torch.tensor([1.0, 0, 0, 1, 1, 0])
+            anchor_idx, pos_idx, neg_idx, neg_group = split_groups(labels, 9)
+            # anchor_idx = [0, 4, 6], pos_idx = [1, 5, 7]
+            # neg_idx = [2, 3, 8], neg_group = [0, 0, 2]
+    """
+    if labels.dim() != 1:
+        raise ValueError(f"InfoNCE labels must be 1-D [N - B], got shape {tuple(labels.shape)}")
+    is_pos = labels == 1
+    is_neg = labels == 0
+    bad = ~(is_pos | is_neg)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise ValueError(
+            f"InfoNCE labels must be 1.0 (positive) or 0.0 (negative); labels[{i}] = {labels[i].item()}"
+        )
+    n_groups = int(is_pos.sum())
+    if n_groups == 0:
+        raise ValueError("InfoNCE labels hold no 1.0 entry, so there is no group (each group needs a positive)")
+    if labels.numel() + n_groups != n_rows:
+        raise ValueError(
+            f"InfoNCE labels have {labels.numel()} entries and {n_groups} positives, so the batch must have "
+            f"{labels.numel() + n_groups} rows (one anchor per group plus one row per label), but it has {n_rows}"
+        )
+    if not bool(is_pos[0]):
+        raise ValueError(
+            "InfoNCE labels[0] must be 1.0: each group is anchor, positive, then negatives, "
+            "so the first labelled row cannot be a negative (group 0 has no positive)"
+        )
+    group = torch.cumsum(is_pos.long(), 0) - 1  # group of each labelled row
+    # labelled row k sits after the anchors of groups 0..group[k]
+    row = torch.arange(labels.numel(), device=labels.device) + group + 1
+    pos_idx = row[is_pos]
+    return pos_idx - 1, pos_idx, row[is_neg], group[is_neg]
+
+
+def select_hard_negatives(counts: Tensor, hard_negatives: int, generator: torch.Generator | None = None) -> Tensor:
+    """Pick exactly ``hard_negatives`` negatives per group, as ``INFONCE_HARD_NEGATIVES`` does.
+
+    A group with at least ``H = hard_negatives`` negatives keeps its first ``H``. A group
+    with fewer keeps all of them, then is filled up to ``H`` by sampling its own negatives
+    uniformly with replacement (never its positive). One ``[B, H]`` uniform draw is made
+    per call, so two generators seeded alike give the same picks.
+
+    Args:
+        counts: Long tensor ``[B]``, the number of negatives of each group.
+        hard_negatives: ``H >= 1``.
+        generator: Random source for the padding; torch's global one when None.
+
+    Returns:
+        Long tensor ``[B, H]`` on ``counts.device``: row ``g`` holds indices into group
+        ``g``'s own negatives (``0 <= i < counts[g]``).
+
+    Raises:
+        ValueError: ``H < 1``, or a group has no negative to sample from.
+
+    Example:
+        ::
+
+            select_hard_negatives(torch.tensor([3, 1]), 2)  # [[0, 1], [0, 0]]
+    """
+    if isinstance(hard_negatives, bool) or not isinstance(hard_negatives, int) or hard_negatives < 1:
+        raise ValueError(f"hard_negatives must be an integer >= 1, got {hard_negatives!r}")
+    counts = counts.long()
+    empty = counts == 0
+    if bool(empty.any()):
+        g = int(empty.nonzero()[0])
+        raise ValueError(
+            f"InfoNCE group {g} has no negatives, but hard_negatives={hard_negatives} needs at least one "
+            "per group to sample from (INFONCE_HARD_NEGATIVES); give every row a negative or unset it"
+        )
+    n_groups = counts.numel()
+    draw_device = generator.device if generator is not None else counts.device
+    u = torch.rand(n_groups, hard_negatives, generator=generator, device=draw_device).to(counts.device)
+    cap = counts[:, None]
+    # floor(u * count) is uniform over 0..count-1; the clamp only guards float rounding
+    sampled = torch.minimum((u * cap).long(), cap - 1)
+    slot = torch.arange(hard_negatives, device=counts.device).expand(n_groups, hard_negatives)
+    return torch.where(slot < cap, slot, sampled)
+
+
+class InfoNCELoss(nn.Module):
+    """Contrastive InfoNCE loss over groups of anchor, positive and hard negatives.
+
+    For each anchor the logits are its similarities (dot products; the embeddings are
+    already L2-normalized and are not normalized again) to a set of candidates, divided
+    by ``temperature``; the loss is the cross-entropy with the anchor's own positive as
+    the target, averaged over anchors. The candidates are:
+
+    - ``use_batch=False``: the anchor's positive and its own negatives.
+    - ``use_batch=True``: every positive and every negative of the batch, then, with
+      ``include_qq``, every other anchor, then, with ``include_dd``, the similarities of
+      the anchor's positive to every document except itself.
+    - ``mask_fake_negative`` (with ``use_batch``): a query-document or query-query
+      similarity greater than ``s(anchor, positive) + fake_neg_margin`` is dropped
+      (the document-document block is never masked).
+
+    This equals ms-swift's ``infonce`` on the same batch and settings, except that
+    padding to ``hard_negatives`` samples only negatives.
+
+    Args:
+        temperature: Similarities are divided by this. ms-swift's default is 0.1
+            (0.01 before ms-swift 3.11).
+        use_batch: Use every document of the batch as a candidate.
+        hard_negatives: Keep (or sample up to) this many negatives per group; None
+            keeps them all.
+        mask_fake_negative: Drop candidates that score above the positive by more than
+            ``fake_neg_margin``.
+        fake_neg_margin: Margin of ``mask_fake_negative``.
+        include_qq: Add the other anchors as candidates.
+        include_dd: Add the positive-vs-documents block.
+        generator: Random source for the ``hard_negatives`` padding; torch's global one
+            when None.
+
+    Inputs:
+        +---------------------------------------------+----------------------------------------+
+        | outputs["last_hidden_state"]                | labels                                 |
+        +=============================================+========================================+
+        | ``[N, D]``: ``a0, p0, n0_*, a1, p1, n1_*``  | ``[N - B]``: 1.0 for each positive,    |
+        | (any number of negatives per group)         | 0.0 for each negative; anchors: none   |
+        +---------------------------------------------+----------------------------------------+
+
+    References:
+        - van den Oord et al., *Representation Learning with Contrastive Predictive
+          Coding*, 2018.
+        - Qwen3-Embedding technical report, 2025 (the query-query and document-document
+          terms and the fake-negative mask).
+
+    Example:
+        ::
+
+            import torch
+            import torch.nn.functional as F
+            from mmembed.losses import build_loss
+
+            loss_fn = build_loss("infonce")  # reads INFONCE_* like ms-swift
+            # two groups: (a0, p0, n0_0) and (a1, p1)
+            emb = F.normalize(torch.randn(5, 8, requires_grad=True), dim=-1)
+            labels = torch.tensor([1.0, 0.0, 1.0])
+            loss = loss_fn({"last_hidden_state": emb}, labels)
+            loss.backward()
+    """
+
+    def __init__(
+        self,
+        temperature: float = InfoNCEConfig.temperature,
+        use_batch: bool = InfoNCEConfig.use_batch,
+        hard_negatives: int | None = InfoNCEConfig.hard_negatives,
+        mask_fake_negative: bool = InfoNCEConfig.mask_fake_negative,
+        fake_neg_margin: float = InfoNCEConfig.fake_neg_margin,
+        include_qq: bool = InfoNCEConfig.include_qq,
+        include_dd: bool = InfoNCEConfig.include_dd,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = InfoNCEConfig(
+            temperature=temperature,
+            use_batch=use_batch,
+            hard_negatives=hard_negatives,
+            mask_fake_negative=mask_fake_negative,
+            fake_neg_margin=fake_neg_margin,
+            include_qq=include_qq,
+            include_dd=include_dd,
+        )
+        self.generator = generator
+
+    @classmethod
+    def from_config(cls, config: InfoNCEConfig, generator: torch.Generator | None = None) -> InfoNCELoss:
+        """Build from an :class:`InfoNCEConfig`."""
+        return cls(**asdict(config), generator=generator)
+
+    @classmethod
+    def build(cls, **options: Any) -> InfoNCELoss:
+        """Build as ms-swift does: settings from ``INFONCE_*``, with ``options`` winning.
+
+        ``options`` are :class:`InfoNCEConfig` fields, plus ``generator``.
+        """
+        generator = options.pop("generator", None)
+        return cls.from_config(InfoNCEConfig.from_env(**options), generator=generator)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in asdict(self.config).items())
+
+    def forward(self, outputs: Mapping[str, Tensor], labels: Tensor) -> Tensor:
+        """Loss of one batch in ms-swift's layout.
+
+        Args:
+            outputs: ``{"last_hidden_state": [N, D]}``, L2-normalized, in group order.
+            labels: ``[N - B]`` float, 1.0 for each positive and 0.0 for each negative.
+
+        Returns:
+            Scalar tensor: the mean over anchors of the cross-entropy.
+        """
+        emb = outputs["last_hidden_state"]
+        if emb.dim() != 2:
+            raise ValueError(f"InfoNCE expects last_hidden_state [N, D], got shape {tuple(emb.shape)}")
+        anchor_idx, pos_idx, neg_idx, neg_group = split_groups(labels.to(emb.device), emb.shape[0])
+        n_groups = anchor_idx.numel()
+        hard = self.config.hard_negatives
+        if hard is not None:
+            counts = torch.bincount(neg_group, minlength=n_groups)
+            picks = select_hard_negatives(counts, hard, self.generator)
+            first = torch.cumsum(counts, 0) - counts  # neg_idx is in group order
+            neg_idx = neg_idx[(first[:, None] + picks).reshape(-1)]
+            neg_group = torch.arange(n_groups, device=emb.device).repeat_interleave(hard)
+        # One gather, then views: a single index backward is several times cheaper than
+        # one per part, and that backward dominates the cost at typical batch sizes.
+        parts = emb.index_select(0, torch.cat([anchor_idx, pos_idx, neg_idx]))
+        anchors, positives, negatives = parts.split([n_groups, n_groups, neg_idx.numel()])
+        return self.forward_from_parts(anchors, positives, negatives, neg_group)
+
+    def forward_from_parts(
+        self,
+        anchors: Tensor,
+        positives: Tensor,
+        negatives: Tensor,
+        neg_group: Tensor,
+        *,
+        query_rows: slice | None = None,
+    ) -> Tensor:
+        """Loss from embeddings already split into groups.
+
+        ``hard_negatives`` selection is not applied here: ``negatives`` are used as given
+        (:meth:`forward` selects them first).
+
+        This is the seam for cross-device training: each process can gather the parts of
+        every process (with gradient), concatenate them, offset each ``neg_group`` by the
+        number of groups on the processes before it, and pass its own anchors as
+        ``query_rows``. The candidate documents are then the whole global batch and each
+        local anchor's target is its positive's global index.
+
+        Args:
+            anchors: ``[B, D]``, one per group.
+            positives: ``[B, D]``; ``positives[g]`` belongs to ``anchors[g]``.
+            negatives: ``[M, D]``, any number per group (``M`` may be 0).
+            neg_group: Long ``[M]``, the group (``0 <= g < B``) of each negative.
+            query_rows: The anchors whose losses are averaged (a contiguous slice of
+                ``0..B``); all of them when None.
+
+        Returns:
+            Scalar tensor: the mean cross-entropy over the ``query_rows`` anchors.
+        """
+        if anchors.dim() != 2 or positives.shape != anchors.shape:
+            raise ValueError(
+                f"anchors and positives must both be [B, D], got {tuple(anchors.shape)} and {tuple(positives.shape)}"
+            )
+        n_groups, dim = anchors.shape
+        if negatives.dim() != 2 or negatives.shape[1] != dim or neg_group.shape != (negatives.shape[0],):
+            raise ValueError(
+                f"negatives must be [M, {dim}] with neg_group [M], got {tuple(negatives.shape)} "
+                f"and {tuple(neg_group.shape)}"
+            )
+        if neg_group.numel() and (int(neg_group.min()) < 0 or int(neg_group.max()) >= n_groups):
+            raise ValueError(f"neg_group values must lie in [0, {n_groups}), the range of group indices")
+        rows = range(n_groups)[query_rows if query_rows is not None else slice(None)]
+        if rows.step != 1 or len(rows) == 0:
+            raise ValueError(f"query_rows must select a non-empty contiguous slice of 0..{n_groups}, got {query_rows}")
+        neg_group = neg_group.to(device=anchors.device, dtype=torch.long)
+        if self.config.use_batch:
+            losses = self._in_batch_losses(anchors, positives, negatives, rows)
+        else:
+            losses = self._in_group_losses(anchors, positives, negatives, neg_group)[rows.start : rows.stop]
+        return losses.mean()
+
+    def _in_group_losses(self, anchors: Tensor, positives: Tensor, negatives: Tensor, neg_group: Tensor) -> Tensor:
+        """Per-anchor loss over [own positive, own negatives], padded to the largest group."""
+        n_groups = anchors.shape[0]
+        pos_scores = (anchors * positives).sum(-1, keepdim=True)  # [B, 1]
+        if negatives.shape[0] == 0:
+            logits = pos_scores
+        else:
+            # slot of each negative within its group's row (its rank there, in given order)
+            order = torch.argsort(neg_group, stable=True)
+            counts = torch.bincount(neg_group, minlength=n_groups)
+            first = torch.cumsum(counts, 0) - counts
+            slot = torch.empty_like(neg_group)
+            slot[order] = torch.arange(neg_group.numel(), device=neg_group.device) - first[neg_group[order]]
+            neg_scores = (anchors.index_select(0, neg_group) * negatives).sum(-1)  # [M]
+            padded = pos_scores.new_full((n_groups, int(counts.max())), _NEG_INF)
+            padded = padded.index_put((neg_group, slot), neg_scores)  # -inf where a group is short
+            logits = torch.cat([pos_scores, padded], dim=1)
+        target = torch.zeros(n_groups, dtype=torch.long, device=anchors.device)
+        return F.cross_entropy(logits / self.config.temperature, target, reduction="none")
+
+    def _in_batch_losses(self, anchors: Tensor, positives: Tensor, negatives: Tensor, rows: range) -> Tensor:
+        """Per-anchor loss (for ``rows``) over every document of the batch, plus QQ / DD."""
+        cfg = self.config
+        # Documents as [all positives; all negatives] rather than ms-swift's interleaved
+        # group order: the cross-entropy does not depend on the order of the columns, and
+        # anchor i's target is then simply column i (or its global index across devices).
+        docs = torch.cat([positives, negatives], dim=0)
+        every_row = rows.start == 0 and rows.stop == anchors.shape[0]
+        queries = anchors if every_row else anchors[rows.start : rows.stop]
+        target = torch.arange(rows.start, rows.stop, device=anchors.device)
+        own = torch.arange(docs.shape[0], device=anchors.device)[None, :] == target[:, None]  # [b, B + M]
+
+        qd = queries @ docs.T
+        blocks = [qd]
+        qq = None
+        if cfg.include_qq:
+            qq = (queries @ anchors.T).masked_fill(own[:, : anchors.shape[0]], _NEG_INF)  # drop self
+        if cfg.mask_fake_negative:
+            # compared before the temperature, as ms-swift does; the positive always stays
+            threshold = qd.gather(1, target[:, None]).detach() + cfg.fake_neg_margin
+            blocks[0] = qd.masked_fill((qd > threshold) & ~own, _NEG_INF)
+            if qq is not None:
+                qq = qq.masked_fill(qq > threshold, _NEG_INF)
+        if qq is not None:
+            blocks.append(qq)
+        if cfg.include_dd:
+            dd = (positives if every_row else positives[rows.start : rows.stop]) @ docs.T
+            blocks.append(dd.masked_fill(own, _NEG_INF))  # a positive is not its own candidate
+        logits = torch.cat(blocks, dim=1) / cfg.temperature
+        return F.cross_entropy(logits, target, reduction="none")

@@ -1,0 +1,143 @@
+"""Backbone + pooling + L2 normalization -> ``{"last_hidden_state": [N, D]}``.
+
+``EmbeddingModel`` wraps any transformers encoder or decoder (or a PEFT model around one).
+It returns ms-swift's output layout: ``last_hidden_state`` holds one L2-normalized
+embedding per input row, which is what every loss in ``mmembed.losses`` consumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .templates import POOLINGS
+
+MMEMBED_CONFIG = "mmembed.json"
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """Pool token states ``[N, L, D]`` into ``[N, D]``.
+
+    ``last`` takes the last position whose mask is 1, which is right under left padding
+    (the final column) and right padding (the column before the first pad) alike.
+    """
+    mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
+    if mode == "mean":
+        return (hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "max":
+        return hidden.masked_fill(mask == 0, torch.finfo(hidden.dtype).min).max(1).values
+    if mode == "last":
+        positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+        last = (attention_mask.long() * positions).argmax(1)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+    raise ValueError(f"pooling must be one of {POOLINGS}, got {mode!r}")
+
+
+class EmbeddingModel(nn.Module):
+    """An embedding model: ``forward(**batch) -> {"last_hidden_state": [N, D]}``.
+
+    Args:
+        backbone: a transformers model (or PEFT model) whose output has ``last_hidden_state``.
+        pooling: one of ``last``, ``mean``, ``cls``, ``max``.
+        normalize: L2-normalize the pooled vectors (every shipped template does).
+    """
+
+    def __init__(self, backbone: nn.Module, pooling: str, normalize: bool = True):
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        self.backbone = backbone
+        self.pooling = pooling
+        self.normalize = normalize
+
+    @property
+    def config(self):
+        return self.backbone.config
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **inputs: Any) -> dict[str, torch.Tensor]:
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **inputs)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        emb = pool(hidden, attention_mask, self.pooling)
+        if self.normalize:
+            emb = F.normalize(emb.float(), dim=-1)
+        return {"last_hidden_state": emb}
+
+    # the Trainer calls these on its model
+    def activation_checkpointing_enable(self, **kwargs: Any) -> None:
+        self.backbone.activation_checkpointing_enable(**kwargs)
+
+    def activation_checkpointing_disable(self) -> None:
+        self.backbone.activation_checkpointing_disable()
+
+    @property
+    def is_activation_checkpointing(self) -> bool:
+        return bool(getattr(self.backbone, "is_activation_checkpointing", False))
+
+
+def load_backbone(path: str, torch_dtype: str | None = None, attn_impl: str | None = None) -> nn.Module:
+    """Load the base transformer (no head) from a local folder, as ``AutoModel`` does."""
+    from transformers import AutoConfig, AutoModel
+
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"--model {path!r} is not a local folder; hub ids cannot be downloaded here: download the model and pass its folder"
+        )
+    kwargs: dict[str, Any] = {}
+    if torch_dtype and torch_dtype != "auto":
+        kwargs["dtype"] = getattr(torch, torch_dtype)
+    elif torch_dtype is None:
+        kwargs["dtype"] = torch.float32
+    if attn_impl:
+        kwargs["attn_implementation"] = {"flash_attn": "flash_attention_2"}.get(attn_impl, attn_impl)
+    config = AutoConfig.from_pretrained(path)
+    if config.model_type == "bert":
+        kwargs["add_pooling_layer"] = False  # the BERT pooler is unused by embedding pooling
+    return AutoModel.from_pretrained(path, **kwargs)
+
+
+def write_mmembed_config(output_dir: str, **fields: Any) -> None:
+    """Write what is needed to embed with a saved folder (template, pooling, base model)."""
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, MMEMBED_CONFIG), "w", encoding="utf-8") as f:
+        json.dump(fields, f, indent=2)
+
+
+def read_mmembed_config(path: str) -> dict[str, Any] | None:
+    cfg = os.path.join(path, MMEMBED_CONFIG)
+    if not os.path.isfile(cfg):
+        return None
+    with open(cfg, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_sentence_transformers_config(output_dir: str, dim: int, pooling: str, max_seq_length: int | None) -> None:
+    """Files that let ``sentence_transformers.SentenceTransformer(output_dir)`` load the folder
+    as Transformer -> Pooling -> Normalize, matching mmembed's own embeddings."""
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    os.makedirs(os.path.join(output_dir, "1_Pooling"), exist_ok=True)
+    os.makedirs(os.path.join(output_dir, "2_Normalize"), exist_ok=True)
+    with open(os.path.join(output_dir, "modules.json"), "w", encoding="utf-8") as f:
+        json.dump(modules, f, indent=2)
+    pool_cfg = {
+        "word_embedding_dimension": dim,
+        "pooling_mode_cls_token": pooling == "cls",
+        "pooling_mode_mean_tokens": pooling == "mean",
+        "pooling_mode_max_tokens": pooling == "max",
+        "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_lasttoken": pooling == "last",
+    }
+    with open(os.path.join(output_dir, "1_Pooling", "config.json"), "w", encoding="utf-8") as f:
+        json.dump(pool_cfg, f, indent=2)
+    with open(os.path.join(output_dir, "sentence_bert_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"max_seq_length": max_seq_length or 512, "do_lower_case": False}, f, indent=2)

@@ -1,0 +1,186 @@
+"""``mmembed sft``: data, template, model, loss and trainer wired together."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Any
+
+from torch import nn
+
+from .arguments import SftArguments
+from .data import EmbeddingDataset, load_samples, split_dataset
+from .data.collator import EmbeddingCollator, layout_for_loss, token_lengths
+from .data.sample import Sample
+from .losses import build_loss
+from .modeling import EmbeddingModel, load_backbone
+from .templates import Template, get_template
+from .trainer import EmbeddingTrainer, find_last_complete_checkpoint
+
+logger = logging.getLogger("mmembed")
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def resolve_template(model_dir: str, name: str | None, model_type: str | None, system: str | None) -> Template:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    template = get_template(name, model_type, getattr(config, "model_type", None))
+    if system is not None:
+        template = dataclasses.replace(template, default_system=system)
+    return template
+
+
+def default_max_length(model_dir: str, tokenizer) -> int:
+    """The model's own limit: sentence-transformers' max_seq_length, else the tokenizer's
+    and the position table's, whichever is smaller."""
+    st = os.path.join(model_dir, "sentence_bert_config.json")
+    if os.path.isfile(st):
+        with open(st, encoding="utf-8") as f:
+            value = json.load(f).get("max_seq_length")
+        if value:
+            return int(value)
+    from transformers import AutoConfig
+
+    limits = [getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", None), tokenizer.model_max_length]
+    limits = [int(x) for x in limits if x and x < 10**7]
+    return min(limits) if limits else 512
+
+
+def lora_target_modules(model: nn.Module, target_modules: list[str]) -> str | list[str]:
+    """``all-linear`` as ms-swift means it: every linear layer of the transformer, but not
+    heads or the (unused) BERT pooler. Other names pass to PEFT unchanged."""
+    if target_modules != ["all-linear"]:
+        return target_modules
+    skip = ("lm_head", "pooler", "score", "classifier")
+    names = sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, mod in model.named_modules()
+            if isinstance(mod, nn.Linear) and not any(s in name.split(".") for s in skip)
+        }
+    )
+    if not names:
+        raise ValueError("no linear layers found for --target_modules all-linear")
+    return names
+
+
+def apply_lora(backbone: nn.Module, args: SftArguments) -> nn.Module:
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    config = LoraConfig(
+        task_type=TaskType.FEATURE_EXTRACTION,
+        r=args.lora_rank,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        target_modules=lora_target_modules(backbone, list(args.target_modules)),
+    )
+    return get_peft_model(backbone, config)
+
+
+def drop_overlong(ds, template: Template, tokenizer, layout: str, max_length: int, num_proc: int, what: str):
+    """``--truncation_strategy delete``: remove rows with any input over ``max_length`` tokens, and say how many."""
+
+    def keep(batch: dict[str, list]) -> list[bool]:
+        samples = [Sample.from_json(s) for s in batch["sample"]]
+        return [n <= max_length for n in token_lengths(samples, template, tokenizer, layout)]
+
+    before = len(ds)
+    ds = ds.filter(keep, batched=True, num_proc=num_proc if num_proc > 1 else None, desc=f"length check ({what})")
+    dropped = before - len(ds)
+    if dropped:
+        logger.warning(
+            "%s: %d of %d rows are longer than --max_length %d tokens and were deleted (--truncation_strategy delete; "
+            "use left/right to truncate them instead)", what, dropped, before, max_length,
+        )
+    return ds
+
+
+def build_model(args: SftArguments, pooling: str) -> EmbeddingModel:
+    backbone = load_backbone(args.model, args.torch_dtype, args.attn_impl)
+    if args.tuner_type == "lora":
+        backbone = apply_lora(backbone, args)
+    return EmbeddingModel(backbone, pooling)
+
+
+def run_sft(args: SftArguments) -> dict[str, Any]:
+    """Train as ``args`` say; returns the final metrics and the last checkpoint path."""
+    from transformers import set_seed
+
+    set_seed(args.seed)
+    tokenizer = load_tokenizer(args.model)
+    template = resolve_template(args.model, args.template, args.model_type, args.system)
+    if args.padding_side:
+        template = dataclasses.replace(template, padding_side=args.padding_side)
+    pooling = args.pooling or template.resolve_pooling(args.model)
+    max_length = args.max_length or default_max_length(args.model, tokenizer)
+    layout = layout_for_loss(args.loss_type)
+    loss_fn = build_loss(args.loss_type)
+
+    load_opts = dict(strict=args.strict, seed=args.seed, num_proc=args.dataset_num_proc,
+                     load_from_cache_file=args.load_from_cache_file)
+    train = load_samples(args.dataset, **load_opts).dataset
+    if args.val_dataset:
+        val = load_samples(args.val_dataset, **load_opts).dataset
+    else:
+        train, val = split_dataset(train, args.split_dataset_ratio, args.seed)
+    if args.truncation_strategy == "delete":
+        train = drop_overlong(train, template, tokenizer, layout, max_length, args.dataset_num_proc, "train")
+        if val is not None:
+            val = drop_overlong(val, template, tokenizer, layout, max_length, args.dataset_num_proc, "val")
+    if len(train) == 0:
+        raise ValueError("no training rows left after loading " + ", ".join(args.dataset))
+
+    model = build_model(args, pooling)
+    collator = EmbeddingCollator(
+        template, tokenizer, layout, max_length,
+        truncation_side="left" if args.truncation_strategy == "left" else "right",
+    )
+    mmembed_config = {
+        "base_model": os.path.abspath(args.model),
+        "template": template.name,
+        "default_system": template.default_system,
+        "padding_side": template.padding_side,
+        "pooling": pooling,
+        "normalize": True,
+        "max_length": max_length,
+        "tuner_type": args.tuner_type,
+        "loss_type": args.loss_type,
+    }
+    trainer = EmbeddingTrainer(
+        model=model,
+        args=args,
+        train_dataset=EmbeddingDataset(train),
+        eval_dataset=EmbeddingDataset(val) if val is not None else None,
+        data_collator=collator,
+        processing_class=tokenizer,
+        loss_fn=loss_fn,
+        loss_type=args.loss_type,
+        mmembed_config=mmembed_config,
+    )
+    resume = args.resume_from_checkpoint
+    if isinstance(resume, str) and resume.lower() in ("true", "last"):
+        resume = find_last_complete_checkpoint(args.output_dir)
+        if resume is None:
+            raise FileNotFoundError(f"--resume_from_checkpoint true: no complete checkpoint under {args.output_dir}")
+    elif isinstance(resume, str) and resume.lower() in ("false", "none", ""):
+        resume = None
+    result = trainer.train(resume_from_checkpoint=resume)
+    final = os.path.join(args.output_dir, f"checkpoint-{trainer.state.global_step}")
+    if not os.path.isdir(final):
+        trainer._save_checkpoint(trainer.model, trial=None)
+    metrics: dict[str, Any] = dict(result.metrics)
+    if val is not None:
+        metrics.update(trainer.evaluate())
+    metrics["last_checkpoint"] = final
+    if args.should_save:
+        logger.info("last checkpoint: %s", final)
+    return metrics
+

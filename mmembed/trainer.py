@@ -1,0 +1,163 @@
+"""EmbeddingTrainer: the transformers Trainer, taught to train and evaluate embedders.
+
+- ``compute_loss`` embeds the collated batch and applies the loss to
+  ``{"last_hidden_state": [N, D]}`` and ``labels``; a NaN or infinite loss stops the run.
+- ``evaluate`` embeds the whole eval set once and reports ms-swift's metrics
+  (infonce: mean_pos, mean_neg, margin; pair losses: pearson/spearman) plus retrieval
+  (recall@1/5/10, MRR@10, nDCG@10) and the eval loss.
+- checkpoints hold the backbone (a PEFT adapter for LoRA, safetensors weights for full
+  training), the tokenizer and ``mmembed.json``; a checkpoint is marked complete only after
+  every file (optimizer, RNG, trainer state) is written, and resuming never picks an
+  incomplete one.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import Trainer
+
+from .data.collator import layout_for_loss
+from .evaluation import embedding_eval_metrics, pair_metrics
+from .modeling import EmbeddingModel, write_mmembed_config, write_sentence_transformers_config
+
+COMPLETE_MARKER = "mmembed_complete"
+
+
+class NonFiniteLossError(FloatingPointError):
+    pass
+
+
+def find_last_complete_checkpoint(output_dir: str) -> str | None:
+    """The highest-numbered ``checkpoint-N`` under ``output_dir`` whose save finished."""
+    found = []
+    for path in glob.glob(os.path.join(output_dir, "checkpoint-*")):
+        m = re.fullmatch(r"checkpoint-(\d+)", os.path.basename(path))
+        if m and os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
+            found.append((int(m.group(1)), path))
+    return max(found)[1] if found else None
+
+
+class EmbeddingTrainer(Trainer):
+    def __init__(self, *args, loss_fn, loss_type: str, mmembed_config: dict[str, Any], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loss_fn = loss_fn
+        self.loss_type = loss_type
+        self.layout = layout_for_loss(loss_type)
+        self.mmembed_config = mmembed_config
+
+    # ---- training -------------------------------------------------------------------
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        loss = self.loss_fn(outputs, labels)
+        if not torch.isfinite(loss.detach()).all():
+            raise NonFiniteLossError(
+                f"loss is {loss.item()} at step {self.state.global_step}; training stopped instead of going on. "
+                "Lower --learning_rate, raise INFONCE_TEMPERATURE, or check the data; "
+                "the last saved checkpoint is untouched."
+            )
+        return (loss, outputs) if return_outputs else loss
+
+    # ---- evaluation -----------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        dataloader = self.get_eval_dataloader(eval_dataset)
+        model = self.model
+        was_training = model.training
+        model.eval()
+        embs, labels, losses, sizes = [], [], [], []
+        for batch in dataloader:
+            batch = self._prepare_inputs(batch)
+            lab = batch.pop("labels")
+            out = model(**batch)
+            losses.append(self.loss_fn(out, lab).item())
+            sizes.append(len(lab))
+            embs.append(out["last_hidden_state"].float().cpu().numpy())
+            labels.append(lab.float().cpu().numpy())
+        if was_training:
+            model.train()
+        if not embs:
+            raise ValueError("the eval dataset is empty")
+        metrics: dict[str, float] = {"loss": float(np.average(losses, weights=sizes))}
+        if self.layout == "pair":
+            e = np.concatenate(embs)
+            metrics.update(pair_metrics(e[0::2], e[1::2], np.concatenate(labels)))
+        else:
+            # each batch is a whole set of groups, so concatenating keeps the layout valid
+            metrics.update(embedding_eval_metrics(np.concatenate(embs), np.concatenate(labels)))
+        metrics = {f"{metric_key_prefix}_{k.replace('@', '_at_')}": float(v) for k, v in metrics.items()}
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    # ---- saving / loading -----------------------------------------------------------
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        output_dir = output_dir or self.args.output_dir
+        if not self.args.should_save:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        model: EmbeddingModel = self.accelerator.unwrap_model(self.model)
+        backbone = model.backbone
+        if state_dict is not None:
+            prefix = "backbone."
+            state_dict = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        backbone.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(output_dir)
+        write_mmembed_config(output_dir, **self.mmembed_config)
+        if self.mmembed_config.get("tuner_type") == "full":
+            write_sentence_transformers_config(
+                output_dir, backbone.config.hidden_size, model.pooling, self.mmembed_config.get("max_length")
+            )
+        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+    def _save_checkpoint(self, model, trial) -> None:
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            ckpt = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+            with open(os.path.join(ckpt, COMPLETE_MARKER), "w") as f:
+                f.write(f"{self.state.global_step}\n")
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        if not os.path.isfile(os.path.join(resume_from_checkpoint, COMPLETE_MARKER)):
+            raise ValueError(
+                f"{resume_from_checkpoint} is not a complete mmembed checkpoint (no {COMPLETE_MARKER}: "
+                "the run was probably killed while saving it); resume from an earlier checkpoint"
+            )
+        model = model or self.model
+        backbone = self.accelerator.unwrap_model(model).backbone
+        load_backbone_weights(backbone, resume_from_checkpoint)
+
+    def _load_best_model(self) -> None:
+        best = self.state.best_model_checkpoint
+        if best:
+            load_backbone_weights(self.accelerator.unwrap_model(self.model).backbone, best)
+
+
+def load_backbone_weights(backbone: torch.nn.Module, folder: str) -> None:
+    """Load a checkpoint's weights (PEFT adapter or full safetensors) into ``backbone`` in place."""
+    from safetensors.torch import load_file
+
+    adapter = os.path.join(folder, "adapter_model.safetensors")
+    if os.path.isfile(adapter):
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(backbone, load_file(adapter))
+        if getattr(result, "unexpected_keys", None):
+            raise ValueError(f"{adapter}: unexpected keys {result.unexpected_keys[:5]}")
+        return
+    files = sorted(glob.glob(os.path.join(folder, "model*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no adapter_model.safetensors or model.safetensors to load")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(f))
+    missing, unexpected = backbone.load_state_dict(state, strict=False)
+    if unexpected or [m for m in missing if not m.endswith("position_ids")]:
+        raise ValueError(f"{folder}: weights do not match the model (missing {missing[:5]}, unexpected {unexpected[:5]})")
