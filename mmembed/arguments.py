@@ -63,6 +63,7 @@ class SftArguments(TrainingArguments):
     logging_steps: float = 5
     logging_first_step: bool = True
     eval_strategy: str | None = None  # type: ignore[assignment]
+    warmup_ratio: float | None = field(default=None, metadata={"help": "warmup as a fraction of the total steps"})
     per_device_train_batch_size: int = 1
     per_device_eval_batch_size: int = 1
     gradient_accumulation_steps: int | None = None  # type: ignore[assignment]
@@ -90,6 +91,12 @@ class SftArguments(TrainingArguments):
         if self.gradient_accumulation_steps is None:
             world = int(os.environ.get("WORLD_SIZE", "1"))
             self.gradient_accumulation_steps = max(1, math.ceil(16 / self.per_device_train_batch_size / world))
+        if self.warmup_ratio is not None:  # transformers 5 folded warmup_ratio into a fractional warmup_steps
+            if not 0.0 <= self.warmup_ratio < 1.0:
+                raise ValueError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+            if self.warmup_steps:
+                raise ValueError("pass --warmup_ratio or --warmup_steps, not both")
+            self.warmup_steps = self.warmup_ratio
         has_val = bool(self.val_dataset) or self.split_dataset_ratio > 0
         if self.eval_strategy is None:
             self.eval_strategy = "steps" if has_val else "no"
@@ -101,9 +108,17 @@ class SftArguments(TrainingArguments):
         if self.activation_checkpointing_kwargs is None:
             self.activation_checkpointing_kwargs = self.gradient_checkpointing_kwargs or {"use_reentrant": False}
         self.gradient_checkpointing = self.gradient_checkpointing_kwargs = None
+        if self.dataloader_pin_memory and not _has_accelerator():
+            self.dataloader_pin_memory = False  # pinning needs a GPU; on CPU it only warns
         if self.label_names is None:
             self.label_names = ["labels"]
         super().__post_init__()
+
+
+def _has_accelerator() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def parse_sft_args(argv: list[str]) -> SftArguments:

@@ -67,12 +67,12 @@ def reference_infonce(
 
     docs = []  # rows of every document, in group order
     pos_col = []  # column of each group's positive among docs
-    for a, p, negs in groups:
+    for _, p, negs in groups:
         pos_col.append(len(docs))
         docs.append(p)
         docs.extend(negs)
 
-    for i, (a, p, negs) in enumerate(groups):
+    for i, (a, p, _) in enumerate(groups):
         positive_score = s(a, p)
         row = []
         for c, d in enumerate(docs):

@@ -99,6 +99,16 @@ def test_load_samples_columns_and_torch_dataset(tmp_path, cache):
     assert [len(torch_ds[i].negatives) for i in range(1, 4)] == [0, 1, 2]
 
 
+def test_stored_json_is_exactly_sample_to_json(tmp_path):
+    from mmembed.data.dataset import _sample_json
+    from mmembed.data.reader import read_file
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "dog.png")
+    row = {"system": "s", "query": "<image>", "response": "r", "images": ["dog.png"], "negatives": ["n"], "label": 1}
+    [sample] = read_file(write_jsonl(tmp_path / "d.jsonl", [row]))
+    assert _sample_json(sample) == sample.to_json()
+
+
 @pytest.mark.parametrize("num_proc", [1, 2])
 def test_strict_raises_the_data_error_itself(tmp_path, cache, num_proc):
     rows = qrows(5) + [{"query": "x", "response": "y", "label": "not a number"}] + qrows(5, "z")

@@ -19,7 +19,7 @@ MARGIN = 0.5
 def cosines(x: np.ndarray) -> np.ndarray:
     """cos(s1_i, s2_i) for rows alternating s1, s2."""
     s1, s2 = x[0::2], x[1::2]
-    return np.array([a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) for a, b in zip(s1, s2)])
+    return np.array([a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) for a, b in zip(s1, s2, strict=True)])
 
 
 def np_cosine_similarity(x, y, margin=None):
@@ -28,15 +28,15 @@ def np_cosine_similarity(x, y, margin=None):
 
 def np_contrastive(x, y, margin=MARGIN):
     d = 1 - cosines(x)
-    per_pair = [0.5 * (yi * di**2 + (1 - yi) * max(0.0, margin - di) ** 2) for di, yi in zip(d, y)]
+    per_pair = [0.5 * (yi * di**2 + (1 - yi) * max(0.0, margin - di) ** 2) for di, yi in zip(d, y, strict=True)]
     return float(np.mean(per_pair))
 
 
 def hard_pairs(x, y):
     """Which pairs online_contrastive keeps, with ms-swift's fallbacks for <= 1 positive / negative."""
     d = 1 - cosines(x)
-    pos = [di for di, yi in zip(d, y) if yi == 1]
-    neg = [di for di, yi in zip(d, y) if yi == 0]
+    pos = [di for di, yi in zip(d, y, strict=True) if yi == 1]
+    neg = [di for di, yi in zip(d, y, strict=True) if yi == 0]
     neg_bound = max(pos) if len(pos) > 1 else np.mean(neg)
     pos_bound = min(neg) if len(neg) > 1 else np.mean(pos)
     keep_pos = [di for di in pos if di > pos_bound]
@@ -59,17 +59,20 @@ def numeric_grad(f, x, h=1e-6):
     return g
 
 
-# 6 pairs in 4 dimensions, not normalized (the losses use the cosine, like ms-swift)
-X = np.array(
-    [
-        [1.0, 0.2, 0.0, 0.1], [0.9, 0.1, 0.3, 0.0],  # close pair
-        [0.0, 1.0, 0.5, 0.0], [0.4, 0.2, 1.0, 0.3],  # medium
-        [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.2],  # far
-        [0.3, 0.3, 0.3, 1.0], [0.2, 0.5, 0.1, 0.9],  # close
-        [0.5, 1.0, 0.0, 0.0], [0.1, 0.4, 0.0, 1.1],  # medium-far
-        [0.0, 0.2, 1.0, 0.0], [0.1, 0.0, 1.2, 0.4],  # close
-    ]
-)
+# 6 pairs in 4 dimensions, not normalized (the losses use the cosine, like ms-swift).
+# Cosine distances d = 1 - cos of the pairs: 0.059, 0.449, 1.000, 0.040, 0.657, 0.073.
+# fmt: off
+X = np.array([
+    [1.0, 0.2, 0.0, 0.1], [0.9, 0.1, 0.3, 0.0],  # pair 0: s1_0, s2_0
+    [0.0, 1.0, 0.5, 0.0], [0.4, 0.2, 1.0, 0.3],  # pair 1
+    [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.2],  # pair 2
+    [0.3, 0.3, 0.3, 1.0], [0.2, 0.5, 0.1, 0.9],  # pair 3
+    [0.5, 1.0, 0.0, 0.0], [0.1, 0.4, 0.0, 1.1],  # pair 4
+    [0.0, 0.2, 1.0, 0.0], [0.1, 0.0, 1.2, 0.4],  # pair 5
+])
+# fmt: on
+# online_contrastive keeps positives 1, 4 (d > min negative d = 0.073) and negative 5
+# (d < max positive d = 0.657); pair 5 is inside the margin, pair 2 outside it.
 BINARY = np.array([1.0, 1.0, 0.0, 1.0, 1.0, 0.0])
 SCORES = np.array([0.9, 0.4, 0.05, 0.8, 0.3, 0.7])
 
@@ -108,11 +111,14 @@ def test_case_is_not_trivial():
 
 def test_losses_differ():
     out = {"last_hidden_state": torch.tensor(X)}
-    values = [build_loss(n)(out, torch.tensor(BINARY)).item() for n in ("cosine_similarity", "contrastive", "online_contrastive")]
+    names = ("cosine_similarity", "contrastive", "online_contrastive")
+    values = [build_loss(n)(out, torch.tensor(BINARY)).item() for n in names]
     assert len({round(v, 9) for v in values}) == 3
 
 
-@pytest.mark.parametrize("name, formula", [("contrastive", np_contrastive), ("online_contrastive", np_online_contrastive)])
+@pytest.mark.parametrize(
+    "name, formula", [("contrastive", np_contrastive), ("online_contrastive", np_online_contrastive)]
+)
 def test_margin_option(name, formula):
     default, _ = torch_value_and_grad(build_loss(name), X, BINARY)
     wider, grad = torch_value_and_grad(build_loss(name, margin=0.9), X, BINARY)

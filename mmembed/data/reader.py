@@ -82,6 +82,7 @@ import json
 import math
 import os
 import re
+import stat
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -504,7 +505,7 @@ def parse_row(
     count that differs from the path count, a missing or (with ``verify_images``)
     unreadable local media file, an unknown role, a member with empty text and no media.
     """
-    ctx = _Ctx(source, line, base_dir, verify_images)
+    ctx = _Ctx(source, line, os.path.abspath(base_dir), verify_images)
     if not isinstance(raw, dict):
         raise ctx.error(None, f"row is not a JSON object (got {_type_name(raw)})")
     messages_key = _present_key(raw, _MESSAGES_KEYS, ctx, "messages")
@@ -654,6 +655,8 @@ def _bind(drafts: list[_Draft], kind: str, entries: list[Any], key: str, ctx: _C
     Returns the resolved media per draft, in tag order. The number of unbound tags must equal
     ``len(entries)``.
     """
+    if not entries and not any(d.slots[kind] for d in drafts):
+        return [[] for _ in drafts]  # the common text-only case
     needed = [sum(s.value is None for s in d.slots[kind]) for d in drafts]
     if sum(needed) != len(entries):
         where = ", ".join(f"{d.fieldname}: {n}" for d, n in zip(drafts, needed) if n) or "none in the text"
@@ -953,13 +956,17 @@ def _resolve_media(value: Any, kind: str, fieldname: str, ctx: _Ctx) -> str:
     path = os.path.expanduser(path)
     if not os.path.isabs(path):
         path = os.path.join(ctx.base_dir, path)
-    path = os.path.normpath(os.path.abspath(path))
-    if not os.path.exists(path):
-        raise MediaFileError(ctx.source, ctx.line, fieldname, f"{kind} file not found: {value!r} (resolved to {path})")
-    if not os.path.isfile(path):
+    path = os.path.normpath(path)
+    try:
+        st = os.stat(path)
+    except OSError:
+        raise MediaFileError(
+            ctx.source, ctx.line, fieldname, f"{kind} file not found: {value!r} (resolved to {path})"
+        ) from None
+    if not stat.S_ISREG(st.st_mode):
         raise MediaFileError(ctx.source, ctx.line, fieldname, f"{kind} path is not a file: {path}")
     if kind == "image" and ctx.verify_images:
-        problem = _unreadable_image(path, os.stat(path).st_mtime_ns)
+        problem = _unreadable_image(path, st.st_mtime_ns)
         if problem:
             raise MediaFileError(ctx.source, ctx.line, fieldname, f"unreadable image {path}: {problem}")
     return path

@@ -76,3 +76,6 @@ class DataError(ValueError):
         if fieldname:
             where += f" field '{fieldname}'"
         super().__init__(f"{where}: {message}")
+
+    def __reduce__(self):  # survive pickling across worker processes
+        return (DataError, (self.source, self.line, self.field, self.reason))

@@ -61,15 +61,16 @@ def split_groups(labels: Tensor, n_rows: int) -> tuple[Tensor, Tensor, Tensor, T
     """
     if labels.dim() != 1:
         raise ValueError(f"InfoNCE labels must be 1-D [N - B], got shape {tuple(labels.shape)}")
+    if labels.numel() == 0:
+        raise ValueError("InfoNCE labels are empty, so there is no group (each group needs a positive)")
     is_pos = labels == 1
     is_neg = labels == 0
     bad = ~(is_pos | is_neg)
-    if bool(bad.any()):
+    # one device-to-host copy for all the checks
+    n_bad, n_groups, starts_with_pos = torch.stack([bad.sum(), is_pos.sum(), is_pos[0].long()]).tolist()
+    if n_bad:
         i = int(bad.nonzero()[0])
-        raise ValueError(
-            f"InfoNCE labels must be 1.0 (positive) or 0.0 (negative); labels[{i}] = {labels[i].item()}"
-        )
-    n_groups = int(is_pos.sum())
+        raise ValueError(f"InfoNCE labels must be 1.0 (positive) or 0.0 (negative); labels[{i}] = {labels[i].item()}")
     if n_groups == 0:
         raise ValueError("InfoNCE labels hold no 1.0 entry, so there is no group (each group needs a positive)")
     if labels.numel() + n_groups != n_rows:
@@ -77,7 +78,7 @@ def split_groups(labels: Tensor, n_rows: int) -> tuple[Tensor, Tensor, Tensor, T
             f"InfoNCE labels have {labels.numel()} entries and {n_groups} positives, so the batch must have "
             f"{labels.numel() + n_groups} rows (one anchor per group plus one row per label), but it has {n_rows}"
         )
-    if not bool(is_pos[0]):
+    if not starts_with_pos:
         raise ValueError(
             "InfoNCE labels[0] must be 1.0: each group is anchor, positive, then negatives, "
             "so the first labelled row cannot be a negative (group 0 has no positive)"
@@ -259,11 +260,12 @@ class InfoNCELoss(nn.Module):
             first = torch.cumsum(counts, 0) - counts  # neg_idx is in group order
             neg_idx = neg_idx[(first[:, None] + picks).reshape(-1)]
             neg_group = torch.arange(n_groups, device=emb.device).repeat_interleave(hard)
-        # One gather, then views: a single index backward is several times cheaper than
-        # one per part, and that backward dominates the cost at typical batch sizes.
+        # One gather, then views: one index backward costs a fraction of one per part,
+        # and [positives; negatives] is then already contiguous for the in-batch product.
         parts = emb.index_select(0, torch.cat([anchor_idx, pos_idx, neg_idx]))
-        anchors, positives, negatives = parts.split([n_groups, n_groups, neg_idx.numel()])
-        return self.forward_from_parts(anchors, positives, negatives, neg_group)
+        anchors, docs = parts.split([n_groups, parts.shape[0] - n_groups])
+        positives, negatives = docs.split([n_groups, neg_idx.numel()])
+        return self._loss(anchors, positives, negatives, neg_group, range(n_groups), docs=docs)
 
     def forward_from_parts(
         self,
@@ -306,14 +308,28 @@ class InfoNCELoss(nn.Module):
                 f"negatives must be [M, {dim}] with neg_group [M], got {tuple(negatives.shape)} "
                 f"and {tuple(neg_group.shape)}"
             )
-        if neg_group.numel() and (int(neg_group.min()) < 0 or int(neg_group.max()) >= n_groups):
+        if neg_group.numel() and not bool(((neg_group >= 0) & (neg_group < n_groups)).all()):
             raise ValueError(f"neg_group values must lie in [0, {n_groups}), the range of group indices")
         rows = range(n_groups)[query_rows if query_rows is not None else slice(None)]
         if rows.step != 1 or len(rows) == 0:
             raise ValueError(f"query_rows must select a non-empty contiguous slice of 0..{n_groups}, got {query_rows}")
         neg_group = neg_group.to(device=anchors.device, dtype=torch.long)
+        return self._loss(anchors, positives, negatives, neg_group, rows)
+
+    def _loss(
+        self,
+        anchors: Tensor,
+        positives: Tensor,
+        negatives: Tensor,
+        neg_group: Tensor,
+        rows: range,
+        docs: Tensor | None = None,
+    ) -> Tensor:
+        """Mean loss of the ``rows`` anchors; ``docs`` is ``[positives; negatives]`` if the caller has it."""
         if self.config.use_batch:
-            losses = self._in_batch_losses(anchors, positives, negatives, rows)
+            if docs is None:
+                docs = torch.cat([positives, negatives], dim=0)
+            losses = self._in_batch_losses(anchors, positives, docs, rows)
         else:
             losses = self._in_group_losses(anchors, positives, negatives, neg_group)[rows.start : rows.stop]
         return losses.mean()
@@ -338,13 +354,12 @@ class InfoNCELoss(nn.Module):
         target = torch.zeros(n_groups, dtype=torch.long, device=anchors.device)
         return F.cross_entropy(logits / self.config.temperature, target, reduction="none")
 
-    def _in_batch_losses(self, anchors: Tensor, positives: Tensor, negatives: Tensor, rows: range) -> Tensor:
-        """Per-anchor loss (for ``rows``) over every document of the batch, plus QQ / DD."""
+    def _in_batch_losses(self, anchors: Tensor, positives: Tensor, docs: Tensor, rows: range) -> Tensor:
+        """Per-anchor loss (for ``rows``) over every document ``docs = [positives; negatives]``, plus QQ / DD."""
         cfg = self.config
         # Documents as [all positives; all negatives] rather than ms-swift's interleaved
         # group order: the cross-entropy does not depend on the order of the columns, and
         # anchor i's target is then simply column i (or its global index across devices).
-        docs = torch.cat([positives, negatives], dim=0)
         every_row = rows.start == 0 and rows.stop == anchors.shape[0]
         queries = anchors if every_row else anchors[rows.start : rows.stop]
         target = torch.arange(rows.start, rows.stop, device=anchors.device)
