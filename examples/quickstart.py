@@ -2,7 +2,8 @@
 
 1. evaluate the base model on STS-B test (Spearman of cosine vs. gold score; retrieval of
    each positive pair's second sentence among all test sentences);
-2. `mmembed sft` with InfoNCE (in-batch negatives) on the bundled STS-B train pairs;
+2. `mmembed sft` with InfoNCE on the bundled STS-B train pairs, each with one mined hard
+   negative (in-batch negatives too);
 3. `mmembed export` the last checkpoint and evaluate it the same way;
 4. print before / after.
 
@@ -50,13 +51,13 @@ def main() -> int:
         "--task_type", "embedding",
         "--loss_type", "infonce",
         "--tuner_type", "full",
-        "--dataset", os.path.join(DATA, "stsb_train_pairs.jsonl"),
+        "--dataset", os.path.join(DATA, "stsb_train_hardneg.jsonl"),
         "--val_dataset", os.path.join(DATA, "stsb_dev_pairs.jsonl"),
         "--num_train_epochs", a.epochs,
         "--per_device_train_batch_size", "32",
         "--per_device_eval_batch_size", "64",
         "--gradient_accumulation_steps", "1",
-        "--learning_rate", "2e-5",
+        "--learning_rate", "5e-5",
         "--warmup_ratio", "0.1",
         "--max_length", "64",
         "--gradient_checkpointing", "false",

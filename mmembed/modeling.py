@@ -97,9 +97,18 @@ def load_backbone(path: str, torch_dtype: str | None = None, attn_impl: str | No
     if attn_impl:
         kwargs["attn_implementation"] = {"flash_attn": "flash_attention_2"}.get(attn_impl, attn_impl)
     config = AutoConfig.from_pretrained(path)
-    if config.model_type == "bert":
-        kwargs["add_pooling_layer"] = False  # the BERT pooler is unused by embedding pooling
-    return AutoModel.from_pretrained(path, **kwargs)
+    if config.model_type != "bert":
+        return AutoModel.from_pretrained(path, **kwargs)
+    # the BERT pooler is unused by embedding pooling: leave it out, and spare the user the
+    # load report that lists its weights as unexpected
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return AutoModel.from_pretrained(path, add_pooling_layer=False, **kwargs)
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def write_mmembed_config(output_dir: str, **fields: Any) -> None:

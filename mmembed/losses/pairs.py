@@ -63,6 +63,17 @@ class _PairLoss(nn.Module):
         return cls(**options)
 
 
+class _MarginPairLoss(_PairLoss):
+    """A pair loss on cosine distance with a margin for the dissimilar pairs."""
+
+    def __init__(self, margin: float = 0.5) -> None:
+        super().__init__()
+        self.margin = _check_margin(margin)
+
+    def extra_repr(self) -> str:
+        return f"margin={self.margin}"
+
+
 class CosineSimilarityLoss(_PairLoss):
     """Mean squared error between the cosine of each pair and its label.
 
@@ -95,7 +106,7 @@ class CosineSimilarityLoss(_PairLoss):
         return F.mse_loss(F.cosine_similarity(s1, s2), y)
 
 
-class ContrastiveLoss(_PairLoss):
+class ContrastiveLoss(_MarginPairLoss):
     """Contrastive loss on cosine distance: pull positives together, push negatives past a margin.
 
     With ``d = 1 - cos(s1, s2)``:
@@ -122,13 +133,6 @@ class ContrastiveLoss(_PairLoss):
             loss = loss_fn({"last_hidden_state": emb}, torch.tensor([1.0, 0.0]))
     """
 
-    def __init__(self, margin: float = 0.5) -> None:
-        super().__init__()
-        self.margin = _check_margin(margin)
-
-    def extra_repr(self) -> str:
-        return f"margin={self.margin}"
-
     def forward(self, outputs: Mapping[str, Tensor], labels: Tensor) -> Tensor:
         """Scalar loss; see the class docstring for the layout."""
         s1, s2, y = split_pairs(outputs, labels)
@@ -137,7 +141,7 @@ class ContrastiveLoss(_PairLoss):
         return (0.5 * (y * d.pow(2) + (1 - y) * F.relu(self.margin - d).pow(2))).mean()
 
 
-class OnlineContrastiveLoss(_PairLoss):
+class OnlineContrastiveLoss(_MarginPairLoss):
     """Contrastive loss on the hard pairs of the batch only.
 
     With ``d = 1 - cos(s1, s2)``, the kept pairs are the negatives closer than the
@@ -170,13 +174,6 @@ class OnlineContrastiveLoss(_PairLoss):
             loss_fn = build_loss("online_contrastive")
             loss = loss_fn({"last_hidden_state": emb}, torch.tensor([1.0, 0.0]))
     """
-
-    def __init__(self, margin: float = 0.5) -> None:
-        super().__init__()
-        self.margin = _check_margin(margin)
-
-    def extra_repr(self) -> str:
-        return f"margin={self.margin}"
 
     def forward(self, outputs: Mapping[str, Tensor], labels: Tensor) -> Tensor:
         """Scalar loss; see the class docstring for the layout."""
