@@ -18,6 +18,9 @@ from torch import nn
 from .templates import POOLINGS
 
 MMEMBED_CONFIG = "mmembed.json"
+# per-token inputs that can be cut to a chunk's width; anything else (pixels, grids) keeps
+# the batch in one call
+TOKEN_INPUTS = {"token_type_ids"}
 
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
@@ -47,27 +50,55 @@ class EmbeddingModel(nn.Module):
         backbone: a transformers model (or PEFT model) whose output has ``last_hidden_state``.
         pooling: one of ``last``, ``mean``, ``cls``, ``max``.
         normalize: L2-normalize the pooled vectors (every shipped template does).
+        length_chunks: embed a text-only batch in up to this many chunks of rows sorted by
+            length, each padded only to its own longest row (1: one padded call). Rows do not
+            interact inside the encoder, so the embeddings and gradients are the same; the
+            padding, often most of a batch of short texts, is not computed.
     """
 
-    def __init__(self, backbone: nn.Module, pooling: str, normalize: bool = True):
+    def __init__(self, backbone: nn.Module, pooling: str, normalize: bool = True, length_chunks: int = 4):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        if length_chunks < 1:
+            raise ValueError(f"length_chunks must be >= 1, got {length_chunks}")
         self.backbone = backbone
         self.pooling = pooling
         self.normalize = normalize
+        self.length_chunks = length_chunks
 
     @property
     def config(self):
         return self.backbone.config
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **inputs: Any) -> dict[str, torch.Tensor]:
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **inputs)
-        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        emb = pool(hidden, attention_mask, self.pooling)
+        n = input_ids.shape[0]
+        chunks = min(self.length_chunks, n // 8)  # at least 8 rows a chunk
+        if chunks > 1 and set(inputs) <= TOKEN_INPUTS:
+            emb = self._embed_by_length(input_ids, attention_mask, inputs, chunks)
+        else:
+            emb = self._embed(input_ids, attention_mask, inputs)
         if self.normalize:
             emb = F.normalize(emb.float(), dim=-1)
         return {"last_hidden_state": emb}
+
+    def _embed(self, input_ids, attention_mask, inputs) -> torch.Tensor:
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **inputs)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        return pool(hidden, attention_mask, self.pooling)
+
+    def _embed_by_length(self, input_ids, attention_mask, inputs, chunks: int) -> torch.Tensor:
+        lengths = attention_mask.sum(1)
+        order = torch.argsort(lengths, stable=True)
+        left_padded = bool((attention_mask[:, -1] == 1).all()) and not bool((attention_mask[:, 0] == 1).all())
+        parts = []
+        for idx in order.chunk(chunks):
+            width = int(lengths[idx].max())
+            cols = slice(input_ids.shape[1] - width, None) if left_padded else slice(0, width)
+            sub = {k: v[idx][:, cols] for k, v in inputs.items()}
+            parts.append(self._embed(input_ids[idx][:, cols], attention_mask[idx][:, cols], sub))
+        emb = torch.cat(parts)
+        return emb[torch.argsort(order)]  # back to the batch's row order
 
     # the Trainer calls these on its model
     def activation_checkpointing_enable(self, **kwargs: Any) -> None:

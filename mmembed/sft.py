@@ -107,7 +107,7 @@ def build_model(args: SftArguments, pooling: str) -> EmbeddingModel:
     backbone = load_backbone(args.model, args.torch_dtype, args.attn_impl)
     if args.tuner_type == "lora":
         backbone = apply_lora(backbone, args)
-    return EmbeddingModel(backbone, pooling)
+    return EmbeddingModel(backbone, pooling, length_chunks=args.length_chunks)
 
 
 def run_sft(args: SftArguments) -> dict[str, Any]:

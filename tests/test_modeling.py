@@ -109,3 +109,60 @@ def test_templates_ship_in_the_package():
     names = {p.name for p in resources.files("mmembed.template_files").iterdir()}
     assert {"bert.toml", "modernbert.toml", "gte_qwen2.toml", "qwen3_emb.toml"} <= names
     assert os.path.isfile(os.path.join(os.path.dirname(__file__), "..", "templates", "bert.toml"))
+
+
+def _chunk_equivalence(model, enc):
+    """Embeddings and parameter gradients with length chunks equal one padded call."""
+    results = []
+    calls = []
+    hook = model.backbone.register_forward_hook(lambda mod, args, out: calls.append(1))
+    for chunks in (1, 4):
+        model.length_chunks = chunks
+        model.zero_grad()
+        calls.clear()
+        emb = model(**enc)["last_hidden_state"]
+        assert len(calls) == chunks  # the chunked path really ran
+        (emb * torch.linspace(-1, 1, emb.numel()).view_as(emb)).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((emb.detach(), grads))
+    hook.remove()
+    (e1, g1), (e4, g4) = results
+    torch.testing.assert_close(e4, e1, atol=2e-5, rtol=1e-4)
+    assert g1.keys() == g4.keys() and g1
+    for k in g1:
+        torch.testing.assert_close(g4[k], g1[k], atol=5e-5, rtol=1e-3)
+
+
+def _varied_texts(n):
+    words = "a man is playing the flute while two dogs run in the snow after a red ball".split()
+    return [" ".join(words[: 2 + (i * 7) % (len(words) - 2)]) for i in range(n)]
+
+
+def test_length_chunks_give_the_same_embeddings_and_gradients_right_padding(minilm_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(minilm_path)
+    enc = tok(_varied_texts(32), padding=True, return_tensors="pt")
+    assert (enc["attention_mask"].sum(1) < enc["attention_mask"].shape[1]).any()  # there is padding to skip
+    model = EmbeddingModel(load_backbone(minilm_path), "mean")
+    _chunk_equivalence(model, dict(enc))
+
+
+def test_length_chunks_give_the_same_embeddings_and_gradients_left_padding(tmp_path):
+    """A tiny random Qwen2 decoder, saved and loaded as a user would, last-token pooling."""
+    from transformers import Qwen2Config, Qwen2Model
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    Qwen2Model(cfg).save_pretrained(tmp_path)
+    model = EmbeddingModel(load_backbone(str(tmp_path)), "last")
+    g = torch.Generator().manual_seed(1)
+    lengths = [3 + (i * 5) % 17 for i in range(32)]
+    width = max(lengths)
+    ids = torch.randint(1, 64, (32, width), generator=g)
+    mask = torch.zeros(32, width, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        mask[i, width - n :] = 1
+    ids[mask == 0] = 0
+    _chunk_equivalence(model, {"input_ids": ids, "attention_mask": mask})
