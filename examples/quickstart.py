@@ -2,8 +2,9 @@
 
 1. evaluate the base model on STS-B test (Spearman of cosine vs. gold score; retrieval of
    each positive pair's second sentence among all test sentences);
-2. `mmembed sft` with InfoNCE on the bundled STS-B train pairs, each with one mined hard
-   negative (in-batch negatives too);
+2. `mmembed sft` with InfoNCE on the bundled STS-B train pairs, each with one hard
+   negative mined by word overlap, plus in-batch negatives; INFONCE_MASK_FAKE_NEGATIVE=true
+   masks the mined negatives that are really paraphrases;
 3. `mmembed export` the last checkpoint and evaluate it the same way;
 4. print before / after.
 
@@ -67,7 +68,11 @@ def main() -> int:
         "--logging_steps", "10",
         "--output_dir", out,
     ]
-    env = dict(os.environ, INFONCE_TEMPERATURE=os.environ.get("INFONCE_TEMPERATURE", "0.05"))
+    # word-overlap negatives are sometimes paraphrases: the fake-negative mask drops any
+    # candidate that scores above the anchor's positive (+ margin) instead of pushing it away
+    env = dict(os.environ)
+    env.setdefault("INFONCE_TEMPERATURE", "0.05")
+    env.setdefault("INFONCE_MASK_FAKE_NEGATIVE", "true")
     print("== training ==\n" + " ".join(cmd), flush=True)
     t0 = time.time()
     subprocess.run(cmd, env=env, check=True)
