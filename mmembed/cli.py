@@ -54,7 +54,14 @@ def cmd_sft(argv: list[str]) -> int:
         args = parse_sft_args(argv)
     except ValueError as e:  # our own argument checks
         raise SystemExit(f"mmembed sft: {e}")
-    metrics = run_sft(args)
+    from .data import DataError, SpecError
+    from .trainer import NonFiniteLossError
+
+    try:
+        metrics = run_sft(args)
+    except (DataError, SpecError, FileNotFoundError, NonFiniteLossError) as e:  # the user's input, not a bug
+        print(f"mmembed sft: error: {e}", file=sys.stderr)
+        return 1
     if args.should_save:
         print(json.dumps(metrics, indent=2, default=str))
     return 0

@@ -115,6 +115,10 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     from transformers import set_seed
 
     set_seed(args.seed)
+    if not os.path.isdir(args.model):
+        raise FileNotFoundError(
+            f"--model {args.model!r} is not a local folder; hub ids cannot be downloaded here: download the model and pass its folder"
+        )
     tokenizer = load_tokenizer(args.model)
     template = resolve_template(args.model, args.template, args.model_type, args.system)
     if args.padding_side:

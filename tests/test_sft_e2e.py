@@ -182,3 +182,14 @@ def test_cli_embed_writes_the_same_vectors_as_embedder(minilm_path, tmp_path):
     subprocess.run([sys.executable, "-m", "mmembed.cli", "embed", "--model", minilm_path, "--input", str(inp),
                     "--output", str(out)], check=True, cwd=REPO, capture_output=True)
     np.testing.assert_allclose(np.load(out), Embedder.from_pretrained(minilm_path).encode(TEXTS), atol=1e-6)
+
+
+def test_cli_reports_a_broken_row_by_file_line_and_field(minilm_path, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"query": "a", "response": "b"}\n{"query": "c", "response": "d", "rejected_response": 5}\n')
+    proc = subprocess.run([sys.executable, "-m", "mmembed.cli", "sft", "--model", minilm_path, "--dataset", str(bad),
+                           "--output_dir", str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 1
+    assert f"mmembed sft: error: {bad}:2 field 'rejected_response'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
