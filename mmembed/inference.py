@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .data.sample import Item
-from .modeling import EmbeddingModel, load_backbone, read_mmembed_config
+from .modeling import EmbeddingModel, default_max_length, load_backbone, read_mmembed_config
 from .templates import Template, get_template
 
 
@@ -63,8 +63,6 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
     if cfg.get("max_length"):
         max_length = int(cfg["max_length"])
     else:
-        from .sft import default_max_length
-
         max_length = default_max_length(base, tokenizer)
     model = EmbeddingModel(backbone, pooling, normalize=cfg.get("normalize", True))
     model.eval()

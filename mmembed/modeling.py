@@ -142,6 +142,22 @@ def load_backbone(path: str, torch_dtype: str | None = None, attn_impl: str | No
         hf_logging.set_verbosity(level)
 
 
+def default_max_length(model_dir: str, tokenizer) -> int:
+    """The model's own limit: sentence-transformers' max_seq_length, else the tokenizer's
+    and the position table's, whichever is smaller."""
+    st = os.path.join(model_dir, "sentence_bert_config.json")
+    if os.path.isfile(st):
+        with open(st, encoding="utf-8") as f:
+            value = json.load(f).get("max_seq_length")
+        if value:
+            return int(value)
+    from transformers import AutoConfig
+
+    limits = [getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", None), tokenizer.model_max_length]
+    limits = [int(x) for x in limits if x and x < 10**7]
+    return min(limits) if limits else 512
+
+
 def write_mmembed_config(output_dir: str, **fields: Any) -> None:
     """Write what is needed to embed with a saved folder (template, pooling, base model)."""
     os.makedirs(output_dir, exist_ok=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from typing import Any
@@ -15,7 +14,7 @@ from .data import EmbeddingDataset, load_samples, split_dataset
 from .data.collator import EmbeddingCollator, layout_for_loss, token_lengths
 from .data.sample import Sample
 from .losses import build_loss
-from .modeling import EmbeddingModel, load_backbone
+from .modeling import EmbeddingModel, default_max_length, load_backbone
 from .templates import Template, get_template
 from .trainer import EmbeddingTrainer, find_last_complete_checkpoint
 
@@ -36,22 +35,6 @@ def resolve_template(model_dir: str, name: str | None, model_type: str | None, s
     if system is not None:
         template = dataclasses.replace(template, default_system=system)
     return template
-
-
-def default_max_length(model_dir: str, tokenizer) -> int:
-    """The model's own limit: sentence-transformers' max_seq_length, else the tokenizer's
-    and the position table's, whichever is smaller."""
-    st = os.path.join(model_dir, "sentence_bert_config.json")
-    if os.path.isfile(st):
-        with open(st, encoding="utf-8") as f:
-            value = json.load(f).get("max_seq_length")
-        if value:
-            return int(value)
-    from transformers import AutoConfig
-
-    limits = [getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", None), tokenizer.model_max_length]
-    limits = [int(x) for x in limits if x and x < 10**7]
-    return min(limits) if limits else 512
 
 
 def lora_target_modules(model: nn.Module, target_modules: list[str]) -> str | list[str]:
