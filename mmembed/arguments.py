@@ -109,7 +109,10 @@ class SftArguments(TrainingArguments):
         if self.activation_checkpointing_kwargs is None:
             self.activation_checkpointing_kwargs = self.gradient_checkpointing_kwargs or {"use_reentrant": False}
         self.gradient_checkpointing = self.gradient_checkpointing_kwargs = None
-        if self.dataloader_pin_memory and not _has_accelerator():
+        if not _has_accelerator():
+            # without use_cpu, accelerate starts the process group under torchrun but then treats
+            # the run as single-process (no DDP, no data sharding); with it, CPU runs use gloo
+            self.use_cpu = True
             self.dataloader_pin_memory = False  # pinning needs a GPU; on CPU it only warns
         if self.label_names is None:
             self.label_names = ["labels"]

@@ -13,6 +13,7 @@ from .arguments import SftArguments
 from .data import EmbeddingDataset, load_samples, split_dataset
 from .data.collator import EmbeddingCollator, layout_for_loss, token_lengths
 from .data.sample import Sample
+from .distributed import GlobalBatchLoss
 from .losses import build_loss
 from .modeling import EmbeddingModel, default_max_length, load_backbone
 from .templates import Template, get_template
@@ -109,7 +110,7 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     pooling = args.pooling or template.resolve_pooling(args.model)
     max_length = args.max_length or default_max_length(args.model, tokenizer)
     layout = layout_for_loss(args.loss_type)
-    loss_fn = build_loss(args.loss_type)
+    loss_fn = GlobalBatchLoss(build_loss(args.loss_type), args.loss_type)
 
     load_opts = dict(strict=args.strict, seed=args.seed, num_proc=args.dataset_num_proc,
                      load_from_cache_file=args.load_from_cache_file)

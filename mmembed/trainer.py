@@ -18,11 +18,11 @@ import os
 import re
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import Trainer
 
 from .data.collator import layout_for_loss
+from .distributed import all_gather_no_grad, world
 from .evaluation import embedding_eval_metrics, pair_metrics
 from .modeling import EmbeddingModel, write_mmembed_config, write_sentence_transformers_config
 
@@ -65,36 +65,60 @@ class EmbeddingTrainer(Trainer):
         return (loss, outputs) if return_outputs else loss
 
     # ---- evaluation -----------------------------------------------------------------
+    def _eval_loader(self, eval_dataset=None):
+        """This process's share of the eval set: every W-th sample, no padding, no duplicates,
+        so uneven eval sets need no ``--dataloader_drop_last`` and nothing is counted twice."""
+        from torch.utils.data import DataLoader, Subset
+
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        rank, w = world()
+        if w > 1:
+            dataset = Subset(dataset, range(rank, len(dataset), w))
+        return DataLoader(dataset, batch_size=self.args.per_device_eval_batch_size, collate_fn=self.data_collator,
+                          num_workers=self.args.dataloader_num_workers, shuffle=False)
+
     @torch.no_grad()
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        dataloader = self.get_eval_dataloader(eval_dataset)
         model = self.model
         was_training = model.training
         model.eval()
-        embs, labels, losses, sizes = [], [], [], []
-        for batch in dataloader:
-            batch = self._prepare_inputs(batch)
+        device = self.args.device
+        loss_fn = getattr(self.loss_fn, "loss", self.loss_fn)  # per-batch loss, no cross-process scaling
+        embs, labels = [], []
+        loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of batch loss * rows, rows)
+        for batch in self._eval_loader(eval_dataset):
+            batch = {k: v.to(device) for k, v in batch.items()}
             lab = batch.pop("labels")
             out = model(**batch)
-            losses.append(self.loss_fn(out, lab).item())
-            sizes.append(len(lab))
-            embs.append(out["last_hidden_state"].float().cpu().numpy())
-            labels.append(lab.float().cpu().numpy())
+            loss_sum += torch.tensor([loss_fn(out, lab).item() * len(lab), len(lab)], dtype=torch.float64, device=device)
+            embs.append(out["last_hidden_state"].float())
+            labels.append(lab.float())
         if was_training:
             model.train()
-        if not embs:
+        dim = self._embedding_dim(embs)
+        local_emb = torch.cat(embs) if embs else torch.zeros((0, dim), device=device)
+        local_lab = torch.cat(labels) if labels else torch.zeros((0,), device=device)
+        emb = all_gather_no_grad(local_emb).cpu().numpy()
+        lab = all_gather_no_grad(local_lab).cpu().numpy()
+        if world()[1] > 1:
+            torch.distributed.all_reduce(loss_sum)
+        if emb.shape[0] == 0:
             raise ValueError("the eval dataset is empty")
-        metrics: dict[str, float] = {"loss": float(np.average(losses, weights=sizes))}
+        metrics: dict[str, float] = {"loss": float(loss_sum[0] / loss_sum[1])}
         if self.layout == "pair":
-            e = np.concatenate(embs)
-            metrics.update(pair_metrics(e[0::2], e[1::2], np.concatenate(labels)))
+            metrics.update(pair_metrics(emb[0::2], emb[1::2], lab))
         else:
             # each batch is a whole set of groups, so concatenating keeps the layout valid
-            metrics.update(embedding_eval_metrics(np.concatenate(embs), np.concatenate(labels)))
+            metrics.update(embedding_eval_metrics(emb, lab))
         metrics = {f"{metric_key_prefix}_{k.replace('@', '_at_')}": float(v) for k, v in metrics.items()}
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
+
+    def _embedding_dim(self, embs: list[torch.Tensor]) -> int:
+        if embs:
+            return embs[0].shape[1]
+        return self.accelerator.unwrap_model(self.model).backbone.config.hidden_size
 
     # ---- saving / loading -----------------------------------------------------------
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:

@@ -248,6 +248,16 @@ class InfoNCELoss(nn.Module):
         Returns:
             Scalar tensor: the mean over anchors of the cross-entropy.
         """
+        anchors, positives, negatives, neg_group, docs = self._parts(outputs, labels)
+        return self._loss(anchors, positives, negatives, neg_group, range(anchors.shape[0]), docs=docs)
+
+    def split_parts(self, outputs: Mapping[str, Tensor], labels: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The batch's ``(anchors [B, D], positives [B, D], negatives [M, D], neg_group [M])``,
+        after ``hard_negatives`` selection: what :meth:`forward_from_parts` takes, and what a
+        process contributes to a cross-device batch."""
+        return self._parts(outputs, labels)[:4]
+
+    def _parts(self, outputs: Mapping[str, Tensor], labels: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         emb = outputs["last_hidden_state"]
         if emb.dim() != 2:
             raise ValueError(f"InfoNCE expects last_hidden_state [N, D], got shape {tuple(emb.shape)}")
@@ -265,7 +275,7 @@ class InfoNCELoss(nn.Module):
         parts = emb.index_select(0, torch.cat([anchor_idx, pos_idx, neg_idx]))
         anchors, docs = parts.split([n_groups, parts.shape[0] - n_groups])
         positives, negatives = docs.split([n_groups, neg_idx.numel()])
-        return self._loss(anchors, positives, negatives, neg_group, range(n_groups), docs=docs)
+        return anchors, positives, negatives, neg_group, docs
 
     def forward_from_parts(
         self,

@@ -1,0 +1,97 @@
+"""Worker for tests/test_distributed.py, run under torchrun: a small linear encoder in DDP,
+each process holding its share of one global batch; also the one-process reference."""
+
+import argparse
+import json
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from mmembed.distributed import GlobalBatchLoss
+from mmembed.losses import build_loss
+
+D_IN, D = 6, 5
+NEG_COUNTS = [2, 0, 1, 3, 1, 2, 0, 1]  # 8 groups, unequal negatives
+
+
+def encoder() -> nn.Linear:
+    torch.manual_seed(0)
+    return nn.Linear(D_IN, D).double()
+
+
+def global_batch(name: str, opts: dict | None = None):
+    """(inputs [N, D_IN], labels, group_of_row [N]) in ms-swift's layout for the whole batch."""
+    g = torch.Generator().manual_seed(1)
+    if name != "infonce":
+        n_pairs = len(NEG_COUNTS)
+        x = torch.randn(2 * n_pairs, D_IN, generator=g, dtype=torch.float64)
+        if name == "cosine_similarity":
+            labels = torch.rand(n_pairs, generator=g, dtype=torch.float64)
+        else:
+            labels = torch.tensor([1.0, 0, 1, 1, 0, 0, 1, 0], dtype=torch.float64)
+        return x, labels, torch.arange(n_pairs).repeat_interleave(2)
+    counts = [max(1, c) for c in NEG_COUNTS] if (opts or {}).get("hard_negatives") else NEG_COUNTS
+    rows, labels, group = 0, [], []
+    for gi, c in enumerate(counts):
+        labels += [1.0] + [0.0] * c
+        group += [gi] * (2 + c)
+        rows += 2 + c
+    x = torch.randn(rows, D_IN, generator=g, dtype=torch.float64)
+    return x, torch.tensor(labels, dtype=torch.float64), torch.tensor(group)
+
+
+def embed(model, x):
+    return F.normalize(model(x), dim=-1)
+
+
+def reference_grads(name, opts, x, labels, group):
+    model = encoder()
+    loss = build_loss(name, **opts)(
+        {"last_hidden_state": embed(model, x)}, labels)
+    loss.backward()
+    return loss.item(), {k: p.grad.detach().clone() for k, p in model.named_parameters()}
+
+
+def shard(name, x, labels, group, groups_of_rank):
+    """This process's rows (whole groups / pairs) and their labels."""
+    rows = torch.isin(group, torch.tensor(groups_of_rank))
+    if name == "infonce":
+        non_anchor = torch.ones_like(group, dtype=torch.bool)
+        first = torch.cat([torch.tensor([True]), group[1:] != group[:-1]])
+        non_anchor[first] = False
+        lab = labels[rows[non_anchor]]
+    else:
+        lab = labels[torch.tensor(groups_of_rank)]
+    return x[rows], lab
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--split", choices=["equal", "unequal"], required=True)
+    p.add_argument("--configs", required=True)
+    a = p.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    cut = 4 if a.split == "equal" else 3
+    mine = list(range(cut)) if rank == 0 else list(range(cut, len(NEG_COUNTS)))
+    results = []
+    for name, opts in json.loads(a.configs):
+        x, labels, group = global_batch(name, opts)
+        xs, ls = shard(name, x, labels, group, mine)
+        model = nn.parallel.DistributedDataParallel(encoder())
+        loss = GlobalBatchLoss(build_loss(name, **opts), name)({"last_hidden_state": embed(model, xs)}, ls)
+        loss.backward()  # DDP averages the parameter gradients over the processes
+        reported = loss.detach().clone()
+        dist.all_reduce(reported)
+        results.append({"loss": reported.item() / dist.get_world_size(),
+                        "grads": {k.removeprefix("module."): p.grad.detach().clone() for k, p in model.named_parameters()}})
+    if rank == 0:
+        torch.save(results, a.out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

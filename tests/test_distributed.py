@@ -1,0 +1,131 @@
+"""Two real processes (torchrun, gloo, CPU) against one process on the same global batch.
+
+The claim under test (README, "Several processes"): with cross-device negatives gathered
+with gradient and the loss scaled by B_r * W / B, averaged parameter gradients equal those
+of one process on the whole global batch, for equal and unequal per-process sizes.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import DATA, REPO
+
+WORKER = os.path.join(os.path.dirname(__file__), "dist_loss_worker.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(args, env=None, nproc=2):
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
+           f"--master_port={_free_port()}", *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
+
+
+# ---- loss level: a small linear encoder under DDP, every loss configuration ----------------
+
+CONFIGS = [
+    ("infonce", {}),
+    ("infonce", {"include_qq": True, "include_dd": True}),
+    ("infonce", {"mask_fake_negative": True, "fake_neg_margin": 0.0}),
+    ("infonce", {"use_batch": False}),
+    ("infonce", {"hard_negatives": 1}),
+    ("cosine_similarity", {}),
+    ("contrastive", {}),
+    ("online_contrastive", {}),
+]
+
+
+@pytest.mark.parametrize("split", ["equal", "unequal"])
+def test_two_process_gradients_equal_one_process_global_batch(tmp_path, split):
+    from dist_loss_worker import global_batch, reference_grads
+
+    out = tmp_path / "grads.pt"
+    _torchrun([WORKER, "--out", str(out), "--split", split, "--configs", json.dumps(CONFIGS)])
+    got = torch.load(out)
+    for i, (name, opts) in enumerate(CONFIGS):
+        ref_loss, ref_grads = reference_grads(name, opts, *global_batch(name, opts))
+        assert got[i]["loss"] == pytest.approx(ref_loss, abs=1e-5), (name, opts)
+        for k, g in ref_grads.items():
+            torch.testing.assert_close(got[i]["grads"][k], g, atol=1e-5, rtol=1e-4, msg=f"{name} {opts} {k}")
+        assert any(g.abs().max() > 1e-3 for g in ref_grads.values())  # gradients are not trivially zero
+
+
+# ---- trainer level: `mmembed sft` on a real model, 2 processes vs 1 ------------------------
+
+@pytest.fixture(scope="module")
+def minilm_no_dropout(tmp_path_factory, minilm_path):
+    """all-MiniLM-L6-v2 with dropout off, so two runs draw no random masks and can be compared exactly."""
+    d = tmp_path_factory.mktemp("minilm") / "model"
+    shutil.copytree(minilm_path, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["hidden_dropout_prob"] = cfg["attention_probs_dropout_prob"] = 0.0
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d)
+
+
+def _rows(n_train, n_val):
+    with open(os.path.join(DATA, "stsb_train_hardneg.jsonl"), encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f][: n_train + n_val]
+    for i, r in enumerate(rows):  # 0, 1 or 2 negatives per row
+        r["rejected_response"] = [rows[(i + 5) % len(rows)]["response"]][: i % 2] + ([rows[(i + 9) % len(rows)]["query"]] if i % 3 == 0 else [])
+    return rows[:n_train], rows[n_train:]
+
+
+def _sft(model, out, train, val, per_device, nproc):
+    args = ["-m", "mmembed.cli", "sft", "--model", model, "--dataset", train, "--val_dataset", val,
+            "--tuner_type", "full", "--per_device_train_batch_size", str(per_device), "--gradient_accumulation_steps", "1",
+            "--per_device_eval_batch_size", "2", "--max_steps", "1", "--save_steps", "1", "--eval_steps", "1",
+            "--optim", "sgd", "--learning_rate", "1.0", "--weight_decay", "0", "--max_grad_norm", "0",
+            "--lr_scheduler_type", "constant", "--gradient_checkpointing", "false", "--max_length", "48",
+            "--seed", "3", "--output_dir", out, "--disable_tqdm", "true", "--dataloader_num_workers", "0"]
+    if nproc == 1:
+        subprocess.run([sys.executable, *args], check=True, capture_output=True, cwd=REPO,
+                       env=dict(os.environ, OMP_NUM_THREADS="2"))
+    else:
+        _torchrun(args, nproc=nproc)
+
+
+def test_sft_two_processes_matches_one_process(minilm_no_dropout, tmp_path):
+    """One SGD step with lr 1: the weight change is the gradient, so equal weights mean equal
+    gradients. 8 training rows = one global batch; 5 eval rows split 3/2 between processes."""
+    from safetensors.torch import load_file
+
+    train, val = _rows(8, 5)
+    for name, rows in (("train", train), ("val", val)):
+        with open(tmp_path / f"{name}.jsonl", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    one, two = str(tmp_path / "one"), str(tmp_path / "two")
+    _sft(minilm_no_dropout, one, str(tmp_path / "train.jsonl"), str(tmp_path / "val.jsonl"), 8, 1)
+    _sft(minilm_no_dropout, two, str(tmp_path / "train.jsonl"), str(tmp_path / "val.jsonl"), 4, 2)
+    w1 = load_file(os.path.join(one, "checkpoint-1", "model.safetensors"))
+    w2 = load_file(os.path.join(two, "checkpoint-1", "model.safetensors"))
+    w0 = load_file(os.path.join(minilm_no_dropout, "model.safetensors"))
+    moved = max((w1[k] - w0[k]).abs().max().item() for k in w1 if k in w0)
+    assert moved > 1e-4  # the step did change the weights
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=1e-4, msg=k)
+    s1 = json.load(open(os.path.join(one, "checkpoint-1", "trainer_state.json")))["log_history"]
+    s2 = json.load(open(os.path.join(two, "checkpoint-1", "trainer_state.json")))["log_history"]
+    loss1 = [h["loss"] for h in s1 if "loss" in h]
+    loss2 = [h["loss"] for h in s2 if "loss" in h]
+    assert loss2 == pytest.approx(loss1, abs=1e-4)
+    e1 = [h for h in s1 if "eval_mean_pos" in h][0]
+    e2 = [h for h in s2 if "eval_mean_pos" in h][0]
+    for key in ("eval_mean_pos", "eval_mean_neg", "eval_margin", "eval_recall_at_1", "eval_ndcg_at_10"):
+        assert e2[key] == pytest.approx(e1[key], abs=1e-5), key
+    assert np.isfinite(e2["eval_loss"])
