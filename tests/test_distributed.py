@@ -129,3 +129,44 @@ def test_sft_two_processes_matches_one_process(minilm_no_dropout, tmp_path):
     for key in ("eval_mean_pos", "eval_mean_neg", "eval_margin", "eval_recall_at_1", "eval_ndcg_at_10"):
         assert e2[key] == pytest.approx(e1[key], abs=1e-5), key
     assert np.isfinite(e2["eval_loss"])
+
+
+def _launch_env(**kw):
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
+    env.update(OMP_NUM_THREADS="1", **{k: str(v) for k, v in kw.items()})
+    return env
+
+
+def test_nproc_per_node_relaunches_under_torchrun(minilm_no_dropout, tmp_path):
+    """ms-swift's habit: NPROC_PER_NODE=2 mmembed sft ... runs two processes; the result equals
+    the torchrun run of the test above (same global batch, same single step)."""
+    train, val = _rows(8, 5)
+    with open(tmp_path / "train.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in train)
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "mmembed.cli", "sft", "--model", minilm_no_dropout, "--dataset", str(tmp_path / "train.jsonl"),
+            "--tuner_type", "full", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
+            "--max_steps", "1", "--save_steps", "1", "--optim", "sgd", "--learning_rate", "1.0", "--weight_decay", "0",
+            "--max_grad_norm", "0", "--lr_scheduler_type", "constant", "--gradient_checkpointing", "false",
+            "--max_length", "48", "--seed", "3", "--disable_tqdm", "true"]
+    proc = subprocess.run(args + ["--output_dir", str(out)], capture_output=True, text=True, cwd=REPO, timeout=600,
+                          env=_launch_env(NPROC_PER_NODE=2, MASTER_PORT=_free_port()))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = json.load(open(out / "checkpoint-1" / "trainer_state.json"))
+    assert state["epoch"] == 1.0  # 8 rows, 2 processes x 4: one step is the whole epoch
+
+    # two nodes on loopback: two launchers with one process each
+    port = _free_port()
+    procs = [subprocess.Popen(args + ["--output_dir", str(tmp_path / "nodes")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=REPO, env=_launch_env(NPROC_PER_NODE=1, NNODES=2, NODE_RANK=r,
+                                                                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+             for r in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+    from safetensors.torch import load_file
+
+    a = load_file(str(out / "checkpoint-1" / "model.safetensors"))
+    b = load_file(str(tmp_path / "nodes" / "checkpoint-1" / "model.safetensors"))
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], atol=1e-6, rtol=1e-5, msg=k)

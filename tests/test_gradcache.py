@@ -336,16 +336,22 @@ def test_split_fn_is_used(minilm_path, tokenizer):
     assert_grads_close(cached, trainable_grads(model))
 
 
-def test_a_loss_that_ignores_the_embeddings_still_runs_every_chunk(minilm_path, tokenizer):
-    """reps.grad is None: zeros are backpropagated so every process would join the sync."""
+def test_a_zero_or_missing_gradient_still_runs_every_chunk(minilm_path, tokenizer):
+    """Every chunk is re-embedded and backpropagated even when d loss / d reps is zero, or
+    None (a loss that ignored the embeddings), so every process would join the sync."""
     model = make_model(minilm_path)
     batch, labels = case_batch(tokenizer, "group")
+    cache = GradCache(model, lambda out, lab: 0.0 * out["last_hidden_state"].sum() + 2.0, 4)
     calls = []
-    loss = GradCache(model, lambda out, lab: torch.tensor(2.0), 4).step(
-        batch, labels, backward_fn=lambda t, g, last: calls.append((t.shape[0], last, float(g.abs().sum())))
-    )
-    assert float(loss) == 2.0
-    assert calls == [(4, False, 0.0), (4, False, 0.0), (2, True, 0.0)]
+
+    def backward_fn(tensor, grad, is_last):
+        calls.append((tensor.shape[0], is_last, float(grad.abs().sum())))
+
+    assert float(cache.step(batch, labels, backward_fn=backward_fn)) == 2.0
+    chunks = cache.split(batch)
+    reps, states = cache.embed_without_graph(chunks)
+    cache.backward_chunks(chunks, states, None, backward_fn)
+    assert calls == [(4, False, 0.0), (4, False, 0.0), (2, True, 0.0)] * 2
 
 
 # ---- pieces -------------------------------------------------------------------------------
