@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import math
 import os
+from importlib.resources import files
 from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser, TrainingArguments
 
 TUNER_TYPES = ("lora", "full")
+DEEPSPEED_CONFIGS = ("zero2", "zero2_offload", "zero3", "zero3_offload")
 TRUNCATION_STRATEGIES = ("delete", "left", "right")
 
 # flags accepted for script compatibility that change nothing here (listed in the README)
@@ -109,6 +111,11 @@ class SftArguments(TrainingArguments):
         if self.activation_checkpointing_kwargs is None:
             self.activation_checkpointing_kwargs = self.gradient_checkpointing_kwargs or {"use_reentrant": False}
         self.gradient_checkpointing = self.gradient_checkpointing_kwargs = None
+        if isinstance(self.deepspeed, str) and self.deepspeed in DEEPSPEED_CONFIGS:
+            # ms-swift's names for the bundled configs; their "auto" values are filled from these flags
+            self.deepspeed = str(files("mmembed").joinpath("ds_configs", f"{self.deepspeed}.json"))
+        elif isinstance(self.deepspeed, str) and not self.deepspeed.lstrip().startswith("{") and not os.path.isfile(self.deepspeed):
+            raise ValueError(f"--deepspeed {self.deepspeed!r}: not one of {DEEPSPEED_CONFIGS} and not a JSON file")
         if not _has_accelerator():
             # without use_cpu, accelerate starts the process group under torchrun but then treats
             # the run as single-process (no DDP, no data sharding); with it, CPU runs use gloo

@@ -24,7 +24,8 @@ embeddings of its first. Two things guarantee it.
   passes.
 
 With that, loss and gradients equal those of embedding the same chunks with graph,
-concatenating, and calling ``loss.backward()``, up to float rounding.
+concatenating, and calling ``loss.backward()``, up to float rounding; without dropout
+that is the plain whole-batch step itself, since rows do not interact.
 
 Example:
     ::
@@ -238,8 +239,13 @@ class GradCache:
         """One cached forward and backward: the parameters' ``.grad`` accumulate as after
         ``loss_fn(model(**batch), labels).backward()``.
 
+        The calls, in order, for ``K`` chunks: ``split_fn`` once; ``K`` forwards without
+        graph; ``loss_fn`` once; ``loss_backward_fn`` once; then per chunk, in batch order,
+        a forward with graph and one ``backward_fn`` (see :meth:`backward_chunks`).
+
         Args:
-            batch: The model's inputs for ``N`` rows (a ``labels`` key is ignored).
+            batch: The model's inputs for ``N`` rows (the default ``split_fn`` leaves a
+                ``labels`` key out).
             labels: Given to ``loss_fn`` as they are.
             backward_fn, no_sync: See :meth:`backward_chunks`.
             loss_backward_fn: Backpropagates the loss into the cached embeddings;

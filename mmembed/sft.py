@@ -87,6 +87,17 @@ def drop_overlong(ds, template: Template, tokenizer, layout: str, max_length: in
     return ds
 
 
+def _init_deepspeed_comm() -> None:
+    """DeepSpeed keeps its own view of the process group; ZeRO-3 builds the model under
+    ``zero.Init``, which reads the world size from it, so it must wrap the group that
+    accelerate started (gloo on CPU) before the model is loaded."""
+    import deepspeed
+    import torch.distributed as dist
+
+    if dist.is_initialized() and not deepspeed.comm.is_initialized():
+        deepspeed.init_distributed(dist_backend=dist.get_backend())
+
+
 def build_model(args: SftArguments, pooling: str) -> EmbeddingModel:
     backbone = load_backbone(args.model, args.torch_dtype, args.attn_impl)
     if args.tuner_type == "lora":
@@ -126,6 +137,8 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     if len(train) == 0:
         raise ValueError("no training rows left after loading " + ", ".join(args.dataset))
 
+    if args.deepspeed:
+        _init_deepspeed_comm()
     model = build_model(args, pooling)
     collator = EmbeddingCollator(
         template, tokenizer, layout, max_length,

@@ -86,13 +86,13 @@ def _rows(n_train, n_val):
     return rows[:n_train], rows[n_train:]
 
 
-def _sft(model, out, train, val, per_device, nproc):
+def _sft(model, out, train, val, per_device, nproc, *extra):
     args = ["-m", "mmembed.cli", "sft", "--model", model, "--dataset", train, "--val_dataset", val,
             "--tuner_type", "full", "--per_device_train_batch_size", str(per_device), "--gradient_accumulation_steps", "1",
             "--per_device_eval_batch_size", "2", "--max_steps", "1", "--save_steps", "1", "--eval_steps", "1",
             "--optim", "sgd", "--learning_rate", "1.0", "--weight_decay", "0", "--max_grad_norm", "0",
             "--lr_scheduler_type", "constant", "--gradient_checkpointing", "false", "--max_length", "48",
-            "--seed", "3", "--output_dir", out, "--disable_tqdm", "true", "--dataloader_num_workers", "0"]
+            "--seed", "3", "--output_dir", out, "--disable_tqdm", "true", "--dataloader_num_workers", "0", *extra]
     if nproc == 1:
         subprocess.run([sys.executable, *args], check=True, capture_output=True, cwd=REPO,
                        env=dict(os.environ, OMP_NUM_THREADS="2"))
@@ -100,23 +100,42 @@ def _sft(model, out, train, val, per_device, nproc):
         _torchrun(args, nproc=nproc)
 
 
-def test_sft_two_processes_matches_one_process(minilm_no_dropout, tmp_path):
-    """One SGD step with lr 1: the weight change is the gradient, so equal weights mean equal
-    gradients. 8 training rows = one global batch; 5 eval rows split 3/2 between processes."""
-    from safetensors.torch import load_file
-
+@pytest.fixture(scope="module")
+def one_process_run(minilm_no_dropout, tmp_path_factory):
+    """8 training rows = one global batch, trained by one process with batch 8; 5 eval rows."""
+    d = tmp_path_factory.mktemp("one")
     train, val = _rows(8, 5)
     for name, rows in (("train", train), ("val", val)):
-        with open(tmp_path / f"{name}.jsonl", "w") as f:
+        with open(d / f"{name}.jsonl", "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
-    one, two = str(tmp_path / "one"), str(tmp_path / "two")
-    _sft(minilm_no_dropout, one, str(tmp_path / "train.jsonl"), str(tmp_path / "val.jsonl"), 8, 1)
-    _sft(minilm_no_dropout, two, str(tmp_path / "train.jsonl"), str(tmp_path / "val.jsonl"), 4, 2)
-    w1 = load_file(os.path.join(one, "checkpoint-1", "model.safetensors"))
-    w2 = load_file(os.path.join(two, "checkpoint-1", "model.safetensors"))
-    w0 = load_file(os.path.join(minilm_no_dropout, "model.safetensors"))
+    _sft(minilm_no_dropout, str(d / "out"), str(d / "train.jsonl"), str(d / "val.jsonl"), 8, 1)
+    return d
+
+
+def _weights(folder):
+    """The saved tensors, LayerNorm names normalized: a ZeRO-3 save keeps this checkpoint's
+    original BERT spelling (gamma/beta), which transformers maps to weight/bias on load."""
+    from safetensors.torch import load_file
+
+    raw = load_file(os.path.join(folder, "model.safetensors"))
+    return {k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias"): v for k, v in raw.items()}
+
+
+@pytest.mark.parametrize("deepspeed", [None, "zero2", "zero3"])
+def test_sft_two_processes_matches_one_process(minilm_no_dropout, one_process_run, tmp_path, deepspeed):
+    """One SGD step with lr 1: the weight change is the gradient, so equal weights mean equal
+    gradients. Two processes with batch 4 see the same global batch of 8; the 5 eval rows
+    split 3/2 between them."""
+    d = one_process_run
+    two = str(tmp_path / "two")
+    extra = ["--deepspeed", deepspeed] if deepspeed else []
+    _sft(minilm_no_dropout, two, str(d / "train.jsonl"), str(d / "val.jsonl"), 4, 2, *extra)
+    one = str(d / "out")
+    w1, w2 = _weights(os.path.join(one, "checkpoint-1")), _weights(os.path.join(two, "checkpoint-1"))
+    w0 = _weights(minilm_no_dropout)
     moved = max((w1[k] - w0[k]).abs().max().item() for k in w1 if k in w0)
     assert moved > 1e-4  # the step did change the weights
+    assert w1.keys() == w2.keys()
     for k in w1:
         torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=1e-4, msg=k)
     s1 = json.load(open(os.path.join(one, "checkpoint-1", "trainer_state.json")))["log_history"]
