@@ -37,6 +37,7 @@ class SftArguments(TrainingArguments):
     padding_side: str | None = field(default=None, metadata={"help": "left | right (default: the template's)"})
     pooling: str | None = field(default=None, metadata={"help": "override the template's pooling: last | mean | cls | max"})
     length_chunks: int = field(default=4, metadata={"help": "embed text batches in up to N length-sorted chunks, each padded to its own longest row (1: off)"})
+    gradcache_mini_batch_size: int = field(default=0, metadata={"help": "embed each batch in chunks of N rows with a gradient cache (0: off)"})
     system: str | None = field(default=None, metadata={"help": "system prompt for rows that give none"})
     max_length: int | None = field(default=None, metadata={"help": "maximum tokens per input (default: the model's)"})
     truncation_strategy: str = field(default="delete", metadata={"help": "delete | left | right"})
@@ -83,6 +84,8 @@ class SftArguments(TrainingArguments):
         self.train_type = self.tuner_type
         if self.tuner_type not in TUNER_TYPES:
             raise ValueError(f"--tuner_type must be one of {TUNER_TYPES}, got {self.tuner_type!r}")
+        if self.gradcache_mini_batch_size < 0:
+            raise ValueError(f"--gradcache_mini_batch_size must be >= 0, got {self.gradcache_mini_batch_size}")
         if self.truncation_strategy not in TRUNCATION_STRATEGIES:
             raise ValueError(f"--truncation_strategy must be one of {TRUNCATION_STRATEGIES}, got {self.truncation_strategy!r}")
         if self.padding_side not in (None, "left", "right"):

@@ -165,6 +165,7 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
         loss_fn=loss_fn,
         loss_type=args.loss_type,
         mmembed_config=mmembed_config,
+        gradcache_mini_batch_size=args.gradcache_mini_batch_size,
     )
     resume = args.resume_from_checkpoint
     if isinstance(resume, str) and resume.lower() in ("true", "last"):

@@ -23,6 +23,7 @@ from transformers import Trainer
 
 from .data.collator import layout_for_loss
 from .distributed import all_gather_no_grad, world
+from .gradcache import GradCache
 from .evaluation import embedding_eval_metrics, pair_metrics
 from .modeling import EmbeddingModel, write_mmembed_config, write_sentence_transformers_config
 
@@ -44,8 +45,9 @@ def find_last_complete_checkpoint(output_dir: str) -> str | None:
 
 
 class EmbeddingTrainer(Trainer):
-    def __init__(self, *args, loss_fn, loss_type: str, mmembed_config: dict[str, Any], **kwargs):
+    def __init__(self, *args, loss_fn, loss_type: str, mmembed_config: dict[str, Any], gradcache_mini_batch_size: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
+        self.gradcache_mini_batch_size = gradcache_mini_batch_size
         self.loss_fn = loss_fn
         self.loss_type = loss_type
         self.layout = layout_for_loss(loss_type)
@@ -55,14 +57,35 @@ class EmbeddingTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         labels = inputs.pop("labels")
         outputs = model(**inputs)
-        loss = self.loss_fn(outputs, labels)
+        loss = self._checked(self.loss_fn(outputs, labels))
+        return (loss, outputs) if return_outputs else loss
+
+    def _checked(self, loss: torch.Tensor) -> torch.Tensor:
         if not torch.isfinite(loss.detach()).all():
             raise NonFiniteLossError(
                 f"loss is {loss.item()} at step {self.state.global_step}; training stopped instead of going on. "
                 "Lower --learning_rate, raise INFONCE_TEMPERATURE, or check the data; "
                 "the last saved checkpoint is untouched."
             )
-        return (loss, outputs) if return_outputs else loss
+        return loss
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """With ``--gradcache_mini_batch_size N``: the batch is embedded in chunks of N rows
+        without graph, the loss (gathered across processes as usual) is backpropagated to the
+        embeddings, then each chunk is embedded again with graph and receives its cached
+        gradient (DDP synchronizes on the last chunk only). Same gradients, the memory of N rows."""
+        if not self.gradcache_mini_batch_size:
+            return super().training_step(model, inputs, num_items_in_batch)
+        if self.is_deepspeed_enabled:
+            raise ValueError("--gradcache_mini_batch_size cannot be combined with --deepspeed yet; use DDP (no --deepspeed)")
+        model.train()
+        inputs = self._prepare_inputs(inputs)
+        labels = inputs.pop("labels")
+        scale = 1.0 / self.current_gradient_accumulation_steps
+        cache = GradCache(model, self.loss_fn, self.gradcache_mini_batch_size)
+        loss = cache.step(inputs, labels, loss_backward_fn=lambda l: (self._checked(l) * scale).backward(),
+                          no_sync=getattr(model, "no_sync", None))
+        return loss.detach() * scale
 
     # ---- evaluation -----------------------------------------------------------------
     def _eval_loader(self, eval_dataset=None):

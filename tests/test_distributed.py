@@ -121,15 +121,25 @@ def _weights(folder):
     return {k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias"): v for k, v in raw.items()}
 
 
-@pytest.mark.parametrize("deepspeed", [None, "zero2", "zero3"])
-def test_sft_two_processes_matches_one_process(minilm_no_dropout, one_process_run, tmp_path, deepspeed):
+@pytest.mark.parametrize(
+    "nproc, extra",
+    [
+        (2, []),
+        (2, ["--deepspeed", "zero2"]),
+        (2, ["--deepspeed", "zero3"]),
+        (1, ["--gradcache_mini_batch_size", "3"]),
+        (2, ["--gradcache_mini_batch_size", "3"]),
+    ],
+    ids=["ddp", "zero2", "zero3", "gradcache", "ddp-gradcache"],
+)
+def test_sft_matches_one_plain_process_on_the_global_batch(minilm_no_dropout, one_process_run, tmp_path, nproc, extra):
     """One SGD step with lr 1: the weight change is the gradient, so equal weights mean equal
-    gradients. Two processes with batch 4 see the same global batch of 8; the 5 eval rows
-    split 3/2 between them."""
+    gradients. Two processes with batch 4 see the same global batch of 8 as one process with
+    batch 8; the 5 eval rows split 3/2 between them. With a gradient cache the batch is
+    embedded 3 rows at a time."""
     d = one_process_run
     two = str(tmp_path / "two")
-    extra = ["--deepspeed", deepspeed] if deepspeed else []
-    _sft(minilm_no_dropout, two, str(d / "train.jsonl"), str(d / "val.jsonl"), 4, 2, *extra)
+    _sft(minilm_no_dropout, two, str(d / "train.jsonl"), str(d / "val.jsonl"), 8 // nproc, nproc, *extra)
     one = str(d / "out")
     w1, w2 = _weights(os.path.join(one, "checkpoint-1")), _weights(os.path.join(two, "checkpoint-1"))
     w0 = _weights(minilm_no_dropout)
