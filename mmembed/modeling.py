@@ -72,9 +72,8 @@ class EmbeddingModel(nn.Module):
         return self.backbone.config
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **inputs: Any) -> dict[str, torch.Tensor]:
-        n = input_ids.shape[0]
-        chunks = min(self.length_chunks, n // 8)  # at least 8 rows a chunk
-        if chunks > 1 and set(inputs) <= TOKEN_INPUTS:
+        if set(inputs) <= TOKEN_INPUTS:  # text only: rows can be regrouped and padding cut
+            chunks = max(1, min(self.length_chunks, input_ids.shape[0] // 8))  # at least 8 rows a chunk
             emb = self._embed_by_length(input_ids, attention_mask, inputs, chunks)
         else:
             emb = self._embed(input_ids, attention_mask, inputs)
@@ -88,16 +87,20 @@ class EmbeddingModel(nn.Module):
         return pool(hidden, attention_mask, self.pooling)
 
     def _embed_by_length(self, input_ids, attention_mask, inputs, chunks: int) -> torch.Tensor:
+        """Rows sorted by length, in ``chunks`` calls, each cut to its own longest row."""
         lengths = attention_mask.sum(1)
-        order = torch.argsort(lengths, stable=True)
         left_padded = bool((attention_mask[:, -1] == 1).all()) and not bool((attention_mask[:, 0] == 1).all())
-        parts = []
-        for idx in order.chunk(chunks):
-            width = int(lengths[idx].max())
+
+        def call(rows):
+            width = int(lengths[rows].max())
             cols = slice(input_ids.shape[1] - width, None) if left_padded else slice(0, width)
-            sub = {k: v[idx][:, cols] for k, v in inputs.items()}
-            parts.append(self._embed(input_ids[idx][:, cols], attention_mask[idx][:, cols], sub))
-        emb = torch.cat(parts)
+            sub = {k: v[rows][:, cols] for k, v in inputs.items()}
+            return self._embed(input_ids[rows][:, cols], attention_mask[rows][:, cols], sub)
+
+        if chunks == 1:
+            return call(slice(None))
+        order = torch.argsort(lengths, stable=True)
+        emb = torch.cat([call(idx) for idx in order.chunk(chunks)])
         return emb[torch.argsort(order)]  # back to the batch's row order
 
     # the Trainer calls these on its model

@@ -82,7 +82,16 @@ class EmbeddingTrainer(Trainer):
         inputs = self._prepare_inputs(inputs)
         labels = inputs.pop("labels")
         scale = 1.0 / self.current_gradient_accumulation_steps
-        cache = GradCache(model, self.loss_fn, self.gradcache_mini_batch_size)
+        # mini-batches of rows of similar length carry little padding; the loss sees the
+        # embeddings back in the batch's order
+        order = torch.argsort(inputs["attention_mask"].sum(1), stable=True)
+        restore = torch.argsort(order)
+        inputs = {k: v[order] if torch.is_tensor(v) and v.shape[:1] == order.shape else v for k, v in inputs.items()}
+
+        def loss_in_batch_order(outputs, lab):
+            return self.loss_fn({"last_hidden_state": outputs["last_hidden_state"][restore]}, lab)
+
+        cache = GradCache(model, loss_in_batch_order, self.gradcache_mini_batch_size)
         loss = cache.step(inputs, labels, loss_backward_fn=lambda l: (self._checked(l) * scale).backward(),
                           no_sync=getattr(model, "no_sync", None))
         return loss.detach() * scale
