@@ -96,7 +96,7 @@ class SftArguments(TrainingArguments):
             self.learning_rate = 1e-4 if self.tuner_type == "lora" else 1e-5
         if self.gradient_accumulation_steps is None:
             world = int(os.environ.get("WORLD_SIZE", "1"))
-            self.gradient_accumulation_steps = max(1, math.ceil(16 / self.per_device_train_batch_size / world))
+            self.gradient_accumulation_steps = default_gradient_accumulation(self.per_device_train_batch_size, world)
         if self.warmup_ratio is not None:  # transformers 5 folded warmup_ratio into a fractional warmup_steps
             if not 0.0 <= self.warmup_ratio < 1.0:
                 raise ValueError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
@@ -127,6 +127,11 @@ class SftArguments(TrainingArguments):
         if self.label_names is None:
             self.label_names = ["labels"]
         super().__post_init__()
+
+
+def default_gradient_accumulation(per_device_batch: int, world_size: int) -> int:
+    """ms-swift's default: accumulate up to a global batch of 16 rows."""
+    return max(1, math.ceil(16 / per_device_batch / world_size))
 
 
 def _has_accelerator() -> bool:

@@ -5,15 +5,14 @@ import sys
 
 import pytest
 
-from mmembed.arguments import parse_sft_args
+from mmembed.arguments import default_gradient_accumulation, parse_sft_args
 
 from conftest import REPO
 
 BASE = ["--model", "/m", "--dataset", "d.jsonl", "--output_dir", "/tmp/mmembed-args-test"]
 
 
-def test_ms_swift_defaults(monkeypatch):
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+def test_ms_swift_defaults():
     a = parse_sft_args(BASE)
     assert a.tuner_type == a.train_type == "lora"
     assert a.learning_rate == 1e-4
@@ -27,11 +26,12 @@ def test_ms_swift_defaults(monkeypatch):
     assert a.loss_type == "infonce" and a.task_type == "embedding"
 
 
-def test_full_training_defaults_and_global_batch(monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "2")
+def test_full_training_defaults_and_global_batch():
     a = parse_sft_args(BASE + ["--train_type", "full", "--per_device_train_batch_size", "4", "--val_dataset", "v.jsonl"])
     assert a.tuner_type == "full" and a.learning_rate == 1e-5
-    assert a.gradient_accumulation_steps == 2  # ceil(16 / 4 / 2)
+    assert a.gradient_accumulation_steps == 4  # a global batch of 16 on one process
+    assert default_gradient_accumulation(4, 2) == 2  # ceil(16 / 4 / 2)
+    assert default_gradient_accumulation(32, 1) == 1 and default_gradient_accumulation(5, 1) == 4
     assert getattr(a.eval_strategy, "value", a.eval_strategy) == "steps" and a.eval_steps == a.save_steps
 
 
