@@ -17,7 +17,7 @@ from .distributed import GlobalBatchLoss
 from .losses import build_loss
 from .modeling import EmbeddingModel, default_max_length, load_backbone
 from .templates import Template, get_template
-from .trainer import EmbeddingTrainer, find_last_complete_checkpoint
+from .trainer import EmbeddingTrainer, check_complete, find_last_complete_checkpoint
 
 logger = logging.getLogger("mmembed")
 
@@ -174,6 +174,8 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
             raise FileNotFoundError(f"--resume_from_checkpoint true: no complete checkpoint under {args.output_dir}")
     elif isinstance(resume, str) and resume.lower() in ("false", "none", ""):
         resume = None
+    if resume:
+        check_complete(resume)  # before the Trainer's own loaders (DeepSpeed's included) read it
     result = trainer.train(resume_from_checkpoint=resume)
     final = os.path.join(args.output_dir, f"checkpoint-{trainer.state.global_step}")
     if not os.path.isdir(final):

@@ -44,6 +44,15 @@ def find_last_complete_checkpoint(output_dir: str) -> str | None:
     return max(found)[1] if found else None
 
 
+def check_complete(checkpoint: str) -> None:
+    """Refuse a checkpoint whose save did not finish."""
+    if not os.path.isfile(os.path.join(checkpoint, COMPLETE_MARKER)):
+        raise ValueError(
+            f"{checkpoint} is not a complete mmembed checkpoint (no {COMPLETE_MARKER}: "
+            "the run was probably killed while saving it); resume from an earlier checkpoint"
+        )
+
+
 class EmbeddingTrainer(Trainer):
     def __init__(self, *args, loss_fn, loss_type: str, mmembed_config: dict[str, Any], gradcache_mini_batch_size: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
@@ -118,13 +127,25 @@ class EmbeddingTrainer(Trainer):
         loss_fn = getattr(self.loss_fn, "loss", self.loss_fn)  # per-batch loss, no cross-process scaling
         embs, labels = [], []
         loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of batch loss * rows, rows)
-        for batch in self._eval_loader(eval_dataset):
+        loader = self._eval_loader(eval_dataset)
+        # ZeRO-3 gathers parameters inside every forward, so all processes must run as many
+        # forwards: a process with fewer eval batches repeats one and discards the result
+        rounds = torch.tensor([len(loader)], device=device)
+        if world()[1] > 1:
+            torch.distributed.all_reduce(rounds, op=torch.distributed.ReduceOp.MAX)
+        batch = None
+        for batch in loader:
             batch = {k: v.to(device) for k, v in batch.items()}
             lab = batch.pop("labels")
             out = model(**batch)
             loss_sum += torch.tensor([loss_fn(out, lab).item() * len(lab), len(lab)], dtype=torch.float64, device=device)
             embs.append(out["last_hidden_state"].float())
             labels.append(lab.float())
+        for _ in range(int(rounds.item()) - len(loader)):
+            if batch is None:
+                batch = {k: v.to(device) for k, v in self.data_collator([loader.dataset.dataset[0]]).items()}
+                batch.pop("labels")
+            model(**batch)
         if was_training:
             model.train()
         dim = self._embedding_dim(embs)
@@ -181,11 +202,7 @@ class EmbeddingTrainer(Trainer):
                 f.write(f"{self.state.global_step}\n")
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        if not os.path.isfile(os.path.join(resume_from_checkpoint, COMPLETE_MARKER)):
-            raise ValueError(
-                f"{resume_from_checkpoint} is not a complete mmembed checkpoint (no {COMPLETE_MARKER}: "
-                "the run was probably killed while saving it); resume from an earlier checkpoint"
-            )
+        check_complete(resume_from_checkpoint)
         model = model or self.model
         backbone = self.accelerator.unwrap_model(model).backbone
         load_backbone_weights(backbone, resume_from_checkpoint)

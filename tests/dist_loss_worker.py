@@ -90,6 +90,7 @@ def main():
                         "grads": {k.removeprefix("module."): p.grad.detach().clone() for k, p in model.named_parameters()}})
     if rank == 0:
         torch.save(results, a.out)
+    dist.barrier()  # leave together: a process exiting mid-teardown can abort its peer
     dist.destroy_process_group()
 
 

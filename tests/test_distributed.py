@@ -199,3 +199,33 @@ def test_nproc_per_node_relaunches_under_torchrun(minilm_no_dropout, tmp_path):
     b = load_file(str(tmp_path / "nodes" / "checkpoint-1" / "model.safetensors"))
     for k in a:
         torch.testing.assert_close(b[k], a[k], atol=1e-6, rtol=1e-5, msg=k)
+
+
+def test_zero3_lora_run_killed_after_a_checkpoint_resumes_to_the_same_weights(minilm_no_dropout, one_process_run, tmp_path):
+    """ZeRO-3 with LoRA, 2 processes: a run stopped after checkpoint-1 and resumed with
+    --resume_from_checkpoint true ends with the adapter of the uninterrupted run; the
+    adapter exports to a plain folder."""
+    from safetensors.torch import load_file
+
+    d = one_process_run
+    common = ["--deepspeed", "zero3", "--tuner_type", "lora", "--max_steps", "2", "--save_steps", "1",
+              "--eval_strategy", "no", "--lora_dropout", "0"]
+    whole, killed = str(tmp_path / "whole"), tmp_path / "killed"
+    _sft(minilm_no_dropout, whole, str(d / "train.jsonl"), str(d / "val.jsonl"), 2, 2, *common)
+    shutil.copytree(os.path.join(whole, "checkpoint-1"), killed / "checkpoint-1")
+    _sft(minilm_no_dropout, str(killed), str(d / "train.jsonl"), str(d / "val.jsonl"), 2, 2, *common,
+         "--resume_from_checkpoint", "true")
+    a = load_file(os.path.join(whole, "checkpoint-2", "adapter_model.safetensors"))
+    b = load_file(str(killed / "checkpoint-2" / "adapter_model.safetensors"))
+    first = load_file(os.path.join(whole, "checkpoint-1", "adapter_model.safetensors"))
+    assert a.keys() == b.keys() and any(not torch.equal(a[k], first[k]) for k in a)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], atol=1e-6, rtol=1e-5, msg=k)
+
+    from mmembed.export import export_checkpoint
+    from mmembed.inference import Embedder
+
+    merged = export_checkpoint(str(killed / "checkpoint-2"), str(tmp_path / "merged"))
+    texts = ["A man is playing a flute.", "Two dogs run in the snow."]
+    np.testing.assert_allclose(Embedder.from_pretrained(merged).encode(texts),
+                               Embedder.from_pretrained(str(killed / "checkpoint-2")).encode(texts), atol=1e-5)
