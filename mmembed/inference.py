@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .data.sample import Item
-from .modeling import EmbeddingModel, default_max_length, load_backbone, read_mmembed_config
+from .modeling import EmbeddingModel, default_max_length, load_backbone, read_mmembed_config, require_local_model
 from .templates import Template, get_template
 
 
@@ -37,8 +37,7 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
     """
     from transformers import AutoConfig, AutoTokenizer
 
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"{path!r} is not a local folder (hub ids cannot be downloaded here)")
+    require_local_model(path)
     cfg = read_mmembed_config(path) or {}
     is_adapter = os.path.isfile(os.path.join(path, "adapter_config.json"))
     base = _base_model_of(path, cfg) if is_adapter else path

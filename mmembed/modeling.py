@@ -115,14 +115,19 @@ class EmbeddingModel(nn.Module):
         return bool(getattr(self.backbone, "is_activation_checkpointing", False))
 
 
-def load_backbone(path: str, torch_dtype: str | None = None, attn_impl: str | None = None) -> nn.Module:
-    """Load the base transformer (no head) from a local folder, as ``AutoModel`` does."""
-    from transformers import AutoConfig, AutoModel
-
+def require_local_model(path: str) -> None:
+    """Models are local folders: a hub id cannot be downloaded here, so say so before anything loads."""
     if not os.path.isdir(path):
         raise FileNotFoundError(
             f"--model {path!r} is not a local folder; hub ids cannot be downloaded here: download the model and pass its folder"
         )
+
+
+def load_backbone(path: str, torch_dtype: str | None = None, attn_impl: str | None = None) -> nn.Module:
+    """Load the base transformer (no head) from a local folder, as ``AutoModel`` does."""
+    from transformers import AutoConfig, AutoModel
+
+    require_local_model(path)
     kwargs: dict[str, Any] = {}
     if torch_dtype and torch_dtype != "auto":
         kwargs["dtype"] = getattr(torch, torch_dtype)

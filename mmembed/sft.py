@@ -15,7 +15,7 @@ from .data.collator import EmbeddingCollator, layout_for_loss, token_lengths
 from .data.sample import Sample
 from .distributed import GlobalBatchLoss
 from .losses import build_loss
-from .modeling import EmbeddingModel, default_max_length, load_backbone
+from .modeling import EmbeddingModel, default_max_length, load_backbone, require_local_model
 from .templates import Template, get_template
 from .trainer import EmbeddingTrainer, check_complete, find_last_complete_checkpoint
 
@@ -110,10 +110,7 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     from transformers import set_seed
 
     set_seed(args.seed)
-    if not os.path.isdir(args.model):
-        raise FileNotFoundError(
-            f"--model {args.model!r} is not a local folder; hub ids cannot be downloaded here: download the model and pass its folder"
-        )
+    require_local_model(args.model)  # the tokenizer loads before the model does
     tokenizer = load_tokenizer(args.model)
     template = resolve_template(args.model, args.template, args.model_type, args.system)
     if args.padding_side:
