@@ -22,7 +22,7 @@ DEEPSPEED_CONFIGS = ("zero2", "zero2_offload", "zero3", "zero3_offload")
 TRUNCATION_STRATEGIES = ("delete", "left", "right")
 
 # flags accepted for script compatibility that change nothing here (listed in the README)
-NO_EFFECT_FLAGS = ("lazy_tokenize",)
+NO_EFFECT_FLAGS = ("lazy_tokenize", "padding_free")
 
 
 @dataclass
@@ -48,6 +48,10 @@ class SftArguments(TrainingArguments):
     lora_alpha: int = 32
     lora_dropout: float = 0.05
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    freeze_vit: bool = field(default=True, metadata={"help": "multimodal models: keep the vision/audio tower fixed (no LoRA on it)"})
+    freeze_aligner: bool = field(default=True, metadata={"help": "multimodal models: keep the aligner (projector) fixed"})
+    freeze_llm: bool = field(default=False, metadata={"help": "multimodal models: keep the language model fixed"})
+    padding_free: bool = field(default=False, metadata={"help": "accepted for ms-swift scripts; text batches are cut to their length chunks instead"})
     # data
     dataset: list[str] = field(default_factory=list, metadata={"help": "data files / folders, path#N samples N rows"})
     val_dataset: list[str] = field(default_factory=list)

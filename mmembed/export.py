@@ -12,7 +12,7 @@ import shutil
 import tempfile
 
 from .inference import load_embedding_model
-from .modeling import read_mmembed_config, write_mmembed_config, write_sentence_transformers_config
+from .modeling import hidden_size, read_mmembed_config, write_mmembed_config, write_sentence_transformers_config
 
 
 def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora: bool = True) -> str:
@@ -46,7 +46,7 @@ def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora
         )
         write_mmembed_config(tmp, **cfg)
         if template.add_special_tokens and not template.media:
-            write_sentence_transformers_config(tmp, model.backbone.config.hidden_size, info["pooling"], info["max_length"])
+            write_sentence_transformers_config(tmp, hidden_size(model.backbone.config), info["pooling"], info["max_length"])
         os.rename(tmp, output_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

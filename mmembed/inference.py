@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from .data.inputs import InputBuilder, tokenizer_of
 from .data.sample import Item
 from .modeling import EmbeddingModel, default_max_length, load_backbone, read_mmembed_config, require_local_model
 from .templates import Template, get_template
@@ -32,10 +33,11 @@ def _base_model_of(path: str, cfg: dict[str, Any] | None) -> str:
 def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool = True) -> tuple[EmbeddingModel, Any, Template, dict]:
     """Load ``path`` (checkpoint, exported folder or base model) as an ``EmbeddingModel``.
 
-    Returns ``(model, tokenizer, template, info)`` where ``info`` holds the resolved
-    ``pooling``, ``max_length``, ``base_model`` and whether the folder was a LoRA adapter.
+    Returns ``(model, processing, template, info)``: ``processing`` is the tokenizer, or the
+    processor for a multimodal template; ``info`` holds the resolved ``pooling``,
+    ``max_length``, ``base_model`` and whether the folder was a LoRA adapter.
     """
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig, AutoProcessor, AutoTokenizer
 
     require_local_model(path)
     cfg = read_mmembed_config(path) or {}
@@ -49,7 +51,6 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
         if merge:
             backbone = backbone.merge_and_unload()
     tok_dir = path if os.path.isfile(os.path.join(path, "tokenizer_config.json")) else base
-    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
     if cfg.get("template"):
         template = get_template(cfg["template"])
     else:
@@ -58,11 +59,12 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
         import dataclasses
 
         template = dataclasses.replace(template, default_system=cfg["default_system"])
+    tokenizer = (AutoProcessor if template.media else AutoTokenizer).from_pretrained(tok_dir)
     pooling = cfg.get("pooling") or template.resolve_pooling(base)
     if cfg.get("max_length"):
         max_length = int(cfg["max_length"])
     else:
-        max_length = default_max_length(base, tokenizer)
+        max_length = default_max_length(base, tokenizer_of(tokenizer))
     model = EmbeddingModel(backbone, pooling, normalize=cfg.get("normalize", True))
     model.eval()
     info = {"pooling": pooling, "max_length": max_length, "base_model": base, "is_adapter": is_adapter}
@@ -70,11 +72,20 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
 
 
 def as_item(x: Any) -> Item:
-    """A string, an ``Item``, or a row-like dict (``{"query"|"text": ..., "images": [...], "system": ...}``)."""
+    """A string, an ``Item``, a row-like dict (``{"query"|"text": "<image>...", "images": [...],
+    "system": ...}``) or a messages list (``[{"role": "user", "content": ...}]``, content parts
+    included). Media paths are used as given (absolute paths, ``file://``, ``data:`` or URLs)."""
     if isinstance(x, Item):
         return x
     if isinstance(x, str):
         return Item(text=x)
+    if isinstance(x, list) or (isinstance(x, dict) and "messages" in x):
+        from .data.reader import parse_row
+
+        row = {"messages": x} if isinstance(x, list) else dict(x)
+        if not any(m.get("role") == "assistant" for m in row["messages"] if isinstance(m, dict)):
+            row["messages"] = list(row["messages"]) + [{"role": "assistant", "content": "-"}]  # the reader wants a positive
+        return parse_row(row, source="<input>", line=0, base_dir=os.getcwd()).anchor
     if isinstance(x, dict):
         text = x.get("query", x.get("text"))
         if not isinstance(text, str):
@@ -88,16 +99,18 @@ def as_item(x: Any) -> Item:
 
 
 class Embedder:
-    """Encode inputs into L2-normalized embeddings with a trained (or base) model."""
+    """Encode inputs (text, and images, videos or audio for a multimodal model) into
+    L2-normalized embeddings with a trained (or base) model."""
 
     def __init__(self, model: EmbeddingModel, tokenizer: Any, template: Template, max_length: int, device: str | None = None):
         self.model = model
-        self.tokenizer = tokenizer
+        self.processing = tokenizer  # the tokenizer, or the processor of a multimodal model
+        self.tokenizer = tokenizer_of(tokenizer)
         self.template = template
         self.max_length = max_length
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model.to(self.device)
-        self.tokenizer.padding_side = template.padding_side
+        self.builder = InputBuilder(template, tokenizer, max_length, truncate=True)
 
     @classmethod
     def from_pretrained(cls, path: str, device: str | None = None, torch_dtype: str | None = None) -> "Embedder":
@@ -106,7 +119,9 @@ class Embedder:
 
     @torch.no_grad()
     def encode(self, inputs: str | Sequence[Any], batch_size: int = 32) -> np.ndarray:
-        """Embed ``inputs`` (strings, ``Item``s or row dicts); returns ``[n, D]`` float32, L2-normalized."""
+        """Embed ``inputs`` (strings, ``Item``s, row dicts or messages lists); returns
+        ``[n, D]`` float32, L2-normalized. Text longer than the model's limit is truncated;
+        an input with media that is too long is an error."""
         if isinstance(inputs, (str, Item, dict)):
             inputs = [inputs]
         items = [as_item(x) for x in inputs]
@@ -115,14 +130,9 @@ class Embedder:
         out: list[np.ndarray | None] = [None] * len(texts)
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            enc = self.tokenizer(
-                [texts[i] for i in idx],
-                padding=True,
-                truncation=True,
-                max_length=self.max_length,
-                add_special_tokens=self.template.add_special_tokens,
-                return_tensors="pt",
-            ).to(self.device)
+            origins = [("<input>", i, "") for i in idx]
+            enc = self.builder([items[i] for i in idx], origins)
+            enc = {k: v.to(self.device) for k, v in enc.items()}
             emb = self.model(**enc)["last_hidden_state"].float().cpu().numpy()
             for j, i in enumerate(idx):
                 out[i] = emb[j]

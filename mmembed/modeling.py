@@ -115,6 +115,38 @@ class EmbeddingModel(nn.Module):
         return bool(getattr(self.backbone, "is_activation_checkpointing", False))
 
 
+# The parts of multimodal models, by config model_type, as prefixes of the module names
+# of the model AutoModel loads: ms-swift's --freeze_vit (the vision or audio tower, without
+# its aligner), --freeze_aligner (the projector into the LLM) and --freeze_llm act on these.
+MULTIMODAL_PARTS: dict[str, dict[str, tuple[str, ...]]] = {
+    "qwen2_vl": {"aligner": ("visual.merger",), "vit": ("visual",), "llm": ("language_model",)},
+    "qwen2_5_vl": {"aligner": ("visual.merger",), "vit": ("visual",), "llm": ("language_model",)},
+    "qwen3_vl": {"aligner": ("visual.merger", "visual.deepstack_merger_list"), "vit": ("visual",), "llm": ("language_model",)},
+    "qwen2_audio": {"aligner": ("multi_modal_projector",), "vit": ("audio_tower",), "llm": ("language_model",)},
+}
+
+
+def module_part(name: str, model_type: str) -> str | None:
+    """``aligner``, ``vit`` or ``llm`` for a module or parameter name of a multimodal model
+    (``None`` for a text model, or a name in none of the parts)."""
+    parts = MULTIMODAL_PARTS.get(model_type)
+    if not parts:
+        return None
+    for part in ("aligner", "vit", "llm"):  # the aligner sits inside the vision tower: test it first
+        if any(name == p or name.startswith(p + ".") for p in parts[part]):
+            return part
+    return None
+
+
+def frozen_parts(freeze_vit: bool, freeze_aligner: bool, freeze_llm: bool) -> set[str]:
+    return {p for p, f in (("vit", freeze_vit), ("aligner", freeze_aligner), ("llm", freeze_llm)) if f}
+
+
+def hidden_size(config) -> int:
+    """The embedding width: the language model's hidden size (multimodal configs nest it)."""
+    return int(config.get_text_config().hidden_size)
+
+
 def require_local_model(path: str) -> None:
     """Models are local folders: a hub id cannot be downloaded here, so say so before anything loads."""
     if not os.path.isdir(path):

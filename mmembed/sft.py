@@ -15,16 +15,29 @@ from .data.collator import EmbeddingCollator, layout_for_loss, token_lengths
 from .data.sample import Sample
 from .distributed import GlobalBatchLoss
 from .losses import build_loss
-from .modeling import EmbeddingModel, default_max_length, load_backbone, require_local_model
+from .data.inputs import InputBuilder
+from .modeling import (
+    MULTIMODAL_PARTS,
+    EmbeddingModel,
+    default_max_length,
+    frozen_parts,
+    load_backbone,
+    module_part,
+    require_local_model,
+)
 from .templates import Template, get_template
 from .trainer import EmbeddingTrainer, check_complete, find_last_complete_checkpoint
 
 logger = logging.getLogger("mmembed")
 
 
-def load_tokenizer(path: str):
-    from transformers import AutoTokenizer
+def load_processing(path: str, template: Template):
+    """The tokenizer, or for a template that takes media the model's processor (which holds
+    the tokenizer and the image/video processors or audio feature extractor)."""
+    from transformers import AutoProcessor, AutoTokenizer
 
+    if template.media:
+        return AutoProcessor.from_pretrained(path)
     return AutoTokenizer.from_pretrained(path)
 
 
@@ -38,21 +51,26 @@ def resolve_template(model_dir: str, name: str | None, model_type: str | None, s
     return template
 
 
-def lora_target_modules(model: nn.Module, target_modules: list[str]) -> str | list[str]:
+def lora_target_modules(model: nn.Module, target_modules: list[str], frozen: set[str] = frozenset()) -> str | list[str]:
     """``all-linear`` as ms-swift means it: every linear layer of the transformer, but not
-    heads or the (unused) BERT pooler. Other names pass to PEFT unchanged."""
+    heads or the (unused) BERT pooler; in a multimodal model only the parts not frozen
+    (by default the LLM: ``--freeze_vit`` and ``--freeze_aligner`` are on). Other names
+    pass to PEFT unchanged."""
     if target_modules != ["all-linear"]:
         return target_modules
     skip = ("lm_head", "pooler", "score", "classifier")
-    names = sorted(
-        {
-            name.rsplit(".", 1)[-1]
-            for name, mod in model.named_modules()
-            if isinstance(mod, nn.Linear) and not any(s in name.split(".") for s in skip)
-        }
-    )
+    model_type = getattr(model.config, "model_type", "")
+    linear = [
+        name for name, mod in model.named_modules()
+        if isinstance(mod, nn.Linear) and not any(s in name.split(".") for s in skip)
+    ]
+    if model_type in MULTIMODAL_PARTS:
+        # full names: a suffix such as "qkv" or "fc1" would also match inside frozen parts
+        names = sorted(n for n in linear if module_part(n, model_type) not in frozen and module_part(n, model_type))
+    else:
+        names = sorted({n.rsplit(".", 1)[-1] for n in linear})
     if not names:
-        raise ValueError("no linear layers found for --target_modules all-linear")
+        raise ValueError("no linear layers found for --target_modules all-linear (are all parts frozen?)")
     return names
 
 
@@ -64,17 +82,34 @@ def apply_lora(backbone: nn.Module, args: SftArguments) -> nn.Module:
         r=args.lora_rank,
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
-        target_modules=lora_target_modules(backbone, list(args.target_modules)),
+        target_modules=lora_target_modules(backbone, list(args.target_modules), _frozen(args)),
     )
     return get_peft_model(backbone, config)
 
 
-def drop_overlong(ds, template: Template, tokenizer, layout: str, max_length: int, num_proc: int, what: str):
-    """``--truncation_strategy delete``: remove rows with any input over ``max_length`` tokens, and say how many."""
+def freeze_parts(backbone: nn.Module, frozen: set[str]) -> int:
+    """Full training of a multimodal model: parameters of the frozen parts keep their
+    values. Returns how many parameter tensors were frozen."""
+    model_type = getattr(backbone.config, "model_type", "")
+    count = 0
+    for name, p in backbone.named_parameters():
+        if module_part(name, model_type) in frozen:
+            p.requires_grad_(False)
+            count += 1
+    return count
+
+
+def _frozen(args: SftArguments) -> set[str]:
+    return frozen_parts(args.freeze_vit, args.freeze_aligner, args.freeze_llm)
+
+
+def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_proc: int, what: str):
+    """``--truncation_strategy delete``: remove rows with any input over ``max_length`` tokens
+    (media expanded, as the model sees them), and say how many."""
 
     def keep(batch: dict[str, list]) -> list[bool]:
         samples = [Sample.from_json(s) for s in batch["sample"]]
-        return [n <= max_length for n in token_lengths(samples, template, tokenizer, layout)]
+        return [n <= max_length for n in token_lengths(samples, builder, layout)]
 
     before = len(ds)
     ds = ds.filter(keep, batched=True, num_proc=num_proc if num_proc > 1 else None, desc=f"length check ({what})")
@@ -102,6 +137,8 @@ def build_model(args: SftArguments, pooling: str) -> EmbeddingModel:
     backbone = load_backbone(args.model, args.torch_dtype, args.attn_impl)
     if args.tuner_type == "lora":
         backbone = apply_lora(backbone, args)
+    elif freeze_parts(backbone, _frozen(args)):
+        logger.info("full training with frozen parts: %s", ", ".join(sorted(_frozen(args))))
     return EmbeddingModel(backbone, pooling, length_chunks=args.length_chunks)
 
 
@@ -111,10 +148,11 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
 
     set_seed(args.seed)
     require_local_model(args.model)  # the tokenizer loads before the model does
-    tokenizer = load_tokenizer(args.model)
     template = resolve_template(args.model, args.template, args.model_type, args.system)
     if args.padding_side:
         template = dataclasses.replace(template, padding_side=args.padding_side)
+    processing = load_processing(args.model, template)
+    tokenizer = getattr(processing, "tokenizer", None) or processing
     pooling = args.pooling or template.resolve_pooling(args.model)
     max_length = args.max_length or default_max_length(args.model, tokenizer)
     layout = layout_for_loss(args.loss_type)
@@ -128,9 +166,10 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     else:
         train, val = split_dataset(train, args.split_dataset_ratio, args.seed)
     if args.truncation_strategy == "delete":
-        train = drop_overlong(train, template, tokenizer, layout, max_length, args.dataset_num_proc, "train")
+        builder = InputBuilder(template, processing, max_length, truncate=False)
+        train = drop_overlong(train, builder, layout, max_length, args.dataset_num_proc, "train")
         if val is not None:
-            val = drop_overlong(val, template, tokenizer, layout, max_length, args.dataset_num_proc, "val")
+            val = drop_overlong(val, builder, layout, max_length, args.dataset_num_proc, "val")
     if len(train) == 0:
         raise ValueError("no training rows left after loading " + ", ".join(args.dataset))
 
@@ -138,8 +177,9 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
         _init_deepspeed_comm()
     model = build_model(args, pooling)
     collator = EmbeddingCollator(
-        template, tokenizer, layout, max_length,
+        template, processing, layout, max_length,
         truncation_side="left" if args.truncation_strategy == "left" else "right",
+        truncate=args.truncation_strategy != "delete",
     )
     mmembed_config = {
         "base_model": os.path.abspath(args.model),
@@ -147,6 +187,7 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
         "default_system": template.default_system,
         "padding_side": template.padding_side,
         "pooling": pooling,
+        "media": sorted(template.media),
         "normalize": True,
         "max_length": max_length,
         "tuner_type": args.tuner_type,
@@ -158,7 +199,7 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
         train_dataset=EmbeddingDataset(train),
         eval_dataset=EmbeddingDataset(val) if val is not None else None,
         data_collator=collator,
-        processing_class=tokenizer,
+        processing_class=processing,
         loss_fn=loss_fn,
         loss_type=args.loss_type,
         mmembed_config=mmembed_config,

@@ -25,7 +25,7 @@ from .data.collator import layout_for_loss
 from .distributed import all_gather_no_grad, world
 from .gradcache import GradCache
 from .evaluation import embedding_eval_metrics, pair_metrics
-from .modeling import EmbeddingModel, write_mmembed_config, write_sentence_transformers_config
+from .modeling import EmbeddingModel, hidden_size, write_mmembed_config, write_sentence_transformers_config
 
 COMPLETE_MARKER = "mmembed_complete"
 
@@ -171,7 +171,7 @@ class EmbeddingTrainer(Trainer):
     def _embedding_dim(self, embs: list[torch.Tensor]) -> int:
         if embs:
             return embs[0].shape[1]
-        return self.accelerator.unwrap_model(self.model).backbone.config.hidden_size
+        return hidden_size(self.accelerator.unwrap_model(self.model).backbone.config)
 
     # ---- saving / loading -----------------------------------------------------------
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
@@ -188,9 +188,9 @@ class EmbeddingTrainer(Trainer):
         if self.processing_class is not None:
             self.processing_class.save_pretrained(output_dir)
         write_mmembed_config(output_dir, **self.mmembed_config)
-        if self.mmembed_config.get("tuner_type") == "full":
+        if self.mmembed_config.get("tuner_type") == "full" and not self.mmembed_config.get("media"):
             write_sentence_transformers_config(
-                output_dir, backbone.config.hidden_size, model.pooling, self.mmembed_config.get("max_length")
+                output_dir, hidden_size(backbone.config), model.pooling, self.mmembed_config.get("max_length")
             )
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 

@@ -8,7 +8,8 @@ Two layouts, chosen by the loss:
 - ``pair`` (cosine_similarity, contrastive, online_contrastive): rows ``s1_0, s2_0, s1_1,
   s2_1, ...``; ``labels`` holds one score per pair (the row's ``label``).
 
-Tokenization happens here, lazily, batch by batch.
+Tokenization (and media loading) happens here, lazily, batch by batch, through
+``InputBuilder``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from ..templates import Template
+from .inputs import InputBuilder
 from .sample import DataError, Item, Sample
 
 PAIR_LOSSES = ("cosine_similarity", "contrastive", "online_contrastive")
@@ -39,55 +41,57 @@ def sample_items(sample: Sample, layout: str) -> tuple[list[Item], list[float]]:
     return [sample.anchor, sample.positives[0], *sample.negatives], [1.0] + [0.0] * len(sample.negatives)
 
 
+def item_origins(sample: Sample, layout: str) -> list[tuple[str, int, str]]:
+    """(file, line, field) of each row ``sample_items`` gives, for error messages."""
+    names = ["query", "response"]
+    if layout != "pair":
+        names += [f"rejected_response[{k}]" for k in range(len(sample.negatives))]
+    return [(sample.source, sample.line, n) for n in names]
+
+
 @dataclass
 class EmbeddingCollator:
-    """Collate ``Sample``s into ``{"input_ids", "attention_mask", ..., "labels"}``."""
+    """Collate ``Sample``s into the model's inputs (``input_ids``, ``attention_mask``, pixel
+    tensors for media rows, ...) plus ``labels``."""
 
     template: Template
-    tokenizer: Any
+    tokenizer: Any  # the tokenizer, or the processor for a multimodal template
     layout: str = "group"
     max_length: int | None = None
     truncation_side: str = "right"
+    truncate: bool = True
 
     def __post_init__(self):
-        self.tokenizer.padding_side = self.template.padding_side
-        self.tokenizer.truncation_side = "left" if self.truncation_side == "left" else "right"
+        self.builder = InputBuilder(self.template, self.tokenizer, self.max_length, self.truncation_side, self.truncate)
 
-    def tokenize(self, items: Sequence[Item]) -> dict[str, torch.Tensor]:
-        texts = [self.template.render(it) for it in items]
-        return self.tokenizer(
-            texts,
-            padding=True,
-            truncation=self.max_length is not None,
-            max_length=self.max_length,
-            add_special_tokens=self.template.add_special_tokens,
-            return_tensors="pt",
-        )
+    def tokenize(self, items: Sequence[Item], origins=None) -> dict[str, torch.Tensor]:
+        return self.builder(items, origins)
 
     def __call__(self, samples: Sequence[Sample]) -> dict[str, torch.Tensor]:
         items: list[Item] = []
+        origins: list[tuple[str, int, str]] = []
         labels: list[float] = []
         for s in samples:
             its, labs = sample_items(s, self.layout)
             items.extend(its)
+            origins.extend(item_origins(s, self.layout))
             labels.extend(labs)
-        batch = dict(self.tokenize(items))
+        batch = self.builder(items, origins)
         batch["labels"] = torch.tensor(labels, dtype=torch.float32)
         return batch
 
 
-def token_lengths(samples: Sequence[Sample], template: Template, tokenizer: Any, layout: str) -> list[int]:
-    """The longest tokenized row of each sample (what ``--truncation_strategy delete`` checks)."""
-    flat: list[str] = []
+def token_lengths(samples: Sequence[Sample], builder: InputBuilder, layout: str) -> list[int]:
+    """The longest encoded row of each sample, media expanded (what ``--truncation_strategy delete`` checks)."""
+    flat: list[Item] = []
+    origins: list[tuple[str, int, str]] = []
     owner: list[int] = []
     for i, s in enumerate(samples):
         its, _ = sample_items(s, layout)
-        flat.extend(template.render(it) for it in its)
+        flat.extend(its)
+        origins.extend(item_origins(s, layout))
         owner.extend([i] * len(its))
     lengths = [0] * len(samples)
-    if not flat:
-        return lengths
-    enc = tokenizer(flat, add_special_tokens=template.add_special_tokens)["input_ids"]
-    for i, ids in zip(owner, enc):
-        lengths[i] = max(lengths[i], len(ids))
+    for i, n in zip(owner, builder.lengths(flat, origins) if flat else []):
+        lengths[i] = max(lengths[i], n)
     return lengths
