@@ -10,6 +10,7 @@ deleted (``--truncation_strategy delete``).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from importlib.resources import files
@@ -22,7 +23,7 @@ DEEPSPEED_CONFIGS = ("zero2", "zero2_offload", "zero3", "zero3_offload")
 TRUNCATION_STRATEGIES = ("delete", "left", "right")
 
 # flags accepted for script compatibility that change nothing here (listed in the README)
-NO_EFFECT_FLAGS = ("lazy_tokenize", "padding_free")
+NO_EFFECT_FLAGS = ("lazy_tokenize", "padding_free", "use_chat_template")
 
 
 @dataclass
@@ -51,6 +52,7 @@ class SftArguments(TrainingArguments):
     freeze_vit: bool = field(default=True, metadata={"help": "multimodal models: keep the vision/audio tower fixed (no LoRA on it)"})
     freeze_aligner: bool = field(default=True, metadata={"help": "multimodal models: keep the aligner (projector) fixed"})
     freeze_llm: bool = field(default=False, metadata={"help": "multimodal models: keep the language model fixed"})
+    use_chat_template: bool = field(default=True, metadata={"help": "accepted for ms-swift scripts; the template decides the rendering"})
     padding_free: bool = field(default=False, metadata={"help": "accepted for ms-swift scripts; text batches are cut to their length chunks instead"})
     # data
     dataset: list[str] = field(default_factory=list, metadata={"help": "data files / folders, path#N samples N rows"})
@@ -110,6 +112,12 @@ class SftArguments(TrainingArguments):
         has_val = bool(self.val_dataset) or self.split_dataset_ratio > 0
         if self.eval_strategy is None:
             self.eval_strategy = "steps" if has_val else "no"
+        elif str(self.eval_strategy) != "no" and not has_val:
+            # scripts copied from ms-swift ask for evaluation without eval data; there is nothing to evaluate
+            logging.getLogger("mmembed").warning(
+                "--eval_strategy %s without --val_dataset or --split_dataset_ratio: no evaluation", self.eval_strategy
+            )
+            self.eval_strategy = "no"
         if self.eval_steps is None and self.eval_strategy == "steps":
             self.eval_steps = self.save_steps
         # ms-swift's --gradient_checkpointing (default true) is transformers 5's activation_checkpointing

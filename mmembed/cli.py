@@ -70,7 +70,7 @@ def cmd_sft(argv: list[str]) -> int:
 def cmd_embed(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="mmembed embed", allow_abbrev=False)
     p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder")
-    p.add_argument("--input", required=True, help=".txt (one text per line) or .jsonl/.json/.csv rows with query/text")
+    p.add_argument("--input", required=True, help=".txt (one text per line) or .jsonl/.json/.csv rows with query/text (+ images/videos/audios) or messages")
     p.add_argument("--output", required=True, help="where to write the [n, D] float32 .npy")
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--torch_dtype", default=None)
@@ -79,8 +79,8 @@ def cmd_embed(argv: list[str]) -> int:
 
     from .inference import Embedder, read_inputs
 
-    inputs = read_inputs(a.input)
-    emb = Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype).encode(inputs, batch_size=a.batch_size)
+    inputs, origins = read_inputs(a.input)
+    emb = Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype).encode(inputs, batch_size=a.batch_size, origins=origins)
     np.save(a.output, emb)
     print(f"wrote {emb.shape[0]} x {emb.shape[1] if emb.ndim == 2 else 0} embeddings to {a.output}")
     return 0
@@ -141,7 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mmembed: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
     _setup_logging()
-    return COMMANDS[command](rest)
+    from .data import DataError, SpecError
+
+    try:
+        return COMMANDS[command](rest)
+    except (DataError, SpecError, FileNotFoundError, FileExistsError) as e:  # the user's input, not a bug
+        print(f"mmembed {command}: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -118,10 +118,12 @@ class Embedder:
         return cls(model, tokenizer, template, info["max_length"], device)
 
     @torch.no_grad()
-    def encode(self, inputs: str | Sequence[Any], batch_size: int = 32) -> np.ndarray:
+    def encode(self, inputs: str | Sequence[Any], batch_size: int = 32,
+               origins: Sequence[tuple[str, int]] | None = None) -> np.ndarray:
         """Embed ``inputs`` (strings, ``Item``s, row dicts or messages lists); returns
         ``[n, D]`` float32, L2-normalized. Text longer than the model's limit is truncated;
-        an input with media that is too long is an error."""
+        an input with media that is too long is an error. ``origins`` (file, line) per input
+        name the inputs in errors (default: ``<input>`` and the input's index)."""
         if isinstance(inputs, (str, Item, dict)):
             inputs = [inputs]
         items = [as_item(x) for x in inputs]
@@ -130,8 +132,8 @@ class Embedder:
         out: list[np.ndarray | None] = [None] * len(texts)
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            origins = [("<input>", i, "") for i in idx]
-            enc = self.builder([items[i] for i in idx], origins)
+            where = [(*origins[i], "") if origins else ("<input>", i, "") for i in idx]
+            enc = self.builder([items[i] for i in idx], where)
             enc = {k: v.to(self.device) for k, v in enc.items()}
             emb = self.model(**enc)["last_hidden_state"].float().cpu().numpy()
             for j, i in enumerate(idx):
@@ -141,23 +143,29 @@ class Embedder:
         return np.stack(out).astype(np.float32)
 
 
-def read_inputs(path: str) -> list[Any]:
-    """Inputs for ``mmembed embed``: a .txt file (one text per line) or rows (.jsonl/.json/.csv)
-    with ``query`` or ``text`` (and media lists)."""
+def read_inputs(path: str) -> tuple[list[Any], list[tuple[str, int]]]:
+    """Inputs for ``mmembed embed`` and where each came from (file, line): a .txt file (one
+    text per line) or rows (.jsonl/.json/.csv/...) with ``query`` or ``text`` and media lists
+    (paths relative to the file), or ``messages``."""
     if path.endswith(".txt"):
         with open(path, encoding="utf-8") as f:
-            return [line.rstrip("\n") for line in f if line.strip()]
-    from .data.reader import iter_raw_rows
+            lines = [(n, line.rstrip("\n")) for n, line in enumerate(f, 1) if line.strip()]
+        return [t for _, t in lines], [(path, n) for n, _ in lines]
+    from .data.reader import iter_raw_rows, parse_row
+    from .data.sample import DataError
 
     rows: list[Any] = []
+    origins: list[tuple[str, int]] = []
     base = os.path.dirname(os.path.abspath(path))
     for line, raw in iter_raw_rows(path):
-        if not isinstance(raw, dict) or not isinstance(raw.get("query", raw.get("text")), str):
-            raise ValueError(f"{path}:{line}: each row needs a 'query' or 'text' string")
-        item = as_item(raw)
-        for kind in ("images", "videos", "audios"):
-            paths = item.media(kind[:-1])
-            paths[:] = [p if "://" in p or p.startswith("data:") or os.path.isabs(p) else os.path.join(base, p) for p in paths]
-        rows.append(item)
-    return rows
-
+        if not isinstance(raw, dict) or not (isinstance(raw.get("query", raw.get("text")), str) or "messages" in raw):
+            raise DataError(path, line, None, "each row needs a 'query' or 'text' string, or 'messages'")
+        row = dict(raw)
+        if "messages" not in row:
+            row.setdefault("query", row.pop("text", None))
+            row.setdefault("response", "-")  # the reader wants a positive; only the query is embedded
+        elif not any(isinstance(m, dict) and m.get("role") == "assistant" for m in row["messages"]):
+            row["messages"] = list(row["messages"]) + [{"role": "assistant", "content": "-"}]
+        rows.append(parse_row(row, source=path, line=line, base_dir=base).anchor)  # media bound and checked
+        origins.append((path, line))
+    return rows, origins

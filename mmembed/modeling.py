@@ -7,7 +7,9 @@ embedding per input row, which is what every loss in ``mmembed.losses`` consumes
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 import os
 from typing import Any
 
@@ -72,14 +74,79 @@ class EmbeddingModel(nn.Module):
         return self.backbone.config
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **inputs: Any) -> dict[str, torch.Tensor]:
-        if set(inputs) <= TOKEN_INPUTS:  # text only: rows can be regrouped and padding cut
+        inputs, zero = self._run_media_towers(inputs)
+        if set(inputs) <= TOKEN_INPUTS and not self._zero3():  # text only: rows can be regrouped and padding cut
             chunks = max(1, min(self.length_chunks, input_ids.shape[0] // 8))  # at least 8 rows a chunk
             emb = self._embed_by_length(input_ids, attention_mask, inputs, chunks)
         else:
             emb = self._embed(input_ids, attention_mask, inputs)
+        if zero is not None:
+            emb = emb + zero.to(emb.dtype)
         if self.normalize:
             emb = F.normalize(emb.float(), dim=-1)
         return {"last_hidden_state": emb}
+
+    # Under ZeRO-3 every process must call the same modules the same number of times (each
+    # call gathers the module's partitioned weights from all processes), and under DDP a
+    # trainable tower that one process skips leaves its gradients unreduced. So a forward
+    # always runs each media tower exactly once: on all of the batch's images and videos
+    # together, or, when the batch has none, on a minimal dummy input whose output enters
+    # the embeddings multiplied by zero (values and gradients unchanged). Text batches are
+    # not split into length chunks under ZeRO-3 for the same reason.
+    def _zero3(self) -> bool:
+        if not hasattr(self, "_is_zero3"):
+            self._is_zero3 = any(hasattr(p, "ds_id") for p in self.backbone.parameters())
+        return self._is_zero3
+
+    def _base(self) -> nn.Module:
+        get = getattr(self.backbone, "get_base_model", None)  # a PEFT model wraps the transformer
+        return get() if callable(get) else self.backbone
+
+    def _run_media_towers(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor | None]:
+        kind = MEDIA_TOWERS.get(getattr(self.config, "model_type", ""))
+        if kind == "vision":
+            return self._vision_once(inputs)
+        if kind == "audio" and inputs.get("input_features") is None:
+            return inputs, self._dummy_audio()
+        return inputs, None
+
+    def _vision_once(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor | None]:
+        base = self._base()
+        inputs = dict(inputs)
+        images, videos = inputs.pop("pixel_values", None), inputs.pop("pixel_values_videos", None)
+        if images is None and videos is None:
+            pixels, grid = self._dummy_image(base)
+            out = base.get_image_features(pixels, grid, return_dict=True)
+            return inputs, _zero_sum(out)
+        pixels = torch.cat([x for x in (images, videos) if x is not None])
+        grid = torch.cat([g for x, g in ((images, inputs.get("image_grid_thw")), (videos, inputs.get("video_grid_thw"))) if x is not None])
+        out = base.get_image_features(pixels, grid, return_dict=True)  # one call; split per image / video below
+        n_images = 0 if images is None else len(inputs["image_grid_thw"])
+        encoded = {}
+        if images is not None:
+            encoded["image"] = _take(out, 0, n_images)
+        if videos is not None:
+            encoded["video"] = _take(out, n_images, None)
+        inputs["mm_encoder_outputs"] = encoded
+        return inputs, None
+
+    def _dummy_image(self, base: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """The smallest input the vision tower takes: one merge window of patches."""
+        vc = base.config.vision_config
+        merge = int(getattr(vc, "spatial_merge_size", 2))
+        channels = int(getattr(vc, "in_channels", getattr(vc, "in_chans", 3)))
+        dim = channels * int(getattr(vc, "temporal_patch_size", 2)) * int(vc.patch_size) ** 2
+        param = next(base.visual.parameters())
+        grid = torch.tensor([[1, merge, merge]], device=param.device)
+        return torch.zeros(merge * merge, dim, device=param.device, dtype=param.dtype), grid
+
+    def _dummy_audio(self) -> torch.Tensor:
+        base = self._base()
+        ac = base.config.audio_config
+        param = next(base.audio_tower.parameters())
+        features = torch.zeros(1, int(ac.num_mel_bins), 2 * int(ac.max_source_positions), device=param.device, dtype=param.dtype)
+        hidden = base.audio_tower(features).last_hidden_state
+        return base.multi_modal_projector(hidden).sum() * 0.0
 
     def _embed(self, input_ids, attention_mask, inputs) -> torch.Tensor:
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **inputs)
@@ -126,6 +193,28 @@ MULTIMODAL_PARTS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
+# which media tower a multimodal model runs (see EmbeddingModel._run_media_towers)
+MEDIA_TOWERS = {"qwen2_vl": "vision", "qwen2_5_vl": "vision", "qwen3_vl": "vision", "qwen2_audio": "audio"}
+
+
+def _take(out: Any, start: int, stop: int | None) -> Any:
+    """Images ``start:stop`` of a vision tower output split per image (pooled features and,
+    for Qwen3-VL, the deepstack features)."""
+    part = copy.copy(out)
+    part.pooler_output = tuple(out.pooler_output[start:stop])
+    if getattr(out, "deepstack_features", None) is not None:
+        part.deepstack_features = [tuple(f[start:stop]) for f in out.deepstack_features]
+    return part
+
+
+def _zero_sum(out: Any) -> torch.Tensor:
+    """0 x every tensor a tower produced: ties the dummy call into the graph at no cost."""
+    tensors = list(out.pooler_output)
+    for f in getattr(out, "deepstack_features", None) or []:
+        tensors.extend(f)
+    return sum(t.float().sum() for t in tensors) * 0.0
+
+
 def module_part(name: str, model_type: str) -> str | None:
     """``aligner``, ``vit`` or ``llm`` for a module or parameter name of a multimodal model
     (``None`` for a text model, or a name in none of the parts)."""
@@ -168,18 +257,30 @@ def load_backbone(path: str, torch_dtype: str | None = None, attn_impl: str | No
     if attn_impl:
         kwargs["attn_implementation"] = {"flash_attn": "flash_attention_2"}.get(attn_impl, attn_impl)
     config = AutoConfig.from_pretrained(path)
-    if config.model_type != "bert":
-        return AutoModel.from_pretrained(path, **kwargs)
-    # the BERT pooler is unused by embedding pooling: leave it out, and spare the user the
-    # load report that lists its weights as unexpected
+    if config.model_type == "bert":
+        kwargs["add_pooling_layer"] = False  # the BERT pooler is unused by embedding pooling
+    # Embedding needs the base model only: the head weights a checkpoint may carry (lm_head
+    # of GME / Qwen-VL / Qwen2-Audio checkpoints, the BERT pooler) are left out on purpose.
+    # transformers' load report would list them as unexpected; it is silenced, and any
+    # other missing or unexpected weight is reported here instead.
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        return AutoModel.from_pretrained(path, add_pooling_layer=False, **kwargs)
+        model, info = AutoModel.from_pretrained(path, output_loading_info=True, **kwargs)
     finally:
         hf_logging.set_verbosity(level)
+    unexpected = [k for k in info.get("unexpected_keys", []) if not _is_head_weight(k)]
+    for what, keys in (("missing (randomly initialized)", info.get("missing_keys", [])), ("unexpected (ignored)", unexpected)):
+        if keys:
+            logging.getLogger("mmembed").warning("%s: %d weights %s: %s", path, len(keys), what, ", ".join(sorted(keys)[:10]))
+    return model
+
+
+def _is_head_weight(name: str) -> bool:
+    parts = name.split(".")
+    return "lm_head" in parts or "pooler" in parts
 
 
 def default_max_length(model_dir: str, tokenizer) -> int:

@@ -1,4 +1,6 @@
+import importlib.util
 import os
+import sys
 
 import pytest
 
@@ -24,3 +26,27 @@ def _no_infonce_env(monkeypatch):
     for key in list(os.environ):
         if key.startswith("INFONCE_"):
             monkeypatch.delenv(key)
+
+
+def load_tiny_models():
+    """examples/tiny_models.py (not a package) as the module ``tiny_models``."""
+    if "tiny_models" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("tiny_models", os.path.join(REPO, "examples", "tiny_models.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["tiny_models"] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules["tiny_models"]
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """``tiny_model(kind)``: the folder of a tiny random-weight Qwen model (built once per
+    session by examples/tiny_models.py, with the real Qwen tokenizer and its processor)."""
+    built: dict[str, str] = {}
+
+    def get(kind: str) -> str:
+        if kind not in built:
+            built[kind] = load_tiny_models().build(kind, str(tmp_path_factory.mktemp(kind)), seed=0)
+        return built[kind]
+
+    return get

