@@ -71,31 +71,35 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
     return model, tokenizer, template, info
 
 
-def as_item(x: Any) -> Item:
+def as_item(x: Any, source: str = "<input>", line: int = 0, base_dir: str | None = None) -> Item:
     """A string, an ``Item``, a row-like dict (``{"query"|"text": "<image>...", "images": [...],
-    "system": ...}``) or a messages list (``[{"role": "user", "content": ...}]``, content parts
-    included). Media paths are used as given (absolute paths, ``file://``, ``data:`` or URLs)."""
+    "system": ...}`` or ``{"messages": [...]}``) or a messages list (``[{"role": "user",
+    "content": ...}]``, content parts included). Rows go through the training reader: media
+    tags bind to paths the same way, relative paths resolve against ``base_dir`` (default:
+    the working directory), and a broken input is a ``DataError`` naming ``source:line``."""
     if isinstance(x, Item):
         return x
     if isinstance(x, str):
         return Item(text=x)
-    if isinstance(x, list) or (isinstance(x, dict) and "messages" in x):
-        from .data.reader import parse_row
+    if isinstance(x, list):
+        x = {"messages": x}
+    if not isinstance(x, dict):
+        raise TypeError(f"cannot embed an input of type {type(x).__name__}")
+    from .data.reader import parse_row
+    from .data.sample import DataError
 
-        row = {"messages": x} if isinstance(x, list) else dict(x)
-        if not any(m.get("role") == "assistant" for m in row["messages"] if isinstance(m, dict)):
-            row["messages"] = list(row["messages"]) + [{"role": "assistant", "content": "-"}]  # the reader wants a positive
-        return parse_row(row, source="<input>", line=0, base_dir=os.getcwd()).anchor
-    if isinstance(x, dict):
-        text = x.get("query", x.get("text"))
+    row = dict(x)
+    if "messages" in row:
+        if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in row["messages"] or []):
+            # the reader wants a positive; only the first group (the input) is embedded
+            row["messages"] = list(row["messages"]) + [{"role": "assistant", "content": "-"}]
+    else:
+        text = row.pop("text", None) if "query" not in row else row["query"]
         if not isinstance(text, str):
-            raise ValueError(f"an input dict needs a 'query' or 'text' string: {x!r}")
-        media = {}
-        for kind in ("images", "videos", "audios"):
-            v = x.get(kind) or []
-            media[kind] = [v] if isinstance(v, str) else list(v)
-        return Item(text=text, system=x.get("system"), **media)
-    raise TypeError(f"cannot embed an input of type {type(x).__name__}")
+            raise DataError(source, line, "query", "an input row needs a 'query' or 'text' string, or 'messages'")
+        row.update(query=text, response="-")
+        row.pop("rejected_response", None)
+    return parse_row(row, source=source, line=line, base_dir=base_dir or os.getcwd()).anchor
 
 
 class Embedder:
@@ -151,21 +155,12 @@ def read_inputs(path: str) -> tuple[list[Any], list[tuple[str, int]]]:
         with open(path, encoding="utf-8") as f:
             lines = [(n, line.rstrip("\n")) for n, line in enumerate(f, 1) if line.strip()]
         return [t for _, t in lines], [(path, n) for n, _ in lines]
-    from .data.reader import iter_raw_rows, parse_row
-    from .data.sample import DataError
+    from .data.reader import iter_raw_rows
 
     rows: list[Any] = []
     origins: list[tuple[str, int]] = []
     base = os.path.dirname(os.path.abspath(path))
     for line, raw in iter_raw_rows(path):
-        if not isinstance(raw, dict) or not (isinstance(raw.get("query", raw.get("text")), str) or "messages" in raw):
-            raise DataError(path, line, None, "each row needs a 'query' or 'text' string, or 'messages'")
-        row = dict(raw)
-        if "messages" not in row:
-            row.setdefault("query", row.pop("text", None))
-            row.setdefault("response", "-")  # the reader wants a positive; only the query is embedded
-        elif not any(isinstance(m, dict) and m.get("role") == "assistant" for m in row["messages"]):
-            row["messages"] = list(row["messages"]) + [{"role": "assistant", "content": "-"}]
-        rows.append(parse_row(row, source=path, line=line, base_dir=base).anchor)  # media bound and checked
+        rows.append(as_item(raw, source=path, line=line, base_dir=base))  # media bound and checked
         origins.append((path, line))
     return rows, origins
