@@ -74,6 +74,7 @@ class EmbeddingModel(nn.Module):
         return self.backbone.config
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **inputs: Any) -> dict[str, torch.Tensor]:
+        inputs.pop("media_counts", None)  # bookkeeping of the collator (which media belong to which row)
         inputs, zero = self._run_media_towers(inputs)
         if set(inputs) <= TOKEN_INPUTS and not self._zero3():  # text only: rows can be regrouped and padding cut
             chunks = max(1, min(self.length_chunks, input_ids.shape[0] // 8))  # at least 8 rows a chunk

@@ -16,7 +16,7 @@ import torch
 from conftest import DATA, REPO
 from mmembed.data import read_file
 from mmembed.data.collator import EmbeddingCollator
-from mmembed.data.inputs import InputBuilder
+from mmembed.data.inputs import InputBuilder, select_rows
 from mmembed.data.sample import DataError, Item
 from mmembed.templates import get_template
 
@@ -186,6 +186,30 @@ def test_every_forward_runs_the_vision_tower_exactly_once(tiny_model, kind, name
     assert all(g is not None and torch.count_nonzero(g) == 0 for g in grads)
 
 
+@pytest.mark.parametrize("kind,name", [("qwen2_vl", "qwen2_gme"), ("qwen2_5_vl", "qwen2_5_vl"), ("qwen3_vl", "qwen3_vl_emb")])
+def test_selected_and_split_rows_carry_their_own_media(tiny_model, kind, name):
+    """select_rows / split_rows (the gradient cache's split_fn): rows taken out of a media
+    batch, in any order and in chunks, embed exactly as they do in the whole batch."""
+    from mmembed.data.inputs import split_rows
+
+    folder = tiny_model(kind)
+    template = get_template(name)
+    builder = InputBuilder(template, processing(folder))
+    model = load_model(folder, template)
+    batch = builder(mixed_items())
+    order = [5, 0, 3, 2, 1, 4]
+    with torch.no_grad():
+        whole = model(**batch)["last_hidden_state"]
+        picked = select_rows(batch, order)
+        assert picked["image_grid_thw"].shape[0] == 4 and picked["video_grid_thw"].shape[0] == 2
+        torch.testing.assert_close(model(**picked)["last_hidden_state"], whole[order], atol=2e-5, rtol=1e-4)
+        chunks = split_rows(batch, 2)
+        assert [c["input_ids"].shape[0] for c in chunks] == [2, 2, 2]
+        assert chunks[0]["image_grid_thw"].shape[0] == 2 and "pixel_values_videos" not in chunks[0]
+        assert chunks[1]["image_grid_thw"].shape[0] == 1 and chunks[1]["video_grid_thw"].shape[0] == 1
+        torch.testing.assert_close(torch.cat([model(**c)["last_hidden_state"] for c in chunks]), whole, atol=2e-5, rtol=1e-4)
+
+
 def test_audio_rows_batch_with_text_rows(tiny_model):
     folder = tiny_model("qwen2_audio")
     template = get_template("qwen2_audio")
@@ -198,7 +222,9 @@ def test_audio_rows_batch_with_text_rows(tiny_model):
         assert int((batch["input_ids"][1] == 151646).sum()) == 25  # 1 s at 16 kHz -> 25 audio tokens
         together = model(**batch)["last_hidden_state"]
         alone = torch.cat([model(**builder([it]))["last_hidden_state"] for it in items])
+        swapped = model(**select_rows(batch, [1, 0]))["last_hidden_state"]
     torch.testing.assert_close(together, alone, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(swapped, together[[1, 0]], atol=2e-5, rtol=1e-4)
 
 
 def test_collator_lays_out_groups_with_variable_negatives(tiny_model):

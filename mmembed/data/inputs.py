@@ -29,6 +29,16 @@ from .sample import DataError, Item
 # where an item came from, for error messages: (data file, line, field)
 Origin = tuple[str, int, str]
 
+# [N, 3] images, videos, audios per row of a media batch: which pixel / feature rows belong
+# to which input row (select_rows). The model wrapper drops it before the backbone.
+MEDIA_COUNTS = "media_counts"
+# per-medium tensors of a processor's output, by medium: (patch rows, per-medium rows)
+_MEDIA_KEYS = (
+    ("pixel_values", ("image_grid_thw",)),
+    ("pixel_values_videos", ("video_grid_thw", "second_per_grid_ts")),
+    (None, ("input_features", "feature_attention_mask")),
+)
+
 
 def tokenizer_of(processing: Any) -> Any:
     """The tokenizer inside a processor, or the tokenizer itself."""
@@ -75,6 +85,7 @@ class InputBuilder:
             return dict(self._tokenize(texts, truncate=self.truncate))
         media = self._load_media(items, origins)
         out = self._process(texts, media, truncate=False)
+        out[MEDIA_COUNTS] = torch.tensor([[len(it.images), len(it.videos), len(it.audios)] for it in items])
         if self.truncate:
             lengths = out["attention_mask"].sum(1).tolist()
             over = [i for i, n in enumerate(lengths) if n > self.max_length]
@@ -170,3 +181,47 @@ class InputBuilder:
 def _where(base: Origin, kind: str, index: int) -> Origin:
     part = f"{base[2]} " if base[2] else ""
     return (base[0], base[1], f"{part}{kind}[{index}]")
+
+
+def select_rows(batch: dict[str, Any], rows: torch.Tensor | Sequence[int]) -> dict[str, Any]:
+    """The batch restricted to ``rows`` (in that order), with each row's images, videos and
+    audio: per-row tensors are indexed; pixel rows follow their images' grids. ``labels``
+    is left out (losses take it whole)."""
+    rows = torch.as_tensor(rows, dtype=torch.long)
+    n = batch["input_ids"].shape[0]
+    counts = batch.get(MEDIA_COUNTS)
+    media_keys = {k for patch, per in _MEDIA_KEYS for k in (patch, *per) if k}
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        if key == "labels" or key in media_keys:
+            continue
+        out[key] = value[rows.to(value.device)] if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == n else value
+    if counts is None:
+        return out
+    for kind, (patch_key, per_keys) in enumerate(_MEDIA_KEYS):
+        c = counts[:, kind].cpu()
+        if int(c.sum()) == 0:
+            continue
+        start = torch.cumsum(c, 0) - c
+        media = torch.cat([torch.arange(int(start[r]), int(start[r] + c[r])) for r in rows.tolist()])
+        if len(media) == 0:  # none of these rows has this medium: leave its keys out, as the processor does
+            continue
+        for key in per_keys:
+            if key in batch:
+                out[key] = batch[key][media.to(batch[key].device)]
+        if patch_key and patch_key in batch:
+            grid = batch[per_keys[0]]
+            patches = grid.prod(-1).cpu()
+            pstart = torch.cumsum(patches, 0) - patches
+            idx = torch.cat([torch.arange(int(pstart[m]), int(pstart[m] + patches[m])) for m in media.tolist()])
+            out[patch_key] = batch[patch_key][idx.to(batch[patch_key].device)]
+    return out
+
+
+def split_rows(batch: dict[str, Any], rows_per_chunk: int) -> list[dict[str, Any]]:
+    """Consecutive chunks of ``rows_per_chunk`` rows, each with its own media (the gradient
+    cache's ``split_fn`` for text and media batches)."""
+    if rows_per_chunk < 1:
+        raise ValueError(f"rows_per_chunk must be >= 1, got {rows_per_chunk}")
+    n = batch["input_ids"].shape[0]
+    return [select_rows(batch, range(i, min(i + rows_per_chunk, n))) for i in range(0, n, rows_per_chunk)]
