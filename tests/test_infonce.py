@@ -451,5 +451,6 @@ def test_invalid_options():
 
 
 def test_registry_names():
-    assert set(LOSSES) == {"infonce", "cosine_similarity", "contrastive", "online_contrastive"}
+    assert set(LOSSES) == {"infonce", "cosine_similarity", "contrastive", "online_contrastive",  # ms-swift's
+                           "gist", "distill_cosine", "distill_mse", "distill_marginal", "distill_kl", "matryoshka"}
     assert LOSSES["infonce"] is InfoNCELoss

@@ -152,3 +152,15 @@ def _parse(var: str, raw: str, default: Any) -> Any:
         return float(raw)
     except ValueError:
         raise ValueError(f"{var}={raw!r} is not a number") from None
+
+
+def env_temperature(default: float, environ: Mapping[str, str] | None = None) -> float:
+    """``INFONCE_TEMPERATURE`` when it is set (parsed and validated as for InfoNCE, so a bad
+    value is an error naming the variable), else ``default``: for losses other than InfoNCE
+    that share the variable."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_VARS["temperature"])
+    if raw is None or raw.strip() == "":
+        return default
+    others = {f.name: f.default for f in fields(InfoNCEConfig) if f.name != "temperature"}
+    return InfoNCEConfig.from_env(env, **others).temperature
