@@ -26,6 +26,11 @@ TRUNCATION_STRATEGIES = ("delete", "left", "right")
 NO_EFFECT_FLAGS = ("lazy_tokenize", "padding_free", "use_chat_template")
 
 
+class UsageError(ValueError):
+    """Flags that cannot work together, found once the model is known (e.g. a Matryoshka width
+    above the model's): reported as one line before training starts."""
+
+
 @dataclass
 class SftArguments(TrainingArguments):
     # model and template
@@ -63,6 +68,10 @@ class SftArguments(TrainingArguments):
     load_from_cache_file: bool = True
     dataset_num_proc: int = 1
     loss_type: str = "infonce"
+    loss_kwargs: str | None = field(default=None, metadata={"help": "options of the loss as JSON, e.g. '{\"margin\": 0.05}'"})
+    mrl_dims: str | None = field(default=None, metadata={"help": "Matryoshka: '{\"64\": 1.0, \"128\": 1.0}' (width: weight)"})
+    guide_model: str | None = field(default=None, metadata={"help": "gist: the guide model (checkpoint, exported or base folder)"})
+    teacher_model: str | None = field(default=None, metadata={"help": "distill_*: the teacher model (checkpoint, exported or base folder)"})
     # ms-swift defaults that differ from transformers'
     output_dir: str | None = "output"
     learning_rate: float | None = None  # type: ignore[assignment]
@@ -90,6 +99,7 @@ class SftArguments(TrainingArguments):
         self.train_type = self.tuner_type
         if self.tuner_type not in TUNER_TYPES:
             raise ValueError(f"--tuner_type must be one of {TUNER_TYPES}, got {self.tuner_type!r}")
+        _check_loss_args(self)
         if self.gradcache_mini_batch_size < 0:
             raise ValueError(f"--gradcache_mini_batch_size must be >= 0, got {self.gradcache_mini_batch_size}")
         if self.truncation_strategy not in TRUNCATION_STRATEGIES:
@@ -139,6 +149,29 @@ class SftArguments(TrainingArguments):
         if self.label_names is None:
             self.label_names = ["labels"]
         super().__post_init__()
+
+
+def _check_loss_args(args: "SftArguments") -> None:
+    import json
+
+    from .losses import LOSSES
+
+    if args.loss_type not in LOSSES or args.loss_type == "matryoshka":
+        names = ", ".join(n for n in LOSSES if n != "matryoshka")
+        raise ValueError(f"--loss_type {args.loss_type!r}: known losses are {names} (Matryoshka: --mrl_dims)")
+    if args.loss_type == "gist" and not args.guide_model:
+        raise ValueError("--loss_type gist needs --guide_model (the model whose similarities filter the negatives)")
+    if args.loss_type.startswith("distill_") and not args.teacher_model:
+        raise ValueError(f"--loss_type {args.loss_type} needs --teacher_model")
+    for flag in ("loss_kwargs", "mrl_dims"):
+        value = getattr(args, flag)
+        if value is not None:
+            try:
+                parsed = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--{flag} is not valid JSON ({e.msg}): {value!r}") from None
+            if not isinstance(parsed, dict):
+                raise ValueError(f"--{flag} must be a JSON object, got {value!r}")
 
 
 def default_gradient_accumulation(per_device_batch: int, world_size: int) -> int:

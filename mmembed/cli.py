@@ -1,4 +1,4 @@
-"""``mmembed`` command line: sft (alias train), embed, export, eval.
+"""``mmembed`` command line: sft (alias train), embed, export, eval, mine.
 
 Flags follow ms-swift's spelling; ``mmembed COMMAND --help`` lists them.
 """
@@ -18,7 +18,8 @@ commands:
   sft (train)   fine-tune an embedding model (ms-swift's `swift sft --task_type embedding` flags)
   embed         embed a file of inputs into a .npy array
   export        merge a LoRA checkpoint into a standalone folder (--adapters CKPT --merge_lora true)
-  eval          STS (Spearman/Pearson) and pair-retrieval metrics of a model on scored pairs
+  eval          STS (Spearman/Pearson) on scored pairs and/or retrieval on a BEIR folder (nDCG@10, MRR@10, recall@k)
+  mine          add hard negatives to a data file (BM25 or a dense model, false-negative filters)
 """
 
 
@@ -54,12 +55,13 @@ def cmd_sft(argv: list[str]) -> int:
         args = parse_sft_args(argv)
     except ValueError as e:  # our own argument checks
         raise SystemExit(f"mmembed sft: {e}")
+    from .arguments import UsageError
     from .data import DataError, SpecError
     from .trainer import NonFiniteLossError
 
     try:
         metrics = run_sft(args)
-    except (DataError, SpecError, FileNotFoundError, NonFiniteLossError) as e:  # the user's input, not a bug
+    except (DataError, SpecError, FileNotFoundError, NonFiniteLossError, UsageError) as e:  # the user's input, not a bug
         print(f"mmembed sft: error: {e}", file=sys.stderr)
         return 1
     if args.should_save:
@@ -109,26 +111,86 @@ def cmd_export(argv: list[str]) -> int:
 
 def cmd_eval(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="mmembed eval", allow_abbrev=False)
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder")
     p.add_argument("--sts", help="scored pairs (rows with query, response, label in [0, 1] or 0-5)")
-    p.add_argument("--output", default=None, help="write the metrics as JSON here")
+    p.add_argument("--beir", help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv")
+    p.add_argument("--split", default="test", choices=["test", "dev", "train"], help="the qrels file of --beir")
+    p.add_argument("--query_prefix", default="", help="plain text put before every --beir query")
+    p.add_argument("--doc_prefix", default="", help="plain text put before every --beir document")
+    p.add_argument("--json", "--output", dest="json", default=None, help="also write the metrics as JSON here")
     p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--torch_dtype", default=None)
     a = p.parse_args(argv)
-    if not a.sts:
-        raise SystemExit("mmembed eval: pass --sts FILE")
-    from .eval_tasks import evaluate_pairs_file
+    if not a.sts and not a.beir:
+        raise SystemExit("mmembed eval: pass --sts FILE and/or --beir FOLDER")
+    from .beir import evaluate_beir, load_beir
     from .inference import Embedder
 
-    metrics = evaluate_pairs_file(Embedder.from_pretrained(a.model), a.sts, batch_size=a.batch_size)
+    beir = None
+    if a.beir:  # read (and check) the folder before loading the model
+        try:
+            beir = load_beir(a.beir, a.split)
+        except ValueError as e:
+            raise SystemExit(f"mmembed eval: {e}")
+    embedder = Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype)
+    results: dict[str, dict] = {}
+    if a.sts:
+        from .eval_tasks import evaluate_pairs_file
+
+        results["sts"] = evaluate_pairs_file(embedder, a.sts, batch_size=a.batch_size)
+    if beir is not None:
+        results["beir"] = evaluate_beir(
+            embedder, beir, batch_size=a.batch_size, query_prefix=a.query_prefix, doc_prefix=a.doc_prefix
+        )
+    # one task: its metrics at the top level; both: {"sts": {...}, "beir": {...}}
+    metrics = next(iter(results.values())) if len(results) == 1 else results
     text = json.dumps(metrics, indent=2)
     print(text)
-    if a.output:
-        with open(a.output, "w", encoding="utf-8") as f:
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as f:
             f.write(text + "\n")
     return 0
 
 
-COMMANDS = {"sft": cmd_sft, "train": cmd_sft, "embed": cmd_embed, "export": cmd_export, "eval": cmd_eval}
+def cmd_mine(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="mmembed mine", allow_abbrev=False,
+                                description="Add hard negatives to a data file (see mmembed/mining.py for the rules).")
+    p.add_argument("--dataset", "--input", dest="dataset", required=True, help="rows in either ms-swift form")
+    p.add_argument("--output", required=True, help=".jsonl or .json to write (rows in the form they were read)")
+    p.add_argument("--model", default=None, help="dense mining with this model (default: BM25)")
+    p.add_argument("--corpus", default=None, help="extra documents: .txt (one per line) or .jsonl rows with 'text'")
+    p.add_argument("--num_negatives", type=int, default=3, help="at most this many new negatives per row")
+    p.add_argument("--range_min", type=int, default=0, help="skip the range_min best candidates (rank 0 = best)")
+    p.add_argument("--range_max", type=int, default=100, help="consider ranks < range_max only")
+    p.add_argument("--margin", type=float, default=None, help="drop a candidate scoring > positive score - margin")
+    p.add_argument("--relative_margin", type=float, default=None,
+                   help="drop a candidate scoring > positive score * (1 - relative_margin)")
+    p.add_argument("--guide_model", default=None, help="drop candidates this model scores >= the positive - guide_margin")
+    p.add_argument("--guide_margin", type=float, default=0.0)
+    p.add_argument("--overwrite", type=_bool, nargs="?", const=True, default=False,
+                   help="replace the rows' existing negatives (default: keep them first)")
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--torch_dtype", default=None)
+    a = p.parse_args(argv)
+    from .mining import MiningConfig, check_output_path, mine_file
+
+    config = MiningConfig(
+        num_negatives=a.num_negatives, range_min=a.range_min, range_max=a.range_max, margin=a.margin,
+        relative_margin=a.relative_margin, guide_margin=a.guide_margin, overwrite=a.overwrite, batch_size=a.batch_size,
+    )
+    try:
+        config.validate()
+        check_output_path(a.output)
+    except ValueError as e:
+        raise SystemExit(f"mmembed mine: {e}")
+    stats = mine_file(a.dataset, a.output, model=a.model, guide_model=a.guide_model, corpus=a.corpus,
+                      config=config, torch_dtype=a.torch_dtype)
+    print(stats.summary())
+    print(f"wrote {stats.rows} rows to {a.output}")
+    return 0
+
+
+COMMANDS = {"sft": cmd_sft, "train": cmd_sft, "embed": cmd_embed, "export": cmd_export, "eval": cmd_eval, "mine": cmd_mine}
 
 
 def main(argv: list[str] | None = None) -> int:

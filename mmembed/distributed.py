@@ -114,8 +114,18 @@ class GlobalBatchLoss(nn.Module):
         if w == 1:
             return self.loss(outputs, labels)
         emb = outputs["last_hidden_state"]
-        if self.loss_type == "infonce":
-            return self._infonce(outputs, labels, rank, w)
+        if self.loss_type in ("infonce", "gist", "distill_kl"):
+            return self._groups(outputs, labels, rank, w)
+        if self.loss_type == "distill_marginal":
+            student, teacher = self.loss.split_parts(outputs, labels)
+            sizes = gather_sizes(student.shape[0], emb.device)
+            offset = sum(sizes[:rank])
+            loss = self.loss.forward_from_parts(all_gather_with_grad(student, sizes), _gather_padded(teacher.detach(), sizes),
+                                                query_rows=slice(offset, offset + sizes[rank]))
+            return loss * (sizes[rank] * w / sum(sizes))
+        if self.loss_type in ("distill_cosine", "distill_mse"):  # per-row means: rows do not interact
+            sizes = gather_sizes(emb.shape[0], emb.device)
+            return self.loss(outputs, labels) * (sizes[rank] * w / sum(sizes))
         if self.loss_type == "online_contrastive":
             sizes = gather_sizes(emb.shape[0], emb.device)
             glob = all_gather_with_grad(emb, sizes)
@@ -124,8 +134,11 @@ class GlobalBatchLoss(nn.Module):
         n_total = sum(gather_sizes(n_local, emb.device))
         return self.loss(outputs, labels) * (n_local * w / n_total)
 
-    def _infonce(self, outputs, labels, rank: int, w: int) -> Tensor:
-        anchors, positives, negatives, neg_group = self.loss.split_parts(outputs, labels)
+    def _groups(self, outputs, labels, rank: int, w: int) -> Tensor:
+        """Group losses (infonce, gist, distill_kl, and matryoshka around them): each process
+        scores its own anchors against the documents of all processes."""
+        parts = self.loss.split_parts(outputs, labels)
+        anchors, positives, negatives, neg_group = parts[:4]
         device = anchors.device
         # one exchange of the per-process sizes: groups and negatives
         local = torch.tensor([anchors.shape[0], negatives.shape[0]], dtype=torch.long, device=device)
@@ -134,14 +147,24 @@ class GlobalBatchLoss(nn.Module):
         groups = [int(t[0]) for t in table]
         negs = [int(t[1]) for t in table]
         total = sum(groups)
-        if not self.loss.config.use_batch:
-            return self.loss.forward_from_parts(anchors, positives, negatives, neg_group) * (groups[rank] * w / total)
+        if not _use_batch(self.loss):
+            return self.loss(outputs, labels) * (groups[rank] * w / total)
         offset = sum(groups[:rank])
         g_anchors = all_gather_with_grad(anchors, groups)
         g_positives = all_gather_with_grad(positives, groups)
         g_negatives = all_gather_with_grad(negatives, negs)
         g_neg_group = _gather_padded(neg_group + offset, negs)
+        # a guide's or teacher's embeddings of the same parts (gist, distill_kl): no gradient
+        side = [_gather_padded(t.detach(), n) for t, n in zip(parts[4:], (groups, groups, negs))]
         loss = self.loss.forward_from_parts(
-            g_anchors, g_positives, g_negatives, g_neg_group, query_rows=slice(offset, offset + groups[rank])
+            g_anchors, g_positives, g_negatives, g_neg_group, *side, query_rows=slice(offset, offset + groups[rank])
         )
         return loss * (groups[rank] * w / total)
+
+
+def _use_batch(loss: nn.Module) -> bool:
+    """Whether a group loss scores against the whole batch (gist always does)."""
+    config = getattr(loss, "config", None)
+    if config is not None and hasattr(config, "use_batch"):
+        return bool(config.use_batch)
+    return bool(getattr(loss, "use_batch", True))

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from typing import Any
 
 from torch import nn
 
-from .arguments import SftArguments
+from .arguments import SftArguments, UsageError
 from .data import EmbeddingDataset, load_samples, split_dataset
 from .data.collator import EmbeddingCollator, layout_for_loss, token_lengths
 from .data.sample import Sample
@@ -21,6 +22,7 @@ from .modeling import (
     EmbeddingModel,
     default_max_length,
     frozen_parts,
+    hidden_size,
     load_backbone,
     module_part,
     require_local_model,
@@ -122,6 +124,48 @@ def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_p
     return ds
 
 
+def make_loss(args: SftArguments) -> nn.Module:
+    """The loss named by ``--loss_type`` with ``--loss_kwargs``, wrapped in Matryoshka when
+    ``--mrl_dims`` is given."""
+    options = json.loads(args.loss_kwargs) if args.loss_kwargs else {}
+    if args.mrl_dims:
+        return build_loss("matryoshka", dims=args.mrl_dims, inner=args.loss_type, **options)
+    return build_loss(args.loss_type, **options)
+
+
+def load_aux_models(args: SftArguments) -> tuple[dict[str, EmbeddingModel], dict[str, InputBuilder]]:
+    """The guide (``--guide_model``, GIST) and the teacher (``--teacher_model``, distillation):
+    frozen embedders, each with its own template and tokenizer or processor, that embed the
+    same items as the student (rendered from the items, not decoded from the student's ids)."""
+    from .inference import load_embedding_model
+
+    models: dict[str, EmbeddingModel] = {}
+    builders: dict[str, InputBuilder] = {}
+    for name, path in (("guide", args.guide_model), ("teacher", args.teacher_model)):
+        if not path:
+            continue
+        model, processing, template, info = load_embedding_model(path, args.torch_dtype)
+        model.requires_grad_(False)
+        models[name] = model.eval()
+        builders[name] = InputBuilder(template, processing, info["max_length"], truncate=True)
+    return models, builders
+
+
+def check_widths(args: SftArguments, loss: nn.Module, width: int, aux_models: dict[str, EmbeddingModel]) -> None:
+    """Width errors at start, not mid-run: Matryoshka widths above the model's, and a
+    teacher of another width for the embedding distillation losses."""
+    if hasattr(loss, "check_dims"):
+        try:
+            loss.check_dims(width)
+        except ValueError as e:
+            raise UsageError(f"--mrl_dims: {e}") from None
+    if args.loss_type in ("distill_cosine", "distill_mse", "distill_marginal") and "teacher" in aux_models:
+        teacher_width = hidden_size(aux_models["teacher"].config)
+        if teacher_width != width:
+            raise UsageError(f"--loss_type {args.loss_type} compares embeddings directly, but the teacher's width is "
+                             f"{teacher_width} and the student's {width}; use distill_kl (scores) instead")
+
+
 def _init_deepspeed_comm() -> None:
     """DeepSpeed keeps its own view of the process group; ZeRO-3 builds the model under
     ``zero.Init``, which reads the world size from it, so it must wrap the group that
@@ -156,7 +200,8 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     pooling = args.pooling or template.resolve_pooling(args.model)
     max_length = args.max_length or default_max_length(args.model, tokenizer)
     layout = layout_for_loss(args.loss_type)
-    loss_fn = GlobalBatchLoss(build_loss(args.loss_type), args.loss_type)
+    loss_fn = GlobalBatchLoss(make_loss(args), args.loss_type)
+    aux_models, aux_builders = load_aux_models(args)
 
     load_opts = dict(strict=args.strict, seed=args.seed, num_proc=args.dataset_num_proc,
                      load_from_cache_file=args.load_from_cache_file)
@@ -176,10 +221,12 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     if args.deepspeed:
         _init_deepspeed_comm()
     model = build_model(args, pooling)
+    check_widths(args, loss_fn.loss, hidden_size(model.config), aux_models)
     collator = EmbeddingCollator(
         template, processing, layout, max_length,
         truncation_side="left" if args.truncation_strategy == "left" else "right",
         truncate=args.truncation_strategy != "delete",
+        aux_builders=aux_builders,
     )
     mmembed_config = {
         "base_model": os.path.abspath(args.model),
@@ -204,6 +251,7 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
         loss_type=args.loss_type,
         mmembed_config=mmembed_config,
         gradcache_mini_batch_size=args.gradcache_mini_batch_size,
+        aux_models=aux_models,
     )
     resume = args.resume_from_checkpoint
     if isinstance(resume, str) and resume.lower() in ("true", "last"):

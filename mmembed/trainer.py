@@ -54,8 +54,12 @@ def check_complete(checkpoint: str) -> None:
 
 
 class EmbeddingTrainer(Trainer):
-    def __init__(self, *args, loss_fn, loss_type: str, mmembed_config: dict[str, Any], gradcache_mini_batch_size: int = 0, **kwargs):
+    def __init__(self, *args, loss_fn, loss_type: str, mmembed_config: dict[str, Any], gradcache_mini_batch_size: int = 0,
+                 aux_models: dict[str, EmbeddingModel] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        # frozen models that embed the same rows (a GIST guide, a distillation teacher); their
+        # embeddings reach the loss as outputs["<name>_hidden_state"]
+        self.aux_models = {name: m.to(self.args.device) for name, m in (aux_models or {}).items()}
         self.gradcache_mini_batch_size = gradcache_mini_batch_size
         self.loss_fn = loss_fn
         self.loss_type = loss_type
@@ -65,9 +69,21 @@ class EmbeddingTrainer(Trainer):
     # ---- training -------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         labels = inputs.pop("labels")
-        outputs = model(**inputs)
+        aux = self._aux_embeddings(inputs)
+        outputs = {**model(**inputs), **aux}
         loss = self._checked(self.loss_fn(outputs, labels))
         return (loss, outputs) if return_outputs else loss
+
+    @torch.no_grad()
+    def _aux_embeddings(self, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Pop the guide's / teacher's inputs from the batch and embed them (no gradient)."""
+        out = {}
+        for key in [k for k in inputs if k.endswith("_inputs")]:
+            name = key[: -len("_inputs")]
+            batch = inputs.pop(key)
+            if name in self.aux_models:
+                out[f"{name}_hidden_state"] = self.aux_models[name](**batch)["last_hidden_state"]
+        return out
 
     def _checked(self, loss: torch.Tensor) -> torch.Tensor:
         if not torch.isfinite(loss.detach()).all():
@@ -135,16 +151,18 @@ class EmbeddingTrainer(Trainer):
             torch.distributed.all_reduce(rounds, op=torch.distributed.ReduceOp.MAX)
         batch = None
         for batch in loader:
-            batch = {k: v.to(device) for k, v in batch.items()}
+            batch = self._prepare_inputs(batch)
             lab = batch.pop("labels")
-            out = model(**batch)
+            aux = self._aux_embeddings(batch)
+            out = {**model(**batch), **aux}
             loss_sum += torch.tensor([loss_fn(out, lab).item() * len(lab), len(lab)], dtype=torch.float64, device=device)
             embs.append(out["last_hidden_state"].float())
             labels.append(lab.float())
         for _ in range(int(rounds.item()) - len(loader)):
             if batch is None:
-                batch = {k: v.to(device) for k, v in self.data_collator([loader.dataset.dataset[0]]).items()}
+                batch = self._prepare_inputs(self.data_collator([loader.dataset.dataset[0]]))
                 batch.pop("labels")
+                self._aux_embeddings(batch)  # only pops the side models' inputs
             model(**batch)
         if was_training:
             model.train()

@@ -14,6 +14,7 @@ from mmembed.losses import build_loss
 
 D_IN, D = 6, 5
 NEG_COUNTS = [2, 0, 1, 3, 1, 2, 0, 1]  # 8 groups, unequal negatives
+PAIR_LOSSES = ("cosine_similarity", "contrastive", "online_contrastive")
 
 
 def encoder() -> nn.Linear:
@@ -24,7 +25,7 @@ def encoder() -> nn.Linear:
 def global_batch(name: str, opts: dict | None = None):
     """(inputs [N, D_IN], labels, group_of_row [N]) in ms-swift's layout for the whole batch."""
     g = torch.Generator().manual_seed(1)
-    if name != "infonce":
+    if name in PAIR_LOSSES:
         n_pairs = len(NEG_COUNTS)
         x = torch.randn(2 * n_pairs, D_IN, generator=g, dtype=torch.float64)
         if name == "cosine_similarity":
@@ -46,25 +47,33 @@ def embed(model, x):
     return F.normalize(model(x), dim=-1)
 
 
+def side_embeddings(n_rows: int) -> dict[str, torch.Tensor]:
+    """A guide's (width 4) and a teacher's (width D) embeddings of the global batch's rows."""
+    g = torch.Generator().manual_seed(2)
+    return {"guide_hidden_state": F.normalize(torch.randn(n_rows, 4, generator=g, dtype=torch.float64), dim=-1),
+            "teacher_hidden_state": F.normalize(torch.randn(n_rows, D, generator=g, dtype=torch.float64), dim=-1)}
+
+
 def reference_grads(name, opts, x, labels, group):
     model = encoder()
     loss = build_loss(name, **opts)(
-        {"last_hidden_state": embed(model, x)}, labels)
+        {"last_hidden_state": embed(model, x), **side_embeddings(x.shape[0])}, labels)
     loss.backward()
     return loss.item(), {k: p.grad.detach().clone() for k, p in model.named_parameters()}
 
 
 def shard(name, x, labels, group, groups_of_rank):
-    """This process's rows (whole groups / pairs) and their labels."""
+    """This process's rows (whole groups / pairs), their labels and their side embeddings."""
     rows = torch.isin(group, torch.tensor(groups_of_rank))
-    if name == "infonce":
+    side = {k: v[rows] for k, v in side_embeddings(x.shape[0]).items()}
+    if name not in PAIR_LOSSES:
         non_anchor = torch.ones_like(group, dtype=torch.bool)
         first = torch.cat([torch.tensor([True]), group[1:] != group[:-1]])
         non_anchor[first] = False
         lab = labels[rows[non_anchor]]
     else:
         lab = labels[torch.tensor(groups_of_rank)]
-    return x[rows], lab
+    return x[rows], lab, side
 
 
 def main():
@@ -80,9 +89,10 @@ def main():
     results = []
     for name, opts in json.loads(a.configs):
         x, labels, group = global_batch(name, opts)
-        xs, ls = shard(name, x, labels, group, mine)
+        xs, ls, side = shard(name, x, labels, group, mine)
         model = nn.parallel.DistributedDataParallel(encoder())
-        loss = GlobalBatchLoss(build_loss(name, **opts), name)({"last_hidden_state": embed(model, xs)}, ls)
+        inner = opts.get("inner", name) if name == "matryoshka" else name  # the wrapper follows its inner loss
+        loss = GlobalBatchLoss(build_loss(name, **opts), inner)({"last_hidden_state": embed(model, xs), **side}, ls)
         loss.backward()  # DDP averages the parameter gradients over the processes
         reported = loss.detach().clone()
         dist.all_reduce(reported)

@@ -47,6 +47,15 @@ CONFIGS = [
     ("cosine_similarity", {}),
     ("contrastive", {}),
     ("online_contrastive", {}),
+    ("gist", {}),
+    ("gist", {"margin": 0.1, "margin_strategy": "relative", "temperature": 0.05}),
+    ("distill_kl", {"temperature": 0.05}),
+    ("distill_kl", {"use_batch": False}),
+    ("distill_marginal", {"lam": 0.3}),
+    ("distill_cosine", {}),
+    ("distill_mse", {}),
+    ("matryoshka", {"dims": {"3": 1.0, "5": 0.5}, "inner": "infonce", "include_qq": True}),
+    ("matryoshka", {"dims": {"2": 0.5, "5": 1.0}, "inner": "gist"}),
 ]
 
 

@@ -60,6 +60,9 @@ class EmbeddingCollator:
     max_length: int | None = None
     truncation_side: str = "right"
     truncate: bool = True
+    # other models that embed the same items (a GIST guide, a distillation teacher), each
+    # with its own template and tokenizer: batch["<name>_inputs"]
+    aux_builders: dict[str, InputBuilder] | None = None
 
     def __post_init__(self):
         self.builder = InputBuilder(self.template, self.tokenizer, self.max_length, self.truncation_side, self.truncate)
@@ -77,6 +80,8 @@ class EmbeddingCollator:
             origins.extend(item_origins(s, self.layout))
             labels.extend(labs)
         batch = self.builder(items, origins)
+        for name, builder in (self.aux_builders or {}).items():
+            batch[f"{name}_inputs"] = builder(items, origins)
         batch["labels"] = torch.tensor(labels, dtype=torch.float32)
         return batch
 
