@@ -70,6 +70,8 @@ class SftArguments(TrainingArguments):
     loss_type: str = "infonce"
     loss_kwargs: str | None = field(default=None, metadata={"help": "options of the loss as JSON, e.g. '{\"margin\": 0.05}'"})
     mrl_dims: str | None = field(default=None, metadata={"help": "Matryoshka: '{\"64\": 1.0, \"128\": 1.0}' (width: weight)"})
+    eval_beir: str | None = field(default=None, metadata={"help": "also evaluate retrieval on this BEIR folder at every evaluation"})
+    eval_beir_split: str = field(default="test", metadata={"help": "the qrels split of --eval_beir"})
     guide_model: str | None = field(default=None, metadata={"help": "gist: the guide model (checkpoint, exported or base folder)"})
     teacher_model: str | None = field(default=None, metadata={"help": "distill_*: the teacher model (checkpoint, exported or base folder)"})
     # ms-swift defaults that differ from transformers'
@@ -119,7 +121,7 @@ class SftArguments(TrainingArguments):
             if self.warmup_steps:
                 raise ValueError("pass --warmup_ratio or --warmup_steps, not both")
             self.warmup_steps = self.warmup_ratio
-        has_val = bool(self.val_dataset) or self.split_dataset_ratio > 0
+        has_val = bool(self.val_dataset) or self.split_dataset_ratio > 0 or bool(self.eval_beir)
         if self.eval_strategy is None:
             self.eval_strategy = "steps" if has_val else "no"
         elif str(self.eval_strategy) != "no" and not has_val:

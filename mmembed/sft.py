@@ -252,6 +252,7 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
         mmembed_config=mmembed_config,
         gradcache_mini_batch_size=args.gradcache_mini_batch_size,
         aux_models=aux_models,
+        beir=(args.eval_beir, args.eval_beir_split) if args.eval_beir else None,
     )
     resume = args.resume_from_checkpoint
     if isinstance(resume, str) and resume.lower() in ("true", "last"):

@@ -55,8 +55,10 @@ def check_complete(checkpoint: str) -> None:
 
 class EmbeddingTrainer(Trainer):
     def __init__(self, *args, loss_fn, loss_type: str, mmembed_config: dict[str, Any], gradcache_mini_batch_size: int = 0,
-                 aux_models: dict[str, EmbeddingModel] | None = None, **kwargs):
+                 aux_models: dict[str, EmbeddingModel] | None = None, beir: tuple[str, str] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.beir = beir  # (folder, split): retrieval metrics at every evaluation
+        self._beir_data = None
         # frozen models that embed the same rows (a GIST guide, a distillation teacher); their
         # embeddings reach the loss as outputs["<name>_hidden_state"]
         self.aux_models = {name: m.to(self.args.device) for name, m in (aux_models or {}).items()}
@@ -173,18 +175,41 @@ class EmbeddingTrainer(Trainer):
         lab = all_gather_no_grad(local_lab).cpu().numpy()
         if world()[1] > 1:
             torch.distributed.all_reduce(loss_sum)
-        if emb.shape[0] == 0:
+        metrics: dict[str, float] = {}
+        if emb.shape[0] > 0:
+            metrics["loss"] = float(loss_sum[0] / loss_sum[1])
+            if self.layout == "pair":
+                metrics.update(pair_metrics(emb[0::2], emb[1::2], lab))
+            else:
+                # each batch is a whole set of groups, so concatenating keeps the layout valid
+                metrics.update(embedding_eval_metrics(emb, lab))
+        elif self.beir is None:
             raise ValueError("the eval dataset is empty")
-        metrics: dict[str, float] = {"loss": float(loss_sum[0] / loss_sum[1])}
-        if self.layout == "pair":
-            metrics.update(pair_metrics(emb[0::2], emb[1::2], lab))
-        else:
-            # each batch is a whole set of groups, so concatenating keeps the layout valid
-            metrics.update(embedding_eval_metrics(emb, lab))
+        if self.beir is not None:
+            metrics.update({f"beir_{k}": v for k, v in self._beir_metrics().items()})
         metrics = {f"{metric_key_prefix}_{k.replace('@', '_at_')}": float(v) for k, v in metrics.items()}
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
+
+    def _beir_metrics(self) -> dict[str, float]:
+        """``--eval_beir``: the model as it is now, embedding a BEIR folder's queries and
+        corpus (every process runs the same forwards, as ZeRO-3 needs)."""
+        from .beir import evaluate_beir, load_beir
+        from .inference import Embedder
+
+        folder, split = self.beir
+        if self._beir_data is None:
+            self._beir_data = load_beir(folder, split)
+        model = self.accelerator.unwrap_model(self.model)
+        was_training = model.training
+        model.eval()
+        collator = self.data_collator
+        embedder = Embedder(model, self.processing_class, collator.template, collator.max_length or 512, device=str(self.args.device))
+        try:
+            return evaluate_beir(embedder, self._beir_data, split, batch_size=self.args.per_device_eval_batch_size)
+        finally:
+            model.train(was_training)
 
     def _embedding_dim(self, embs: list[torch.Tensor]) -> int:
         if embs:
