@@ -56,6 +56,11 @@ def check_complete(checkpoint: str) -> None:
 class EmbeddingTrainer(Trainer):
     def __init__(self, *args, loss_fn, loss_type: str, mmembed_config: dict[str, Any], gradcache_mini_batch_size: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
+        # EmbeddingModel.forward takes **inputs, from which the Trainer concludes that the
+        # model normalizes its loss by num_items_in_batch and skips dividing the loss by
+        # gradient_accumulation_steps; compute_loss does no such thing, so the Trainer must
+        # divide (otherwise a step's gradient is the sum, not the mean, of its micro-batches')
+        self.model_accepts_loss_kwargs = False
         self.gradcache_mini_batch_size = gradcache_mini_batch_size
         self.loss_fn = loss_fn
         self.loss_type = loss_type
