@@ -235,7 +235,8 @@ class GradCache:
             raise ValueError(f"the chunks have {start} rows but the gradient has {grad.shape[0]}")
 
     def step(self, batch: Mapping[str, Any], labels: Tensor, backward_fn: BackwardFn | None = None,
-             loss_backward_fn: Callable[[Tensor], None] | None = None, no_sync: NoSync | None = None) -> Tensor:
+             loss_backward_fn: Callable[[Tensor], None] | None = None, no_sync: NoSync | None = None,
+             num_chunks_fn: Callable[[int], int] | None = None) -> Tensor:
         """One cached forward and backward: the parameters' ``.grad`` accumulate as after
         ``loss_fn(model(**batch), labels).backward()``.
 
@@ -252,18 +253,35 @@ class GradCache:
                 ``loss.backward()`` when None. Only the leaf ``reps`` (and any parameters
                 of the loss) are behind it, never the model, so plain autograd is
                 enough; use it to scale, e.g. ``lambda loss: (loss * scale).backward()``.
+            num_chunks_fn: ``K -> K'``, the number of chunk passes to run, ``K' >= K``:
+                for backends where every forward or backward is a collective that all
+                processes must join (DeepSpeed ZeRO-3 gathers parameters in each forward,
+                ZeRO-2/3 reduce gradients in each backward), pass the maximum of ``K`` over
+                processes. The ``K' - K`` extra passes repeat the last chunk: after the
+                ``K`` forwards without graph (so the real chunks draw the RNG as without
+                them) and before the real chunks with graph (so the last ``backward_fn``
+                stays the last), with a zero gradient; their embeddings never reach the
+                loss, so they change no gradient.
 
         Returns:
             The loss, detached.
         """
         chunks = self.split(batch)
+        n_passes = len(chunks) if num_chunks_fn is None else num_chunks_fn(len(chunks))  # before any forward
+        if n_passes < len(chunks):
+            raise ValueError(f"num_chunks_fn asked for {n_passes} passes but the batch has {len(chunks)} chunks")
+        idle = [chunks[-1]] * (n_passes - len(chunks))
         reps, rand_states = self.embed_without_graph(chunks)
+        idle_reps, idle_states = self.embed_without_graph(idle) if idle else (None, [])
         loss = self.loss_fn({REPS_KEY: reps}, labels)
         if loss_backward_fn is None:
             loss.backward()
         else:
             loss_backward_fn(loss)
-        self.backward_chunks(chunks, rand_states, reps.grad, backward_fn, no_sync)
+        grad = reps.grad
+        if idle and grad is not None:
+            grad = torch.cat([torch.zeros_like(idle_reps), grad])
+        self.backward_chunks(idle + chunks, idle_states + rand_states, grad, backward_fn, no_sync)
         return loss.detach()
 
     def _embed(self, chunk: Mapping[str, Any]) -> Tensor:

@@ -22,7 +22,8 @@ import torch
 from transformers import Trainer
 
 from .data.collator import layout_for_loss
-from .distributed import all_gather_no_grad, world
+from .data.inputs import select_rows, split_rows
+from .distributed import all_gather_no_grad, gather_sizes, world
 from .gradcache import GradCache
 from .evaluation import embedding_eval_metrics, pair_metrics
 from .modeling import EmbeddingModel, hidden_size, write_mmembed_config, write_sentence_transformers_config
@@ -62,6 +63,11 @@ class EmbeddingTrainer(Trainer):
         # frozen models that embed the same rows (a GIST guide, a distillation teacher); their
         # embeddings reach the loss as outputs["<name>_hidden_state"]
         self.aux_models = {name: m.to(self.args.device) for name, m in (aux_models or {}).items()}
+        # EmbeddingModel.forward takes **inputs, from which the Trainer concludes that the
+        # model normalizes its loss by num_items_in_batch and skips dividing the loss by
+        # gradient_accumulation_steps; compute_loss does no such thing, so the Trainer must
+        # divide (otherwise a step's gradient is the sum, not the mean, of its micro-batches')
+        self.model_accepts_loss_kwargs = False
         self.gradcache_mini_batch_size = gradcache_mini_batch_size
         self.loss_fn = loss_fn
         self.loss_type = loss_type
@@ -100,28 +106,73 @@ class EmbeddingTrainer(Trainer):
         """With ``--gradcache_mini_batch_size N``: the batch is embedded in chunks of N rows
         without graph, the loss (gathered across processes as usual) is backpropagated to the
         embeddings, then each chunk is embedded again with graph and receives its cached
-        gradient (DDP synchronizes on the last chunk only). Same gradients, the memory of N rows."""
+        gradient (DDP synchronizes on the last chunk only; DeepSpeed: see
+        :meth:`_deepspeed_chunk_backward`). Same gradients, the memory of N rows."""
         if not self.gradcache_mini_batch_size:
             return super().training_step(model, inputs, num_items_in_batch)
-        if self.is_deepspeed_enabled:
-            raise ValueError("--gradcache_mini_batch_size cannot be combined with --deepspeed yet; use DDP (no --deepspeed)")
         model.train()
         inputs = self._prepare_inputs(inputs)
         labels = inputs.pop("labels")
+        aux = self._aux_embeddings(inputs)  # a guide's / teacher's embeddings: whole batch, no gradient
         scale = 1.0 / self.current_gradient_accumulation_steps
         # mini-batches of rows of similar length carry little padding; the loss sees the
-        # embeddings back in the batch's order
+        # embeddings back in the batch's order. Rows move with their own images, videos
+        # and audio (select_rows), and chunks are cut the same way (split_rows).
         order = torch.argsort(inputs["attention_mask"].sum(1), stable=True)
         restore = torch.argsort(order)
-        inputs = {k: v[order] if torch.is_tensor(v) and v.shape[:1] == order.shape else v for k, v in inputs.items()}
+        inputs = select_rows(inputs, order)
 
         def loss_in_batch_order(outputs, lab):
-            return self.loss_fn({"last_hidden_state": outputs["last_hidden_state"][restore]}, lab)
+            return self.loss_fn({"last_hidden_state": outputs["last_hidden_state"][restore], **aux}, lab)
 
-        cache = GradCache(model, loss_in_batch_order, self.gradcache_mini_batch_size)
+        if self.is_deepspeed_enabled:
+            # every process runs as many chunk passes (see _deepspeed_chunk_backward)
+            backward_fn, no_sync, num_chunks_fn = self._deepspeed_chunk_backward(), None, self._max_over_processes
+        else:
+            # DDP communicates only in the last chunk's backward, so chunk counts may differ
+            backward_fn, no_sync, num_chunks_fn = None, getattr(model, "no_sync", None), None
+        cache = GradCache(model, loss_in_batch_order, self.gradcache_mini_batch_size, split_fn=split_rows)
         loss = cache.step(inputs, labels, loss_backward_fn=lambda l: (self._checked(l) * scale).backward(),
-                          no_sync=getattr(model, "no_sync", None))
+                          backward_fn=backward_fn, no_sync=no_sync, num_chunks_fn=num_chunks_fn)
         return loss.detach() * scale
+
+    def _deepspeed_chunk_backward(self):
+        """The gradient cache's per-chunk backward under DeepSpeed: K engine backwards that
+        together make one micro-batch.
+
+        ``accelerator.backward`` under DeepSpeed sets the engine's gradient accumulation
+        boundary to ``sync_gradients`` and, at a boundary, calls ``engine.step()``; called
+        once per chunk it would step the optimizer after every chunk. So every chunk but
+        the last runs ``engine.backward`` with the boundary off, exactly like the earlier
+        micro-batches of gradient accumulation (ZeRO-2/3 reduce-scatter each backward's
+        gradients into the owned partition and add them up, which is what keeps the full
+        gradient out of memory; stages 0/1 keep them local until the boundary), and the
+        last chunk goes through ``accelerator.backward`` like a plain micro-batch. The
+        engine's ``no_sync`` is not used: ZeRO-2/3 refuse it. ``scale_wrt_gas=False``, as
+        in the Trainer: the cached gradient already carries 1 / gradient_accumulation_steps,
+        and going through ``engine.backward`` keeps the engine from dividing again.
+        ``(reps * grad).sum()`` is a scalar whose gradient with respect to ``reps`` is
+        ``grad`` (fp16 loss scaling applies to it like to a loss).
+
+        ZeRO-2/3 reduce in every backward and ZeRO-3 gathers parameters in every forward,
+        so all processes must run as many chunks, though their rows (groups with more or
+        fewer negatives) may need more or fewer: a process with fewer chunks runs extra
+        passes with a zero gradient (``num_chunks_fn`` of :meth:`GradCache.step`)."""
+        engine = self.accelerator.deepspeed_engine_wrapped.engine
+
+        def backward(reps: torch.Tensor, grad: torch.Tensor, is_last: bool) -> None:
+            surrogate = (reps * grad).sum()
+            if is_last:
+                self.accelerator.backward(surrogate, scale_wrt_gas=False)
+            else:
+                engine.set_gradient_accumulation_boundary(False)
+                engine.backward(surrogate, scale_wrt_gas=False)
+
+        return backward
+
+    def _max_over_processes(self, n: int) -> int:
+        _, w = world()
+        return max(gather_sizes(n, self.args.device)) if w > 1 else n
 
     # ---- evaluation -----------------------------------------------------------------
     def _eval_loader(self, eval_dataset=None):

@@ -138,8 +138,10 @@ def _weights(folder):
         (2, ["--deepspeed", "zero3"]),
         (1, ["--gradcache_mini_batch_size", "3"]),
         (2, ["--gradcache_mini_batch_size", "3"]),
+        (2, ["--deepspeed", "zero2", "--gradcache_mini_batch_size", "3"]),
+        (2, ["--deepspeed", "zero3", "--gradcache_mini_batch_size", "3"]),
     ],
-    ids=["ddp", "zero2", "zero3", "gradcache", "ddp-gradcache"],
+    ids=["ddp", "zero2", "zero3", "gradcache", "ddp-gradcache", "zero2-gradcache", "zero3-gradcache"],
 )
 def test_sft_matches_one_plain_process_on_the_global_batch(minilm_no_dropout, one_process_run, tmp_path, nproc, extra):
     """One SGD step with lr 1: the weight change is the gradient, so equal weights mean equal
@@ -167,6 +169,41 @@ def test_sft_matches_one_plain_process_on_the_global_batch(minilm_no_dropout, on
     for key in ("eval_mean_pos", "eval_mean_neg", "eval_margin", "eval_recall_at_1", "eval_ndcg_at_10"):
         assert e2[key] == pytest.approx(e1[key], abs=1e-5), key
     assert np.isfinite(e2["eval_loss"])
+
+
+ACCUMULATION = ["--gradient_accumulation_steps", "2", "--eval_strategy", "no"]
+
+
+@pytest.fixture(scope="module")
+def plain_accumulation_run(minilm_no_dropout, one_process_run, tmp_path_factory):
+    """DDP, 2 processes x batch 2 x 2 accumulation steps: one step over the same 8 groups."""
+    d = one_process_run
+    out = str(tmp_path_factory.mktemp("accumulation") / "plain")
+    _sft(minilm_no_dropout, out, str(d / "train.jsonl"), str(d / "val.jsonl"), 2, 2, *ACCUMULATION)
+    return out
+
+
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_gradcache_under_deepspeed_with_accumulation_and_uneven_chunk_counts(
+        minilm_no_dropout, one_process_run, plain_accumulation_run, tmp_path, stage):
+    """2 processes x batch 2 x 2 accumulation steps, a gradient cache of 1 row under ZeRO-2/3,
+    equal the plain DDP run with the same micro-batches: each micro-batch's gradient is
+    divided by the accumulation steps once (not by the Trainer and the engine both, and the
+    plain step is divided too). The 8 groups have 23 rows, an odd number, so in some
+    micro-step the two processes hold different numbers of rows, hence of 1-row chunks:
+    the process with fewer runs extra passes with a zero gradient, since ZeRO-2/3 reduce in
+    every backward and ZeRO-3 gathers parameters in every forward."""
+    d = one_process_run
+    cached = str(tmp_path / "cached")
+    _sft(minilm_no_dropout, cached, str(d / "train.jsonl"), str(d / "val.jsonl"), 2, 2, *ACCUMULATION,
+         "--deepspeed", stage, "--gradcache_mini_batch_size", "1")
+    w1 = _weights(os.path.join(plain_accumulation_run, "checkpoint-1"))
+    w2 = _weights(os.path.join(cached, "checkpoint-1"))
+    w0 = _weights(minilm_no_dropout)
+    assert max((w1[k] - w0[k]).abs().max().item() for k in w1 if k in w0) > 1e-4
+    assert w1.keys() == w2.keys()
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=1e-4, msg=k)
 
 
 def _launch_env(**kw):

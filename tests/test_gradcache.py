@@ -291,6 +291,50 @@ def test_backward_fn_and_no_sync_call_order(minilm_path, tokenizer):
     assert_grads_close(cached, trainable_grads(model))
 
 
+def test_extra_passes_for_a_process_with_fewer_chunks(minilm_path, tokenizer):
+    """num_chunks_fn asks for 5 passes where the batch has 3 chunks (4, 4, 2 rows): the last
+    chunk runs twice more, without graph after the real chunks and with graph before them,
+    with a zero gradient; the last backward_fn is still the last real chunk's, and loss and
+    gradients (dropout on) are those of the plain step."""
+    model = make_model(minilm_path)
+    batch, labels = case_batch(tokenizer, "group")
+    loss_fn = build_loss("infonce", temperature=0.05)
+    events: list[tuple] = []
+
+    def record_forward(module, args, kwargs):
+        events.append(("forward", kwargs["input_ids"].shape[0], torch.is_grad_enabled()))
+
+    def backward_fn(tensor, grad, is_last):
+        events.append(("backward", tensor.shape[0], is_last, bool(grad.abs().sum() > 0)))
+        tensor.backward(grad)
+
+    asked = []
+
+    def num_chunks_fn(k):
+        asked.append((k, len(events)))  # before any forward: the count is agreed on first
+        return 5
+
+    handle = model.register_forward_pre_hook(record_forward, with_kwargs=True)
+    torch.manual_seed(0)
+    loss = GradCache(model, loss_fn, 4).step(batch, labels, backward_fn=backward_fn, num_chunks_fn=num_chunks_fn)
+    handle.remove()
+    cached = trainable_grads(model)
+
+    assert asked == [(3, 0)]
+    assert events == [
+        ("forward", 4, False), ("forward", 4, False), ("forward", 2, False), ("forward", 2, False), ("forward", 2, False),
+        ("forward", 2, True), ("backward", 2, False, False), ("forward", 2, True), ("backward", 2, False, False),
+        ("forward", 4, True), ("backward", 4, False, True), ("forward", 4, True), ("backward", 4, False, True),
+        ("forward", 2, True), ("backward", 2, True, True),
+    ]
+    torch.manual_seed(0)
+    plain_loss = plain_step(model, loss_fn, batch, labels, [0, 4, 8, 10])
+    torch.testing.assert_close(loss, plain_loss, atol=ATOL, rtol=RTOL)
+    assert_grads_close(cached, trainable_grads(model))
+    with pytest.raises(ValueError, match="num_chunks_fn"):
+        GradCache(model, loss_fn, 4).step(batch, labels, num_chunks_fn=lambda k: k - 1)
+
+
 def test_the_two_halves_with_a_scaled_loss_backward(minilm_path, tokenizer):
     """embed_without_graph, then the caller's loss and backward, then backward_chunks: the
     seam for a cross-device gather. A scaled loss backward scales every gradient."""
