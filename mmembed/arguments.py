@@ -143,6 +143,7 @@ class SftArguments(TrainingArguments):
             self.deepspeed = str(files("mmembed").joinpath("ds_configs", f"{self.deepspeed}.json"))
         elif isinstance(self.deepspeed, str) and not self.deepspeed.lstrip().startswith("{") and not os.path.isfile(self.deepspeed):
             raise ValueError(f"--deepspeed {self.deepspeed!r}: not one of {DEEPSPEED_CONFIGS} and not a JSON file")
+        self.deepspeed = _honour_optimizer_under_offload(self.deepspeed, str(getattr(self.optim, "value", self.optim)))
         if not _has_accelerator():
             # without use_cpu, accelerate starts the process group under torchrun but then treats
             # the run as single-process (no DDP, no data sharding); with it, CPU runs use gloo
@@ -174,6 +175,27 @@ def _check_loss_args(args: "SftArguments") -> None:
                 raise ValueError(f"--{flag} is not valid JSON ({e.msg}): {value!r}") from None
             if not isinstance(parsed, dict):
                 raise ValueError(f"--{flag} must be a JSON object, got {value!r}")
+
+
+def _honour_optimizer_under_offload(deepspeed, optim: str):
+    """With the optimizer offloaded to the CPU, DeepSpeed replaces the chosen optimizer by its
+    own CPU Adam. That is the same algorithm for AdamW (and faster), so it stays; for any
+    other ``--optim`` the config is told to keep the chosen one."""
+    import json
+
+    if not deepspeed or optim.startswith("adamw"):
+        return deepspeed
+    config = deepspeed
+    if isinstance(deepspeed, str):
+        if deepspeed.lstrip().startswith("{"):
+            config = json.loads(deepspeed)
+        else:
+            with open(deepspeed, encoding="utf-8") as f:
+                config = json.load(f)
+    offload = (config.get("zero_optimization") or {}).get("offload_optimizer") or {}
+    if offload.get("device") not in ("cpu", "nvme") or "zero_force_ds_cpu_optimizer" in config:
+        return deepspeed
+    return {**config, "zero_force_ds_cpu_optimizer": False}
 
 
 def default_gradient_accumulation(per_device_batch: int, world_size: int) -> int:

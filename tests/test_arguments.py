@@ -77,3 +77,19 @@ def test_unknown_flag_is_an_error_naming_it():
     proc = subprocess.run([sys.executable, "-m", "mmembed.cli", "sft", *BASE, "--lora_r", "3"],
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode != 0 and "--lora_r" in proc.stderr
+
+
+def test_offloaded_optimizer_keeps_a_non_adam_choice():
+    """DeepSpeed swaps the optimizer for its CPU Adam when the optimizer is offloaded: kept for
+    AdamW (same algorithm), switched off for any other --optim (which would be ignored)."""
+    from importlib.resources import files
+
+    from mmembed.arguments import _honour_optimizer_under_offload
+
+    offload = str(files("mmembed").joinpath("ds_configs", "zero3_offload.json"))
+    plain = str(files("mmembed").joinpath("ds_configs", "zero3.json"))
+    assert _honour_optimizer_under_offload(offload, "adamw_torch") == offload
+    assert _honour_optimizer_under_offload(plain, "sgd") == plain
+    config = _honour_optimizer_under_offload(offload, "sgd")
+    assert config["zero_force_ds_cpu_optimizer"] is False
+    assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"

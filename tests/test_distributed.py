@@ -136,12 +136,14 @@ def _weights(folder):
         (2, []),
         (2, ["--deepspeed", "zero2"]),
         (2, ["--deepspeed", "zero3"]),
+        (2, ["--deepspeed", "zero2_offload"]),
+        (2, ["--deepspeed", "zero3_offload"]),
         (1, ["--gradcache_mini_batch_size", "3"]),
         (2, ["--gradcache_mini_batch_size", "3"]),
         (2, ["--deepspeed", "zero2", "--gradcache_mini_batch_size", "3"]),
         (2, ["--deepspeed", "zero3", "--gradcache_mini_batch_size", "3"]),
     ],
-    ids=["ddp", "zero2", "zero3", "gradcache", "ddp-gradcache", "zero2-gradcache", "zero3-gradcache"],
+    ids=["ddp", "zero2", "zero3", "zero2_offload", "zero3_offload", "gradcache", "ddp-gradcache", "zero2-gradcache", "zero3-gradcache"],
 )
 def test_sft_matches_one_plain_process_on_the_global_batch(minilm_no_dropout, one_process_run, tmp_path, nproc, extra):
     """One SGD step with lr 1: the weight change is the gradient, so equal weights mean equal
@@ -275,3 +277,29 @@ def test_zero3_lora_run_killed_after_a_checkpoint_resumes_to_the_same_weights(mi
     texts = ["A man is playing a flute.", "Two dogs run in the snow."]
     np.testing.assert_allclose(Embedder.from_pretrained(merged).encode(texts),
                                Embedder.from_pretrained(str(killed / "checkpoint-2")).encode(texts), atol=1e-5)
+
+
+@pytest.mark.parametrize("stage", ["zero2_offload", "zero3_offload"])
+def test_lora_under_offload_configs_trains_and_exports(minilm_no_dropout, one_process_run, tmp_path, stage):
+    """LoRA with the default optimizer (AdamW) under the bundled offload configs: the adapter
+    moves, and the exported folder embeds like the checkpoint."""
+    from mmembed import Embedder
+
+    d = one_process_run
+    out = tmp_path / "out"
+    _torchrun(["-m", "mmembed.cli", "sft", "--model", minilm_no_dropout, "--dataset", str(d / "train.jsonl"),
+               "--tuner_type", "lora", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
+               "--max_steps", "2", "--save_steps", "2", "--learning_rate", "1e-3", "--deepspeed", stage,
+               "--output_dir", str(out), "--disable_tqdm", "true", "--report_to", "none"])
+    ckpt = out / "checkpoint-2"
+    from safetensors.torch import load_file
+
+    adapter = load_file(str(ckpt / "adapter_model.safetensors"))
+    assert any(k.endswith("lora_B.weight") and v.abs().max() > 0 for k, v in adapter.items())  # B starts at zero
+    r = subprocess.run([sys.executable, "-m", "mmembed.cli", "export", "--adapters", str(ckpt), "--merge_lora", "true"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    texts = ["A man plays a flute.", "Someone is cooking."]
+    a = Embedder.from_pretrained(str(ckpt)).encode(texts)
+    b = Embedder.from_pretrained(str(ckpt) + "-merged").encode(texts)
+    np.testing.assert_allclose(a, b, atol=1e-5)
