@@ -80,9 +80,18 @@ def test_method_trains_from_flags(minilm_path, tmp_path, flags):
     (["--loss_kwargs", "{not json"], "--loss_kwargs"),
     (["--loss_type", "matryoshka"], "--mrl_dims"),
 ], ids=["mrl-too-wide", "gist-no-guide", "teacher-width", "bad-json", "matryoshka-name"])
-def test_method_misconfiguration_fails_at_start(minilm_path, tiny_model, tmp_path, flags, message):
+def test_method_misconfiguration_fails_before_training(minilm_path, tiny_model, tmp_path, flags, message):
+    from mmembed.arguments import UsageError, parse_sft_args
+    from mmembed.sft import run_sft
+
     flags = [f.replace("{qwen2}", tiny_model("qwen2")) for f in flags]
-    r = sft(["--model", minilm_path, *flags], tmp_path)
-    assert r.returncode != 0
-    assert message in r.stderr and "Traceback" not in r.stderr
-    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("checkpoint-*"))
+    argv = ["--model", minilm_path, "--dataset", f"{TRAIN}#8", "--output_dir", str(tmp_path / "out"), "--report_to", "none", *flags]
+    with pytest.raises((ValueError, UsageError), match=message.replace("-", "\\-")):
+        run_sft(parse_sft_args(argv))
+    assert not any((tmp_path / "out").glob("checkpoint-*"))
+
+
+def test_a_width_error_is_one_line_from_the_command(minilm_path, tmp_path):
+    r = sft(["--model", minilm_path, "--mrl_dims", '{"64": 1.0, "512": 1.0}'], tmp_path)
+    assert r.returncode == 1
+    assert "512" in r.stderr and "Traceback" not in r.stderr
