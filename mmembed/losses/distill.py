@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .infonce import split_groups
+from .infonce import check_parts, split_groups
 
 _NEG_INF = float("-inf")
 
@@ -413,32 +413,8 @@ class DistillKLLoss(nn.Module):
         Returns:
             Scalar tensor: the mean KL over the ``query_rows`` anchors.
         """
-        if anchors.dim() != 2 or positives.shape != anchors.shape:
-            raise ValueError(
-                f"anchors and positives must both be [B, D], got {tuple(anchors.shape)} and {tuple(positives.shape)}"
-            )
-        n_groups, dim = anchors.shape
-        n_neg = negatives.shape[0] if negatives.dim() == 2 else -1
-        if negatives.dim() != 2 or negatives.shape[1] != dim or neg_group.shape != (n_neg,):
-            raise ValueError(
-                f"negatives must be [M, {dim}] with neg_group [M], got {tuple(negatives.shape)} "
-                f"and {tuple(neg_group.shape)}"
-            )
-        if neg_group.numel() and not bool(((neg_group >= 0) & (neg_group < n_groups)).all()):
-            raise ValueError(f"neg_group values must lie in [0, {n_groups}), the range of group indices")
-        t_dim = teacher_anchors.shape[-1]
-        for name, part, rows in (
-            ("teacher_anchors", teacher_anchors, n_groups),
-            ("teacher_positives", teacher_positives, n_groups),
-            ("teacher_negatives", teacher_negatives, n_neg),
-        ):
-            if part.dim() != 2 or part.shape != (rows, t_dim):
-                raise ValueError(
-                    f"{name} must be [{rows}, Dt] (aligned with the student rows), got {tuple(part.shape)}"
-                )
-        rows = range(n_groups)[query_rows if query_rows is not None else slice(None)]
-        if rows.step != 1 or len(rows) == 0:
-            raise ValueError(f"query_rows must select a non-empty contiguous slice of 0..{n_groups}, got {query_rows}")
+        rows = check_parts(anchors, positives, negatives, neg_group, query_rows, side_dim="Dt", side={
+            "teacher_anchors": teacher_anchors, "teacher_positives": teacher_positives, "teacher_negatives": teacher_negatives})
         neg_group = neg_group.to(device=anchors.device, dtype=torch.long)
         t_a, t_p, t_n = (t.detach().to(device=anchors.device, dtype=anchors.dtype) for t in (
             teacher_anchors, teacher_positives, teacher_negatives))

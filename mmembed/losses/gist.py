@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import env_temperature
-from .infonce import split_groups
+from .infonce import check_parts, split_groups
 
 _NEG_INF = float("-inf")
 
@@ -249,32 +249,8 @@ class GISTLoss(nn.Module):
         Returns:
             Scalar tensor: the mean cross-entropy over the ``query_rows`` anchors.
         """
-        if anchors.dim() != 2 or positives.shape != anchors.shape:
-            raise ValueError(
-                f"anchors and positives must both be [B, D], got {tuple(anchors.shape)} and {tuple(positives.shape)}"
-            )
-        n_groups, dim = anchors.shape
-        n_neg = negatives.shape[0] if negatives.dim() == 2 else -1
-        if negatives.dim() != 2 or negatives.shape[1] != dim or neg_group.shape != (n_neg,):
-            raise ValueError(
-                f"negatives must be [M, {dim}] with neg_group [M], got {tuple(negatives.shape)} "
-                f"and {tuple(neg_group.shape)}"
-            )
-        if neg_group.numel() and not bool(((neg_group >= 0) & (neg_group < n_groups)).all()):
-            raise ValueError(f"neg_group values must lie in [0, {n_groups}), the range of group indices")
-        g_dim = guide_anchors.shape[-1]
-        for name, part, rows in (
-            ("guide_anchors", guide_anchors, n_groups),
-            ("guide_positives", guide_positives, n_groups),
-            ("guide_negatives", guide_negatives, n_neg),
-        ):
-            if part.dim() != 2 or part.shape != (rows, g_dim):
-                raise ValueError(
-                    f"{name} must be [{rows}, Dg] (aligned with the student rows), got {tuple(part.shape)}"
-                )
-        rows = range(n_groups)[query_rows if query_rows is not None else slice(None)]
-        if rows.step != 1 or len(rows) == 0:
-            raise ValueError(f"query_rows must select a non-empty contiguous slice of 0..{n_groups}, got {query_rows}")
+        rows = check_parts(anchors, positives, negatives, neg_group, query_rows, side_dim="Dg", side={
+            "guide_anchors": guide_anchors, "guide_positives": guide_positives, "guide_negatives": guide_negatives})
         guide = (guide_anchors.detach(), guide_positives.detach(), guide_negatives.detach())
         return self._losses(anchors, positives, negatives, *guide, rows).mean()
 

@@ -135,6 +135,37 @@ def select_hard_negatives(counts: Tensor, hard_negatives: int, generator: torch.
     return torch.where(slot < cap, slot, sampled)
 
 
+def check_parts(anchors: Tensor, positives: Tensor, negatives: Tensor, neg_group: Tensor, query_rows: slice | None,
+                side: dict[str, Tensor] | None = None, side_dim: str = "Dg") -> range:
+    """Validate the parts a group loss's ``forward_from_parts`` takes (and, for GIST and
+    distill_kl, a side model's embeddings of the same anchors, positives and negatives, in
+    that order); returns the ``query_rows`` as a range of group indices."""
+    if anchors.dim() != 2 or positives.shape != anchors.shape:
+        raise ValueError(
+            f"anchors and positives must both be [B, D], got {tuple(anchors.shape)} and {tuple(positives.shape)}"
+        )
+    n_groups, dim = anchors.shape
+    n_neg = negatives.shape[0] if negatives.dim() == 2 else -1
+    if negatives.dim() != 2 or negatives.shape[1] != dim or neg_group.shape != (n_neg,):
+        raise ValueError(
+            f"negatives must be [M, {dim}] with neg_group [M], got {tuple(negatives.shape)} "
+            f"and {tuple(neg_group.shape)}"
+        )
+    if neg_group.numel() and not bool(((neg_group >= 0) & (neg_group < n_groups)).all()):
+        raise ValueError(f"neg_group values must lie in [0, {n_groups}), the range of group indices")
+    if side:
+        width = next(iter(side.values())).shape[-1]
+        for (name, part), n_rows in zip(side.items(), (n_groups, n_groups, n_neg)):
+            if part.dim() != 2 or part.shape != (n_rows, width):
+                raise ValueError(
+                    f"{name} must be [{n_rows}, {side_dim}] (aligned with the student rows), got {tuple(part.shape)}"
+                )
+    rows = range(n_groups)[query_rows if query_rows is not None else slice(None)]
+    if rows.step != 1 or len(rows) == 0:
+        raise ValueError(f"query_rows must select a non-empty contiguous slice of 0..{n_groups}, got {query_rows}")
+    return rows
+
+
 class InfoNCELoss(nn.Module):
     """Contrastive InfoNCE loss over groups of anchor, positive and hard negatives.
 
@@ -308,21 +339,8 @@ class InfoNCELoss(nn.Module):
         Returns:
             Scalar tensor: the mean cross-entropy over the ``query_rows`` anchors.
         """
-        if anchors.dim() != 2 or positives.shape != anchors.shape:
-            raise ValueError(
-                f"anchors and positives must both be [B, D], got {tuple(anchors.shape)} and {tuple(positives.shape)}"
-            )
+        rows = check_parts(anchors, positives, negatives, neg_group, query_rows)
         n_groups, dim = anchors.shape
-        if negatives.dim() != 2 or negatives.shape[1] != dim or neg_group.shape != (negatives.shape[0],):
-            raise ValueError(
-                f"negatives must be [M, {dim}] with neg_group [M], got {tuple(negatives.shape)} "
-                f"and {tuple(neg_group.shape)}"
-            )
-        if neg_group.numel() and not bool(((neg_group >= 0) & (neg_group < n_groups)).all()):
-            raise ValueError(f"neg_group values must lie in [0, {n_groups}), the range of group indices")
-        rows = range(n_groups)[query_rows if query_rows is not None else slice(None)]
-        if rows.step != 1 or len(rows) == 0:
-            raise ValueError(f"query_rows must select a non-empty contiguous slice of 0..{n_groups}, got {query_rows}")
         neg_group = neg_group.to(device=anchors.device, dtype=torch.long)
         return self._loss(anchors, positives, negatives, neg_group, rows)
 
