@@ -340,7 +340,6 @@ class InfoNCELoss(nn.Module):
             Scalar tensor: the mean cross-entropy over the ``query_rows`` anchors.
         """
         rows = check_parts(anchors, positives, negatives, neg_group, query_rows)
-        n_groups, dim = anchors.shape
         neg_group = neg_group.to(device=anchors.device, dtype=torch.long)
         return self._loss(anchors, positives, negatives, neg_group, rows)
 
