@@ -73,7 +73,9 @@ class SftArguments(TrainingArguments):
     eval_beir: str | None = field(default=None, metadata={"help": "also evaluate retrieval on this BEIR folder at every evaluation"})
     eval_beir_split: str = field(default="test", metadata={"help": "the qrels split of --eval_beir"})
     guide_model: str | None = field(default=None, metadata={"help": "gist: the guide model (checkpoint, exported or base folder)"})
-    teacher_model: str | None = field(default=None, metadata={"help": "distill_*: the teacher model (checkpoint, exported or base folder)"})
+    teacher_model: str | None = field(default=None, metadata={"help": "distill_*: the teacher model (checkpoint, exported or base folder); without it the teacher's signals come from the data"})
+    teacher_scores_file: list[str] = field(default_factory=list, metadata={"help": "distill_kl: one .npy [rows, 1 + negatives] per --dataset, aligned with its rows, NaN-padded"})
+    teacher_embeddings_file: list[str] = field(default_factory=list, metadata={"help": "distill_*: one .npy [rows, 2 + negatives, width] per --dataset, aligned with its rows, NaN-padded"})
     # ms-swift defaults that differ from transformers'
     output_dir: str | None = "output"
     learning_rate: float | None = None  # type: ignore[assignment]
@@ -164,8 +166,11 @@ def _check_loss_args(args: "SftArguments") -> None:
         raise ValueError(f"--loss_type {args.loss_type!r}: known losses are {names} (Matryoshka: --mrl_dims)")
     if args.loss_type == "gist" and not args.guide_model:
         raise ValueError("--loss_type gist needs --guide_model (the model whose similarities filter the negatives)")
-    if args.loss_type.startswith("distill_") and not args.teacher_model:
-        raise ValueError(f"--loss_type {args.loss_type} needs --teacher_model")
+    files = [f for f in ("teacher_scores_file", "teacher_embeddings_file") if getattr(args, f)]
+    if files and not args.loss_type.startswith("distill_"):
+        raise ValueError(f"--{files[0]} feeds the distillation losses, but --loss_type is {args.loss_type}")
+    if files and args.teacher_model:
+        raise ValueError(f"--teacher_model and --{files[0]} both give the teacher; keep one")
     for flag in ("loss_kwargs", "mrl_dims"):
         value = getattr(args, flag)
         if value is not None:

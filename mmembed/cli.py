@@ -66,7 +66,20 @@ def cmd_sft(argv: list[str]) -> int:
         return 1
     if args.should_save:
         print(json.dumps(metrics, indent=2, default=str))
+    _close_process_group()
     return 0
+
+
+def _close_process_group() -> None:
+    """Every rank waits for the others, then takes the process group down before the
+    interpreter exits. Left to the interpreter's exit, a rank that finished first could
+    tear down gloo's threads while a peer still talked to it, and abort with
+    'terminate called without an active exception' after a complete run."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def cmd_embed(argv: list[str]) -> int:

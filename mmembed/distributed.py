@@ -137,18 +137,20 @@ class GlobalBatchLoss(nn.Module):
     def _groups(self, outputs, labels, rank: int, w: int) -> Tensor:
         """Group losses (infonce, gist, distill_kl, and matryoshka around them): each process
         scores its own anchors against the documents of all processes."""
+        emb = outputs["last_hidden_state"]
+        n_groups = emb.shape[0] - labels.shape[0]  # one label per positive and per negative
+        if not _use_batch(self.loss):  # nothing crosses processes (distill_kl may take per-group teacher_scores)
+            groups = gather_sizes(n_groups, emb.device)
+            return self.loss(outputs, labels) * (groups[rank] * w / sum(groups))
         parts = self.loss.split_parts(outputs, labels)
         anchors, positives, negatives, neg_group = parts[:4]
-        device = anchors.device
         # one exchange of the per-process sizes: groups and negatives
-        local = torch.tensor([anchors.shape[0], negatives.shape[0]], dtype=torch.long, device=device)
+        local = torch.tensor([anchors.shape[0], negatives.shape[0]], dtype=torch.long, device=anchors.device)
         table = [torch.zeros_like(local) for _ in range(w)]
         dist.all_gather(table, local)
         groups = [int(t[0]) for t in table]
         negs = [int(t[1]) for t in table]
         total = sum(groups)
-        if not _use_batch(self.loss):
-            return self.loss(outputs, labels) * (groups[rank] * w / total)
         offset = sum(groups[:rank])
         g_anchors = all_gather_with_grad(anchors, groups)
         g_positives = all_gather_with_grad(positives, groups)

@@ -14,7 +14,8 @@ from .arguments import SftArguments, UsageError
 from .data import EmbeddingDataset, load_samples, split_dataset
 from .data.collator import EmbeddingCollator, layout_for_loss, token_lengths
 from .data.sample import Sample
-from .distributed import GlobalBatchLoss
+from .data.teacher import TeacherFiles, teacher_signal
+from .distributed import GlobalBatchLoss, _use_batch
 from .losses import build_loss
 from .data.inputs import InputBuilder
 from .modeling import (
@@ -151,16 +152,41 @@ def load_aux_models(args: SftArguments) -> tuple[dict[str, EmbeddingModel], dict
     return models, builders
 
 
-def check_widths(args: SftArguments, loss: nn.Module, width: int, aux_models: dict[str, EmbeddingModel]) -> None:
+def data_teacher(args: SftArguments, loss: nn.Module, train: EmbeddingDataset) -> dict[str, int | None]:
+    """Distillation without ``--teacher_model``: the teacher signal every training row must
+    carry (row fields or ``--teacher_*_file``), checked on every row before training.
+
+    Returns:
+        ``{"teacher_scores": None}`` or ``{"teacher_embeddings": width}`` (what the
+        collator puts in each batch); ``{}`` when the data gives no teacher.
+    """
+    if not args.loss_type.startswith("distill_"):
+        return {}
+    if args.teacher_model:
+        first = train[0] if len(train) else None
+        if first is not None and (first.teacher_scores is not None or first.teacher_embeddings is not None):
+            logger.warning("the rows carry teacher scores or embeddings; --teacher_model is the teacher, so they are unused")
+        return {}
+    key, width = teacher_signal((train[i] for i in range(len(train))), args.loss_type, _use_batch(loss), "training")
+    logger.info("teacher from the data: %s%s", key, f" (width {width})" if width else "")
+    return {key: width}
+
+
+def check_widths(args: SftArguments, loss: nn.Module, width: int, aux_models: dict[str, EmbeddingModel],
+                 data_teacher: dict[str, int | None] | None = None) -> None:
     """Width errors at start, not mid-run: Matryoshka widths above the model's, and a
-    teacher of another width for the embedding distillation losses."""
+    teacher (model or data) of another width for the embedding distillation losses."""
     if hasattr(loss, "check_dims"):
         try:
             loss.check_dims(width)
         except ValueError as e:
             raise UsageError(f"--mrl_dims: {e}") from None
-    if args.loss_type in ("distill_cosine", "distill_mse", "distill_marginal") and "teacher" in aux_models:
+    teacher_width = None
+    if "teacher" in aux_models:
         teacher_width = hidden_size(aux_models["teacher"].config)
+    elif data_teacher:
+        teacher_width = data_teacher.get("teacher_embeddings")
+    if args.loss_type in ("distill_cosine", "distill_mse", "distill_marginal") and teacher_width is not None:
         if teacher_width != width:
             raise UsageError(f"--loss_type {args.loss_type} compares embeddings directly, but the teacher's width is "
                              f"{teacher_width} and the student's {width}; use distill_kl (scores) instead")
@@ -205,7 +231,13 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
 
     load_opts = dict(strict=args.strict, seed=args.seed, num_proc=args.dataset_num_proc,
                      load_from_cache_file=args.load_from_cache_file)
-    train = load_samples(args.dataset, **load_opts).dataset
+    loaded = load_samples(args.dataset, **load_opts)
+    train = loaded.dataset
+    try:
+        teacher_files = TeacherFiles.open(loaded.files, loaded.records, args.teacher_scores_file,
+                                          args.teacher_embeddings_file)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if args.val_dataset:
         val = load_samples(args.val_dataset, **load_opts).dataset
     else:
@@ -218,15 +250,18 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     if len(train) == 0:
         raise ValueError("no training rows left after loading " + ", ".join(args.dataset))
 
+    teacher_keys = data_teacher(args, loss_fn.loss, EmbeddingDataset(train, teacher_files))
+
     if args.deepspeed:
         _init_deepspeed_comm()
     model = build_model(args, pooling)
-    check_widths(args, loss_fn.loss, hidden_size(model.config), aux_models)
+    check_widths(args, loss_fn.loss, hidden_size(model.config), aux_models, teacher_keys)
     collator = EmbeddingCollator(
         template, processing, layout, max_length,
         truncation_side="left" if args.truncation_strategy == "left" else "right",
         truncate=args.truncation_strategy != "delete",
         aux_builders=aux_builders,
+        teacher_keys=tuple(teacher_keys),
     )
     mmembed_config = {
         "base_model": os.path.abspath(args.model),
@@ -243,8 +278,8 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     trainer = EmbeddingTrainer(
         model=model,
         args=args,
-        train_dataset=EmbeddingDataset(train),
-        eval_dataset=EmbeddingDataset(val) if val is not None else None,
+        train_dataset=EmbeddingDataset(train, teacher_files),
+        eval_dataset=EmbeddingDataset(val, teacher_files) if val is not None else None,
         data_collator=collator,
         processing_class=processing,
         loss_fn=loss_fn,

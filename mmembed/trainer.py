@@ -84,8 +84,13 @@ class EmbeddingTrainer(Trainer):
 
     @torch.no_grad()
     def _aux_embeddings(self, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """Pop the guide's / teacher's inputs from the batch and embed them (no gradient)."""
+        """Pop the guide's / teacher's inputs from the batch and embed them (no gradient);
+        pop the teacher's signals the data gave (scores, embeddings)."""
         out = {}
+        if "teacher_scores" in inputs:
+            out["teacher_scores"] = inputs.pop("teacher_scores")
+        if "teacher_embeddings" in inputs:
+            out["teacher_hidden_state"] = inputs.pop("teacher_embeddings")
         for key in [k for k in inputs if k.endswith("_inputs")]:
             name = key[: -len("_inputs")]
             batch = inputs.pop(key)
@@ -208,7 +213,9 @@ class EmbeddingTrainer(Trainer):
             lab = batch.pop("labels")
             aux = self._aux_embeddings(batch)
             out = {**model(**batch), **aux}
-            loss_sum += torch.tensor([loss_fn(out, lab).item() * len(lab), len(lab)], dtype=torch.float64, device=device)
+            if not self.loss_type.startswith("distill_") or aux:  # eval rows may lack the data's teacher
+                loss_sum += torch.tensor([loss_fn(out, lab).item() * len(lab), len(lab)], dtype=torch.float64,
+                                         device=device)
             embs.append(out["last_hidden_state"].float())
             labels.append(lab.float())
         for _ in range(int(rounds.item()) - len(loader)):
@@ -228,7 +235,8 @@ class EmbeddingTrainer(Trainer):
             torch.distributed.all_reduce(loss_sum)
         metrics: dict[str, float] = {}
         if emb.shape[0] > 0:
-            metrics["loss"] = float(loss_sum[0] / loss_sum[1])
+            if loss_sum[1] > 0:
+                metrics["loss"] = float(loss_sum[0] / loss_sum[1])
             if self.layout == "pair":
                 metrics.update(pair_metrics(emb[0::2], emb[1::2], lab))
             else:

@@ -54,18 +54,38 @@ def side_embeddings(n_rows: int) -> dict[str, torch.Tensor]:
             "teacher_hidden_state": F.normalize(torch.randn(n_rows, D, generator=g, dtype=torch.float64), dim=-1)}
 
 
+def teacher_scores(counts: list[int]) -> torch.Tensor:
+    """A teacher's scores of each group's own candidates (positive, then negatives), NaN-padded."""
+    g = torch.Generator().manual_seed(3)
+    scores = torch.randn(len(counts), 1 + max(counts), generator=g, dtype=torch.float64)
+    for i, c in enumerate(counts):
+        scores[i, 1 + c:] = float("nan")
+    return scores
+
+
+def side_inputs(opts: dict, x, group) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The loss's options, and the side outputs of the global batch: a guide's and a
+    teacher's embeddings, or (option ``_teacher_scores``) the teacher's per-group scores."""
+    opts = dict(opts)
+    if opts.pop("_teacher_scores", False):
+        return opts, {"teacher_scores": teacher_scores(torch.bincount(group).sub(2).tolist())}
+    return opts, side_embeddings(x.shape[0])
+
+
 def reference_grads(name, opts, x, labels, group):
     model = encoder()
-    loss = build_loss(name, **opts)(
-        {"last_hidden_state": embed(model, x), **side_embeddings(x.shape[0])}, labels)
+    opts, side = side_inputs(opts, x, group)
+    loss = build_loss(name, **opts)({"last_hidden_state": embed(model, x), **side}, labels)
     loss.backward()
     return loss.item(), {k: p.grad.detach().clone() for k, p in model.named_parameters()}
 
 
-def shard(name, x, labels, group, groups_of_rank):
-    """This process's rows (whole groups / pairs), their labels and their side embeddings."""
+def shard(name, opts, x, labels, group, groups_of_rank):
+    """This process's rows (whole groups / pairs), their labels and side outputs, and the
+    loss's options."""
     rows = torch.isin(group, torch.tensor(groups_of_rank))
-    side = {k: v[rows] for k, v in side_embeddings(x.shape[0]).items()}
+    opts, side = side_inputs(opts, x, group)
+    side = {k: v[groups_of_rank] if k == "teacher_scores" else v[rows] for k, v in side.items()}
     if name not in PAIR_LOSSES:
         non_anchor = torch.ones_like(group, dtype=torch.bool)
         first = torch.cat([torch.tensor([True]), group[1:] != group[:-1]])
@@ -73,7 +93,7 @@ def shard(name, x, labels, group, groups_of_rank):
         lab = labels[rows[non_anchor]]
     else:
         lab = labels[torch.tensor(groups_of_rank)]
-    return x[rows], lab, side
+    return x[rows], lab, side, opts
 
 
 def main():
@@ -89,7 +109,7 @@ def main():
     results = []
     for name, opts in json.loads(a.configs):
         x, labels, group = global_batch(name, opts)
-        xs, ls, side = shard(name, x, labels, group, mine)
+        xs, ls, side, opts = shard(name, opts, x, labels, group, mine)
         model = nn.parallel.DistributedDataParallel(encoder())
         inner = opts.get("inner", name) if name == "matryoshka" else name  # the wrapper follows its inner loss
         loss = GlobalBatchLoss(build_loss(name, **opts), inner)({"last_hidden_state": embed(model, xs), **side}, ls)

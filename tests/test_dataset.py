@@ -88,7 +88,7 @@ def test_load_samples_columns_and_torch_dataset(tmp_path, cache):
     )
     result = load_samples([path], cache_dir=cache)
     ds = result.dataset
-    assert ds.column_names == ["sample", "source", "line"]
+    assert ds.column_names == ["sample", "source", "line", "row"]
     assert len(ds) == 4 and ds["line"] == [1, 2, 3, 4] and set(ds["source"]) == {path}
     assert result.skipped == [] and result.report() == ""
     torch_ds = EmbeddingDataset(ds)
@@ -252,7 +252,7 @@ def test_non_strict_rechecks_rows_skipped_for_media(tmp_path, cache):
 def test_empty_file_gives_no_rows(tmp_path, cache):
     (tmp_path / "empty.jsonl").write_text("\n")
     result = load_samples([str(tmp_path / "empty.jsonl")], cache_dir=cache)
-    assert len(result.dataset) == 0 and result.dataset.column_names == ["sample", "source", "line"]
+    assert len(result.dataset) == 0 and result.dataset.column_names == ["sample", "source", "line", "row"]
     with pytest.raises(SpecError, match="no valid rows"):
         load_samples([str(tmp_path / "empty.jsonl") + "#3"], cache_dir=cache)
 

@@ -51,6 +51,7 @@ CONFIGS = [
     ("gist", {"margin": 0.1, "margin_strategy": "relative", "temperature": 0.05}),
     ("distill_kl", {"temperature": 0.05}),
     ("distill_kl", {"use_batch": False}),
+    ("distill_kl", {"use_batch": False, "teacher_temperature": 1.0, "_teacher_scores": True}),
     ("distill_marginal", {"lam": 0.3}),
     ("distill_cosine", {}),
     ("distill_mse", {}),

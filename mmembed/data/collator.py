@@ -63,6 +63,9 @@ class EmbeddingCollator:
     # other models that embed the same items (a GIST guide, a distillation teacher), each
     # with its own template and tokenizer: batch["<name>_inputs"]
     aux_builders: dict[str, InputBuilder] | None = None
+    # distillation from the data: the Sample attributes ("teacher_scores",
+    # "teacher_embeddings") collated into batch[<same name>]
+    teacher_keys: tuple[str, ...] = ()
 
     def __post_init__(self):
         self.builder = InputBuilder(self.template, self.tokenizer, self.max_length, self.truncation_side, self.truncate)
@@ -82,8 +85,33 @@ class EmbeddingCollator:
         batch = self.builder(items, origins)
         for name, builder in (self.aux_builders or {}).items():
             batch[f"{name}_inputs"] = builder(items, origins)
+        for key in self.teacher_keys:
+            value = teacher_tensor(samples, key)
+            if value is not None:
+                batch[key] = value
         batch["labels"] = torch.tensor(labels, dtype=torch.float32)
         return batch
+
+
+def teacher_tensor(samples: Sequence[Sample], key: str) -> torch.Tensor | None:
+    """The batch's teacher signal ``key`` (group layout), or None when no sample has it.
+
+    ``teacher_scores``: ``[B, W]``, row ``g`` the positive's and the negatives' scores of
+    group ``g``, NaN past its candidates. ``teacher_embeddings``: ``[N, D]``, one row per
+    batch row (anchor, positive, negatives of each group in turn).
+    """
+    values = [getattr(s, key) for s in samples]
+    if all(v is None for v in values):
+        return None
+    for s, v in zip(samples, values):
+        if v is None:
+            raise DataError(s.source, s.line, key, "missing, while other rows of the batch have it; every row needs it")
+    if key == "teacher_embeddings":
+        return torch.tensor([vec for v in values for vec in v], dtype=torch.float32)
+    out = torch.full((len(values), max(len(v) for v in values)), float("nan"))
+    for g, v in enumerate(values):
+        out[g, : len(v)] = torch.tensor(v, dtype=torch.float32)
+    return out
 
 
 def token_lengths(samples: Sequence[Sample], builder: InputBuilder, layout: str) -> list[int]:

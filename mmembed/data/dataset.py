@@ -4,7 +4,8 @@
 :func:`~mmembed.data.reader.parse_row` inside ``datasets.Dataset.from_generator``, so rows go
 straight to a memory-mapped Arrow file in the ``datasets`` cache and are never held as a
 Python list. Each Arrow row holds one sample as JSON (``Sample.to_json``) plus its
-``source`` and ``line``; :class:`EmbeddingDataset` decodes them one at a time.
+``source``, ``line`` and ``row`` (its index among its file's rows, which a teacher ``.npy``
+is aligned with); :class:`EmbeddingDataset` decodes them one at a time.
 
 Bad rows are recorded in the Arrow file itself (an ``error`` column, dropped before the
 dataset is returned), so that they survive worker processes and cache hits alike: with
@@ -35,7 +36,7 @@ __all__ = ["EmbeddingDataset", "LoadResult", "SpecError", "load_samples", "parse
 logger = logging.getLogger(__name__)
 
 # Bump when the reader's output for the same file changes, so old caches are not reused.
-_CACHE_VERSION = "mmembed-samples-1"
+_CACHE_VERSION = "mmembed-samples-2"
 _REPORT_LIMIT = 50
 
 
@@ -115,9 +116,11 @@ def _data_files(path: str) -> list[str]:
 class LoadResult:
     """What :func:`load_samples` returns: the dataset and the rows it skipped (strict=False)."""
 
-    dataset: Any  # datasets.Dataset with columns sample (JSON), source, line
+    dataset: Any  # datasets.Dataset with columns sample (JSON), source, line, row
     skipped: list[DataError] = field(default_factory=list)
     rows_read: int = 0
+    records: dict[str, int] = field(default_factory=dict)  # rows read per file (bad ones included)
+    files: list[list[str]] = field(default_factory=list)  # the data files of each spec, in order
 
     def report(self, limit: int = _REPORT_LIMIT) -> str:
         """A human-readable list of skipped rows (``file:line field: reason``); "" if none."""
@@ -244,7 +247,8 @@ def _from_cache(ds, started: float) -> bool:
 def _load_files(
     files: list[str], *, strict: bool, verify_images: bool, cache_dir: str | None, num_proc: int, force: bool
 ):
-    """Arrow dataset of the files' good rows, the bad rows as DataErrors, rows read."""
+    """Arrow dataset of the files' good rows (with their ``row`` in their file), the bad rows
+    as DataErrors, and the rows read per file."""
     shards = []
     for path in files:
         st = os.stat(path)
@@ -258,13 +262,29 @@ def _load_files(
         # The cache is keyed by the data files only; media may have been added or fixed since.
         ds = _build(gen_kwargs, cache_dir, num_proc, force=True)
         errors = _errors(ds)
-    rows_read = len(ds)
-    if not errors:
-        return ds.remove_columns("error"), [], rows_read
-    if strict:
+    if strict and errors:
         raise errors[0][1]
+    ds, records = _with_row_numbers(ds)
+    if not errors:
+        return ds.remove_columns("error"), [], records
     good = np.setdiff1d(np.arange(len(ds)), [i for i, _ in errors], assume_unique=True)
-    return ds.select(good).remove_columns("error"), [e for _, e in errors], rows_read
+    return ds.select(good).remove_columns("error"), [e for _, e in errors], records
+
+
+def _with_row_numbers(ds):
+    """Add ``row``, each row's index among its file's rows (what a ``.npy`` aligned with the
+    file is indexed by), and count the rows of each file. Rows arrive file by file, in order."""
+    source = np.asarray(ds.data.column("source").to_numpy(zero_copy_only=False), dtype=object)
+    n = len(source)
+    if n == 0:
+        return ds.add_column("row", np.zeros(0, dtype=np.int64)), {}
+    starts = np.concatenate([[0], np.flatnonzero(source[1:] != source[:-1]) + 1])
+    sizes = np.diff(np.concatenate([starts, [n]]))
+    row = np.arange(n) - np.repeat(starts, sizes)
+    records: dict[str, int] = {}
+    for start, size in zip(starts, sizes):
+        records[source[start]] = records.get(source[start], 0) + int(size)
+    return ds.add_column("row", row.astype(np.int64)), records
 
 
 def sample_indices(size: int, n: int, rng: np.random.RandomState) -> np.ndarray:
@@ -294,7 +314,8 @@ def load_samples(
 ) -> LoadResult:
     """Read dataset specs into one Arrow-backed ``datasets.Dataset`` of samples.
 
-    Columns: ``sample`` (``Sample.to_json()``), ``source`` (absolute file path), ``line``.
+    Columns: ``sample`` (``Sample.to_json()``), ``source`` (absolute file path), ``line``,
+    ``row`` (the index among the file's rows, bad rows included).
     Specs (see :func:`parse_spec`) are read in order and concatenated; ``#N`` samples N rows
     of that spec (after bad rows are dropped) with ``numpy.random.RandomState(seed)`` shared
     across specs, as ms-swift does: without replacement when N <= rows; beyond, each row
@@ -319,7 +340,7 @@ def load_samples(
     parsed = [parse_spec(s) for s in specs]
     file_lists = [_data_files(path) for path, _ in parsed]
     rng = np.random.RandomState(seed)
-    parts, skipped, rows_read = [], [], 0
+    parts, skipped, records = [], [], {}
     for (path, n), files in zip(parsed, file_lists):
         ds, bad, read = _load_files(
             files,
@@ -330,7 +351,7 @@ def load_samples(
             force=not load_from_cache_file,
         )
         skipped += bad
-        rows_read += read
+        records.update(read)
         if n is not None:
             if len(ds) == 0:
                 raise SpecError(f"dataset {path!r} has no valid rows to sample {n} from")
@@ -339,7 +360,8 @@ def load_samples(
             ds = ds.select(sample_indices(len(ds), n, rng))
         parts.append(ds)
     dataset = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-    result = LoadResult(dataset=dataset, skipped=skipped, rows_read=rows_read)
+    result = LoadResult(dataset=dataset, skipped=skipped, rows_read=sum(records.values()), records=records,
+                        files=file_lists)
     if skipped:
         logger.warning("%s", result.report())
     return result
@@ -366,15 +388,21 @@ def split_dataset(ds, ratio: float, seed: int):
 
 
 class EmbeddingDataset(torch.utils.data.Dataset):
-    """A torch Dataset over the Arrow samples; ``ds[i]`` decodes row ``i`` into a Sample."""
+    """A torch Dataset over the Arrow samples; ``ds[i]`` decodes row ``i`` into a Sample,
+    with its teacher signals from ``teacher`` (``.npy`` files aligned with the data files)."""
 
-    def __init__(self, dataset: Any):
+    def __init__(self, dataset: Any, teacher: Any = None):
         if isinstance(dataset, LoadResult):
             dataset = dataset.dataset
         self.dataset = dataset
+        self.teacher = teacher if teacher else None
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> Sample:
-        return Sample.from_json(self.dataset[int(index)]["sample"])
+        row = self.dataset[int(index)]
+        sample = Sample.from_json(row["sample"])
+        if self.teacher is not None:
+            self.teacher.attach(sample, int(row["row"]))
+        return sample

@@ -105,7 +105,8 @@ _GROUP_KEYS = ("messages", "conversations", "conversation", "positive_messages",
 _MEDIA_KEYS = (
     tuple(f"{prefix}{kind}s" for prefix in ("", "positive_", "negative_") for kind in MEDIA_KINDS) + MEDIA_KINDS
 )
-_LIST_KEYS = frozenset(("rejected_response", "negative", "negatives") + _GROUP_KEYS + _MEDIA_KEYS)
+_TEACHER_KEYS = ("teacher_scores", "teacher_embeddings")
+_LIST_KEYS = frozenset(("rejected_response", "negative", "negatives") + _GROUP_KEYS + _MEDIA_KEYS + _TEACHER_KEYS)
 _NUMBER_KEYS = frozenset(("label", "score"))
 
 _QUERY_ALIASES = {
@@ -510,11 +511,52 @@ def parse_row(
         raise ctx.error(None, f"row is not a JSON object (got {_type_name(raw)})")
     messages_key = _present_key(raw, _MESSAGES_KEYS, ctx, "messages")
     if messages_key is not None:
-        return _parse_messages_row(raw, messages_key, ctx)
-    mixed = [k for k in _NEW_FORM_KEYS if raw.get(k) is not None]
-    if mixed:
-        raise ctx.error(mixed[0], f"'{mixed[0]}' belongs to the messages form, but the row has no 'messages'")
-    return _parse_query_row(raw, ctx)
+        sample = _parse_messages_row(raw, messages_key, ctx)
+    else:
+        mixed = [k for k in _NEW_FORM_KEYS if raw.get(k) is not None]
+        if mixed:
+            raise ctx.error(mixed[0], f"'{mixed[0]}' belongs to the messages form, but the row has no 'messages'")
+        sample = _parse_query_row(raw, ctx)
+    if raw.get("teacher_scores") is not None:
+        sample.teacher_scores = check_teacher_scores(raw["teacher_scores"], len(sample.negatives), ctx.error, "teacher_scores")
+    if raw.get("teacher_embeddings") is not None:
+        sample.teacher_embeddings = check_teacher_embeddings(
+            raw["teacher_embeddings"], len(sample.negatives), ctx.error, "teacher_embeddings")
+    return sample
+
+
+def check_teacher_scores(value: Any, n_negatives: int, error, fieldname: str) -> list[float]:
+    """A group's teacher scores: ``1 + n_negatives`` finite numbers, the positive's first.
+    ``error(fieldname, message)`` builds the exception to raise."""
+    if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value):
+        raise error(fieldname, f"must be a list of numbers (the positive's score, then one per negative), got {value!r:.80}")
+    if len(value) != 1 + n_negatives:
+        raise error(fieldname, f"has {len(value)} scores but the row has 1 positive and {n_negatives} negatives "
+                               f"(expected {1 + n_negatives}: the positive's score first)")
+    bad = [i for i, v in enumerate(value) if not math.isfinite(v)]
+    if bad:
+        raise error(fieldname, f"score {bad[0]} is {value[bad[0]]}; every score must be finite")
+    return [float(v) for v in value]
+
+
+def check_teacher_embeddings(value: Any, n_negatives: int, error, fieldname: str) -> list[list[float]]:
+    """A group's teacher embeddings: ``2 + n_negatives`` vectors of one width (anchor,
+    positive, then the negatives), finite numbers."""
+    n = 2 + n_negatives
+    if not isinstance(value, list) or len(value) != n:
+        got = f"{len(value)} vectors" if isinstance(value, list) else _type_name(value)
+        raise error(fieldname, f"must hold {n} vectors (anchor, positive, then one per negative: the row has "
+                               f"{n_negatives} negatives), got {got}")
+    width = None
+    for i, vec in enumerate(value):
+        if not isinstance(vec, list) or not vec or any(
+                isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in vec):
+            raise error(f"{fieldname}[{i}]", "must be a non-empty list of finite numbers")
+        if width is None:
+            width = len(vec)
+        elif len(vec) != width:
+            raise error(f"{fieldname}[{i}]", f"has {len(vec)} numbers but {fieldname}[0] has {width}; one width for all")
+    return [[float(v) for v in vec] for vec in value]
 
 
 def read_file(path: str, *, verify_images: bool = True) -> list[Sample]:

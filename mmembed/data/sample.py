@@ -1,7 +1,8 @@
 """The normalized form every row becomes, whatever file format or row form it came from.
 
 A ``Sample`` is one training group: an anchor, its positive(s), its hard negatives (any
-number, including none) and an optional label (the score pair losses use). Each member is
+number, including none), an optional label (the score pair losses use) and, for
+distillation, optional teacher scores or embeddings. Each member is
 an ``Item``: the text as the user wrote it, with media tags (``<image>``, ``<video>``,
 ``<audio>``) left in place, the system prompt if the row gave one, and the media paths
 bound to those tags, already resolved to absolute paths or data URIs.
@@ -47,6 +48,11 @@ class Sample:
     label: float | None = None
     source: str = ""
     line: int = 0
+    # a distillation teacher's view of this group, from the row or a .npy aligned with the
+    # file's rows: one score per candidate (positive first, then the negatives in order),
+    # one embedding per member (anchor, positive, negatives in order)
+    teacher_scores: list[float] | None = None
+    teacher_embeddings: list[list[float]] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
@@ -61,6 +67,8 @@ class Sample:
             label=d["label"],
             source=d.get("source", ""),
             line=d.get("line", 0),
+            teacher_scores=d.get("teacher_scores"),
+            teacher_embeddings=d.get("teacher_embeddings"),
         )
 
 
