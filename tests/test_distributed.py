@@ -77,17 +77,6 @@ def test_two_process_gradients_equal_one_process_global_batch(tmp_path, split):
 
 # ---- trainer level: `mmembed sft` on a real model, 2 processes vs 1 ------------------------
 
-@pytest.fixture(scope="module")
-def minilm_no_dropout(tmp_path_factory, minilm_path):
-    """all-MiniLM-L6-v2 with dropout off, so two runs draw no random masks and can be compared exactly."""
-    d = tmp_path_factory.mktemp("minilm") / "model"
-    shutil.copytree(minilm_path, d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["hidden_dropout_prob"] = cfg["attention_probs_dropout_prob"] = 0.0
-    (d / "config.json").write_text(json.dumps(cfg))
-    return str(d)
-
-
 def _rows(n_train, n_val):
     with open(os.path.join(DATA, "stsb_train_hardneg.jsonl"), encoding="utf-8") as f:
         rows = [json.loads(line) for line in f][: n_train + n_val]

@@ -250,8 +250,8 @@ def _final_weights(out):
 
 
 @pytest.mark.parametrize("use_batch", [True, False], ids=["embeddings-use_batch", "scores-own-group"])
-def test_teacher_from_the_data_trains_like_the_teacher_model(minilm_path, tmp_path, use_batch):
-    """Two steps of distill_kl with the teacher's embeddings (use_batch) or its own-group
+def test_teacher_from_the_data_trains_like_the_teacher_model(minilm_no_dropout, tmp_path, use_batch):
+    """Two steps of distill_kl (dropout off, so every run draws the same nothing) with the teacher's embeddings (use_batch) or its own-group
     scores (use_batch false) read from a .npy end with the weights of the same two steps with
     --teacher_model computing them on the fly; the row-field form gives the same again."""
     from mmembed.arguments import parse_sft_args
@@ -259,26 +259,29 @@ def test_teacher_from_the_data_trains_like_the_teacher_model(minilm_path, tmp_pa
 
     n = 8
     data = _write_jsonl(tmp_path / "train.jsonl", [json.loads(line) for line in open(TRAIN)][:n])
-    emb, scores = _teacher_views(minilm_path, data, n)
+    emb, scores = _teacher_views(minilm_no_dropout, data, n)
     np.save(tmp_path / "emb.npy", emb)
     np.save(tmp_path / "scores.npy", scores)
     kwargs = json.dumps({"temperature": 0.1, "teacher_temperature": 0.05, "use_batch": use_batch})
 
     def run(name, *flags, dataset=data):
         out = str(tmp_path / name)
-        run_sft(parse_sft_args([
-            "--model", minilm_path, "--dataset", dataset, "--tuner_type", "full", "--loss_type", "distill_kl",
+        run.metrics = run_sft(parse_sft_args([
+            "--model", minilm_no_dropout, "--dataset", dataset, "--tuner_type", "full", "--loss_type", "distill_kl",
             "--loss_kwargs", kwargs, "--max_steps", "2", "--per_device_train_batch_size", "4",
             "--gradient_accumulation_steps", "1", "--learning_rate", "1e-4", "--output_dir", out,
             "--report_to", "none", "--save_steps", "2", "--attn_impl", "eager", *flags]))
         return _final_weights(out)
 
-    model_run = run("model", "--teacher_model", minilm_path)
-    if use_batch:
-        data_run = run("npy", "--teacher_embeddings_file", str(tmp_path / "emb.npy"))
-    else:
-        data_run = run("npy", "--teacher_scores_file", str(tmp_path / "scores.npy"))
-    base = load_file(os.path.join(minilm_path, "model.safetensors"))
+    model_run = run("model", "--teacher_model", minilm_no_dropout)
+    assert "eval_loss" not in run.metrics  # no eval data
+    file_flag = ["--teacher_embeddings_file", str(tmp_path / "emb.npy")] if use_batch else [
+        "--teacher_scores_file", str(tmp_path / "scores.npy")]
+    # eval rows from another file have no teacher: retrieval metrics, no eval loss
+    val = _write_jsonl(tmp_path / "val.jsonl", [json.loads(line) for line in open(TRAIN)][n: n + 4])
+    data_run = run("npy", *file_flag, "--val_dataset", val)
+    assert "eval_recall_at_1" in run.metrics and "eval_loss" not in run.metrics
+    base = load_file(os.path.join(minilm_no_dropout, "model.safetensors"))
     moved = [k for k in model_run if k in base and not torch.equal(model_run[k], base[k])]
     assert moved  # the runs trained
     for k in model_run:
@@ -295,6 +298,10 @@ def test_teacher_from_the_data_trains_like_the_teacher_model(minilm_path, tmp_pa
     field_run = run("field", dataset=_write_jsonl(tmp_path / "with_teacher.jsonl", rows))
     for k in model_run:
         torch.testing.assert_close(field_run[k], data_run[k], atol=1e-6, rtol=1e-5, msg=k)
+    if not use_batch:  # the gradient cache hands the data's teacher to the loss the same way
+        cached = run("gradcache", *file_flag, "--gradcache_mini_batch_size", "3")
+        for k in model_run:
+            torch.testing.assert_close(cached[k], data_run[k], atol=2e-5, rtol=1e-4, msg=k)
 
 
 @pytest.mark.parametrize("case,message", [
