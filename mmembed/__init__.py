@@ -6,7 +6,7 @@ A drop-in for ms-swift's ``swift sft --task_type embedding``: the same data, fla
 
 __version__ = "0.1.0"
 
-__all__ = ["Embedder", "build_loss", "__version__"]
+__all__ = ["Embedder", "build_loss", "train", "__version__"]
 
 
 def __getattr__(name):  # keep `import mmembed` light: torch/transformers load on first use
@@ -14,6 +14,10 @@ def __getattr__(name):  # keep `import mmembed` light: torch/transformers load o
         from .inference import Embedder
 
         return Embedder
+    if name == "train":  # not "sft": that name is the mmembed.sft module
+        from .api import train
+
+        return train
     if name == "build_loss":
         from .losses import build_loss
 

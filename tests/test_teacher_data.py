@@ -336,3 +336,38 @@ def test_a_data_teacher_that_cannot_serve_fails_before_training(minilm_path, tmp
         run_sft(parse_sft_args(["--model", minilm_path, "--dataset", data, *loss, *extra, "--output_dir", str(out),
                                 "--report_to", "none", "--max_steps", "1"]))
     assert not out.exists() or not any(out.glob("checkpoint-*"))
+
+
+# ---- the Python API ----------------------------------------------------------------------
+
+
+def test_python_api_takes_the_flags_as_keywords(minilm_path, tmp_path):
+    """mmembed.train(**options) parses exactly what the command line with the same flags parses,
+    and trains: here distill_kl with the teacher's scores from a .npy."""
+    import dataclasses
+
+    import mmembed
+    from mmembed.api import to_argv
+    from mmembed.arguments import parse_sft_args
+
+    data = _write_jsonl(tmp_path / "d.jsonl", _rows())
+    scores = _scores_npy(tmp_path / "s.npy", [[5, 4, 3], [2], [1, 0]], 3)
+    options = dict(model=minilm_path, dataset=[data], loss_type="distill_kl", teacher_scores_file=[scores],
+                   loss_kwargs={"use_batch": False, "teacher_temperature": 1.0}, mrl_dims={64: 1.0, 384: 0.5},
+                   strict=True, max_steps=1, per_device_train_batch_size=3, output_dir=str(tmp_path / "out"),
+                   report_to="none", eval_strategy=None)
+    argv = ["--model", minilm_path, "--dataset", data, "--loss_type", "distill_kl", "--teacher_scores_file", scores,
+            "--loss_kwargs", '{"use_batch": false, "teacher_temperature": 1.0}', "--mrl_dims", '{"64": 1.0, "384": 0.5}',
+            "--strict", "true", "--max_steps", "1", "--per_device_train_batch_size", "3",
+            "--output_dir", str(tmp_path / "out"), "--report_to", "none"]
+    assert to_argv(options) == argv
+    from_api, from_cli = parse_sft_args(to_argv(options)), parse_sft_args(argv)
+    for f in dataclasses.fields(from_cli):
+        if f.name not in ("logging_dir",):
+            assert getattr(from_api, f.name) == getattr(from_cli, f.name), f.name
+
+    metrics = mmembed.train(**options)
+    assert os.path.isfile(os.path.join(metrics["last_checkpoint"], "adapter_model.safetensors"))  # LoRA by default
+    assert np.isfinite(metrics["train_loss"]) and metrics["train_loss"] > 0
+    with pytest.raises(ValueError, match="unknown flag"):
+        mmembed.train(model=minilm_path, dataset=[data], no_such_flag=1)
