@@ -20,7 +20,6 @@ rows of a batch are read.
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -30,9 +29,7 @@ import numpy as np
 from .reader import check_teacher_embeddings, check_teacher_scores
 from .sample import DataError, Sample
 
-logger = logging.getLogger(__name__)
-
-#: Sample attribute -> (row field, what the ``.npy`` holds per row)
+#: Sample attribute (also the row field's name) -> what its ``.npy`` holds per row
 SIGNALS = {"teacher_scores": "scores", "teacher_embeddings": "embeddings"}
 
 
