@@ -171,15 +171,17 @@ def _check_loss_args(args: "SftArguments") -> None:
         raise ValueError(f"--{files[0]} feeds the distillation losses, but --loss_type is {args.loss_type}")
     if files and args.teacher_model:
         raise ValueError(f"--teacher_model and --{files[0]} both give the teacher; keep one")
-    for flag in ("loss_kwargs", "mrl_dims"):
-        value = getattr(args, flag)
-        if value is not None:
-            try:
-                parsed = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"--{flag} is not valid JSON ({e.msg}): {value!r}") from None
-            if not isinstance(parsed, dict):
-                raise ValueError(f"--{flag} must be a JSON object, got {value!r}")
+    if args.loss_kwargs is not None:
+        try:
+            parsed = json.loads(args.loss_kwargs)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--loss_kwargs is not valid JSON ({e.msg}): {args.loss_kwargs!r}") from None
+        if not isinstance(parsed, dict):
+            raise ValueError(f"--loss_kwargs must be a JSON object, got {args.loss_kwargs!r}")
+    if args.mrl_dims is not None:
+        from .losses.matryoshka import parse_dims
+
+        parse_dims(args.mrl_dims)  # the parser the loss uses: its errors, at start
 
 
 def _honour_optimizer_under_offload(deepspeed, optim: str):

@@ -79,7 +79,8 @@ def test_method_trains_from_flags(minilm_path, tmp_path, flags):
     (["--loss_type", "distill_cosine", "--teacher_model", "{qwen2}"], "width"),
     (["--loss_kwargs", "{not json"], "--loss_kwargs"),
     (["--loss_type", "matryoshka"], "--mrl_dims"),
-], ids=["mrl-too-wide", "gist-no-guide", "teacher-width", "bad-json", "matryoshka-name"])
+    (["--mrl_dims", '{"64": 1.0, "x": 1.0}'], "mrl_dims width 'x' must be an integer"),
+], ids=["mrl-too-wide", "gist-no-guide", "teacher-width", "bad-json", "matryoshka-name", "mrl-bad-width"])
 def test_method_misconfiguration_fails_before_training(minilm_path, tiny_model, tmp_path, flags, message):
     from mmembed.arguments import UsageError, parse_sft_args
     from mmembed.sft import run_sft

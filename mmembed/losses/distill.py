@@ -19,7 +19,7 @@ The teacher is a fixed target: its tensors are detached here, whatever the calle
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import torch
@@ -89,7 +89,19 @@ class _EmbeddingDistill(nn.Module):
         return cls(**options)
 
 
-class DistillCosineLoss(_EmbeddingDistill):
+class _RowDistill(_EmbeddingDistill):
+    """A per-row distance to the own teacher row, averaged: ``mean_i d(x_i, y_i)``."""
+
+    name: str  # the loss's name, for error messages
+    distance: Callable[[Tensor, Tensor], Tensor]  # per row: [n, D], [n, D] -> [n]
+
+    def forward(self, outputs: Mapping[str, Tensor], labels: Tensor | None = None) -> Tensor:
+        """Scalar loss; see the class docstring."""
+        x, y = student_and_teacher(outputs, self.name)
+        return self.distance(x, y).mean()
+
+
+class DistillCosineLoss(_RowDistill):
     """Embedding distillation by cosine distance: ``loss = mean_i (1 - cos(x_i, y_i))``.
 
     ``x_i`` is the student's row ``i`` and ``y_i`` the teacher's; both are normalized for
@@ -110,13 +122,11 @@ class DistillCosineLoss(_EmbeddingDistill):
             loss = loss_fn({"last_hidden_state": student, "teacher_hidden_state": teacher}, labels)
     """
 
-    def forward(self, outputs: Mapping[str, Tensor], labels: Tensor | None = None) -> Tensor:
-        """Scalar loss; see the class docstring."""
-        x, y = student_and_teacher(outputs, "distill_cosine")
-        return _cosine_rows(x, y).mean()
+    name = "distill_cosine"
+    distance = staticmethod(_cosine_rows)
 
 
-class DistillMSELoss(_EmbeddingDistill):
+class DistillMSELoss(_RowDistill):
     """Embedding distillation by squared error: ``loss = mean_i ||x_i - y_i||^2 / D``.
 
     That is the mean over every element of ``(x - y)^2`` (``torch.nn.functional.mse_loss``
@@ -139,10 +149,8 @@ class DistillMSELoss(_EmbeddingDistill):
             loss = loss_fn({"last_hidden_state": student, "teacher_hidden_state": teacher}, labels)
     """
 
-    def forward(self, outputs: Mapping[str, Tensor], labels: Tensor | None = None) -> Tensor:
-        """Scalar loss; see the class docstring."""
-        x, y = student_and_teacher(outputs, "distill_mse")
-        return _mse_rows(x, y).mean()
+    name = "distill_mse"
+    distance = staticmethod(_mse_rows)
 
 
 class DistillMarginalLoss(_EmbeddingDistill):
