@@ -2,6 +2,8 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
+import subprocess
 import sys
 
 import pytest
@@ -12,6 +14,27 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, "examples", "data")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args: list[str], nproc: int = 1, env: dict | None = None, timeout: int = 900,
+           torchrun: bool | None = None) -> subprocess.CompletedProcess:
+    """Run ``python ARGS`` in the repository, under torchrun with ``nproc`` processes on a
+    free port when ``torchrun`` (default: when ``nproc > 1``); asserts it exits with 0.
+    One thread per process under torchrun (2 cores), else 2."""
+    torchrun = nproc > 1 if torchrun is None else torchrun
+    env = dict(os.environ, OMP_NUM_THREADS="1" if torchrun else "2", **(env or {}))
+    launcher = ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
+                f"--master_port={free_port()}"] if torchrun else []
+    proc = subprocess.run([sys.executable, *launcher, *args], env=env, capture_output=True, text=True, cwd=REPO,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
 
 
 @pytest.fixture(scope="session")

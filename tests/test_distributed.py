@@ -8,7 +8,6 @@ of one process on the whole global batch, for equal and unequal per-process size
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -16,24 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import DATA, REPO
+from conftest import DATA, REPO, free_port, launch
 
 WORKER = os.path.join(os.path.dirname(__file__), "dist_loss_worker.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(args, env=None, nproc=2):
-    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
-           f"--master_port={_free_port()}", *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return proc
+    return launch(args, nproc=nproc, env=env, timeout=600, torchrun=True)
 
 
 # ---- loss level: a small linear encoder under DDP, every loss configuration ----------------
@@ -217,13 +205,13 @@ def test_nproc_per_node_relaunches_under_torchrun(minilm_no_dropout, tmp_path):
             "--max_grad_norm", "0", "--lr_scheduler_type", "constant", "--gradient_checkpointing", "false",
             "--max_length", "48", "--seed", "3", "--disable_tqdm", "true"]
     proc = subprocess.run(args + ["--output_dir", str(out)], capture_output=True, text=True, cwd=REPO, timeout=600,
-                          env=_launch_env(NPROC_PER_NODE=2, MASTER_PORT=_free_port()))
+                          env=_launch_env(NPROC_PER_NODE=2, MASTER_PORT=free_port()))
     assert proc.returncode == 0, proc.stderr[-3000:]
     state = json.load(open(out / "checkpoint-1" / "trainer_state.json"))
     assert state["epoch"] == 1.0  # 8 rows, 2 processes x 4: one step is the whole epoch
 
     # two nodes on loopback: two launchers with one process each
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen(args + ["--output_dir", str(tmp_path / "nodes")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, cwd=REPO, env=_launch_env(NPROC_PER_NODE=1, NNODES=2, NODE_RANK=r,
                                                                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import DATA, REPO
+from conftest import DATA, REPO, launch
 from mmembed.data import read_file
 from mmembed.data.collator import EmbeddingCollator
 from mmembed.data.inputs import InputBuilder, select_rows
@@ -428,19 +428,7 @@ def _sgd_step(model, data, out, per_device, nproc, *extra):
             "--learning_rate", "1.0", "--weight_decay", "0", "--max_grad_norm", "0", "--lr_scheduler_type", "constant",
             "--gradient_checkpointing", "false", "--seed", "3", "--output_dir", out, "--disable_tqdm", "true",
             "--dataloader_num_workers", "0", "--report_to", "none", *extra]
-    env = dict(os.environ, OMP_NUM_THREADS="1" if nproc > 1 else "2")
-    launcher = ["-m", "mmembed.cli"]
-    if nproc > 1:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        launcher = ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
-                    f"--master_port={port}", *launcher]
-    args = [*launcher, *args]
-    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
-    assert r.returncode == 0, r.stderr[-4000:]
+    launch(["-m", "mmembed.cli", *args], nproc=nproc)
     from safetensors.torch import load_file
 
     return load_file(os.path.join(out, "checkpoint-1", "model.safetensors"))
