@@ -143,8 +143,9 @@ def mixed_items():
 @pytest.mark.parametrize("kind,name", [("qwen2_vl", "qwen2_gme"), ("qwen2_5_vl", "qwen2_5_vl"), ("qwen3_vl", "qwen3_vl_emb")])
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_mixed_batch_embeds_each_row_as_it_would_alone(tiny_model, kind, name, side):
-    """Text-only rows, rows with two images, video rows, padded together: every row's
-    embedding equals the row embedded alone (padding and last-token pooling are right)."""
+    """Text-only rows, rows with two images, video rows, padded together, and a text-only
+    batch: every row's embedding equals the row embedded alone (padding, the rope positions
+    and last-token pooling are right on both sides)."""
     import dataclasses
 
     folder = tiny_model(kind)
@@ -157,7 +158,9 @@ def test_mixed_batch_embeds_each_row_as_it_would_alone(tiny_model, kind, name, s
         assert (batch["attention_mask"][:, -1 if side == "left" else 0] == 1).all()
         together = model(**batch)["last_hidden_state"]
         alone = torch.cat([model(**builder([it]))["last_hidden_state"] for it in items])
+        text_only = model(**builder([items[0], items[4]]))["last_hidden_state"]  # positions from the mask alone
     torch.testing.assert_close(together, alone, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(text_only, alone[[0, 4]], atol=2e-5, rtol=1e-4)
     assert torch.allclose(together.norm(dim=1), torch.ones(len(items)), atol=1e-5)
 
 
