@@ -72,6 +72,7 @@ class SftArguments(TrainingArguments):
     mrl_dims: str | None = field(default=None, metadata={"help": "Matryoshka: '{\"64\": 1.0, \"128\": 1.0}' (width: weight)"})
     eval_beir: str | None = field(default=None, metadata={"help": "also evaluate retrieval on this BEIR folder at every evaluation"})
     eval_beir_split: str = field(default="test", metadata={"help": "the qrels split of --eval_beir"})
+    eval_sts: str | None = field(default=None, metadata={"help": "also evaluate STS (Spearman, Pearson) and pair retrieval on these scored pairs at every evaluation"})
     guide_model: str | None = field(default=None, metadata={"help": "gist: the guide model (checkpoint, exported or base folder)"})
     teacher_model: str | None = field(default=None, metadata={"help": "distill_*: the teacher model (checkpoint, exported or base folder); without it the teacher's signals come from the data"})
     teacher_scores_file: list[str] = field(default_factory=list, metadata={"help": "distill_kl: one .npy [rows, 1 + negatives] per --dataset, aligned with its rows, NaN-padded"})
@@ -123,7 +124,7 @@ class SftArguments(TrainingArguments):
             if self.warmup_steps:
                 raise ValueError("pass --warmup_ratio or --warmup_steps, not both")
             self.warmup_steps = self.warmup_ratio
-        has_val = bool(self.val_dataset) or self.split_dataset_ratio > 0 or bool(self.eval_beir)
+        has_val = bool(self.val_dataset) or self.split_dataset_ratio > 0 or bool(self.eval_beir) or bool(self.eval_sts)
         if self.eval_strategy is None:
             self.eval_strategy = "steps" if has_val else "no"
         elif str(self.eval_strategy) != "no" and not has_val:

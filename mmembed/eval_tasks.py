@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .data import read_file
+from .data import DataError, read_file
 from .evaluation import pair_metrics, retrieval_metrics
 
 
@@ -43,14 +43,25 @@ def evaluate_pairs(embed, queries: list[str], responses: list[str], labels: list
     return metrics
 
 
-def evaluate_pairs_file(embedder: Any, path: str, batch_size: int = 64, positive_threshold: float = 0.75) -> dict[str, float]:
-    """Read scored pairs from ``path`` (any format mmembed reads) and evaluate ``embedder`` on them."""
-    samples = read_file(path)
+def read_pairs(path: str) -> tuple[list[str], list[str], list[float]]:
+    """``(queries, responses, labels)`` of a scored-pairs file (any format mmembed reads).
+
+    Raises:
+        DataError: a row without a label, or any row the reader refuses (file, line, field).
+    """
     queries, responses, labels = [], [], []
-    for s in samples:
+    for s in read_file(path):
         if s.label is None:
-            raise ValueError(f"{s.source}:{s.line} field 'label': scored pairs need a label on every row")
+            raise DataError(s.source, s.line, "label", "scored pairs need a label on every row")
         queries.append(s.anchor.text)
         responses.append(s.positives[0].text)
         labels.append(float(s.label))
-    return evaluate_pairs(lambda texts: embedder.encode(texts, batch_size=batch_size), queries, responses, labels, positive_threshold)
+    if not queries:
+        raise DataError(path, 0, None, "no scored pairs in the file")
+    return queries, responses, labels
+
+
+def evaluate_pairs_file(embedder: Any, path: str, batch_size: int = 64, positive_threshold: float = 0.75) -> dict[str, float]:
+    """Read scored pairs from ``path`` (any format mmembed reads) and evaluate ``embedder`` on them."""
+    return evaluate_pairs(lambda texts: embedder.encode(texts, batch_size=batch_size), *read_pairs(path),
+                          positive_threshold=positive_threshold)

@@ -172,6 +172,24 @@ def data_teacher(args: SftArguments, loss: nn.Module, train: EmbeddingDataset) -
     return {key: width}
 
 
+def load_eval_tasks(args: SftArguments) -> dict[str, Any]:
+    """``--eval_beir`` and ``--eval_sts``, read and checked before training (a bad file fails
+    now, not at the first evaluation)."""
+    tasks: dict[str, Any] = {}
+    if args.eval_beir:
+        from .beir import load_beir
+
+        try:
+            tasks["beir"] = load_beir(args.eval_beir, args.eval_beir_split)
+        except ValueError as e:
+            raise UsageError(f"--eval_beir: {e}") from None
+    if args.eval_sts:
+        from .eval_tasks import read_pairs
+
+        tasks["sts"] = read_pairs(args.eval_sts)
+    return tasks
+
+
 def check_widths(args: SftArguments, loss: nn.Module, width: int, aux_models: dict[str, EmbeddingModel],
                  data_teacher: dict[str, int | None] | None = None) -> None:
     """Width errors at start, not mid-run: Matryoshka widths above the model's, and a
@@ -251,6 +269,7 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
         raise ValueError("no training rows left after loading " + ", ".join(args.dataset))
 
     teacher_keys = data_teacher(args, loss_fn.loss, EmbeddingDataset(train, teacher_files))
+    eval_tasks = load_eval_tasks(args)
 
     if args.deepspeed:
         _init_deepspeed_comm()
@@ -287,7 +306,7 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
         mmembed_config=mmembed_config,
         gradcache_mini_batch_size=args.gradcache_mini_batch_size,
         aux_models=aux_models,
-        beir=(args.eval_beir, args.eval_beir_split) if args.eval_beir else None,
+        eval_tasks=eval_tasks,
     )
     resume = args.resume_from_checkpoint
     if isinstance(resume, str) and resume.lower() in ("true", "last"):
@@ -303,7 +322,7 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     if not os.path.isdir(final):
         trainer._save_checkpoint(trainer.model, trial=None)
     metrics: dict[str, Any] = dict(result.metrics)
-    if val is not None:
+    if val is not None or eval_tasks:
         metrics.update(trainer.evaluate())
     metrics["last_checkpoint"] = final
     if args.should_save:

@@ -4,7 +4,8 @@
   ``{"last_hidden_state": [N, D]}`` and ``labels``; a NaN or infinite loss stops the run.
 - ``evaluate`` embeds the whole eval set once and reports ms-swift's metrics
   (infonce: mean_pos, mean_neg, margin; pair losses: pearson/spearman) plus retrieval
-  (recall@1/5/10, MRR@10, nDCG@10) and the eval loss.
+  (recall@1/5/10, MRR@10, nDCG@10) and the eval loss; then the held-out tasks
+  (``--eval_beir``, ``--eval_sts``) through the Embedder ``mmembed eval`` uses.
 - checkpoints hold the backbone (a PEFT adapter for LoRA, safetensors weights for full
   training), the tokenizer and ``mmembed.json``; a checkpoint is marked complete only after
   every file (optimizer, RNG, trainer state) is written, and resuming never picks an
@@ -56,10 +57,19 @@ def check_complete(checkpoint: str) -> None:
 
 class EmbeddingTrainer(Trainer):
     def __init__(self, *args, loss_fn, loss_type: str, mmembed_config: dict[str, Any], gradcache_mini_batch_size: int = 0,
-                 aux_models: dict[str, EmbeddingModel] | None = None, beir: tuple[str, str] | None = None, **kwargs):
+                 aux_models: dict[str, EmbeddingModel] | None = None, eval_tasks: dict[str, Any] | None = None,
+                 **kwargs):
+        # the Trainer refuses an eval strategy without an eval set; --eval_beir / --eval_sts
+        # are something to evaluate too, so it gets a stand-in that evaluate() never reads
+        tasks_only = kwargs.get("eval_dataset") is None and bool(eval_tasks)
+        if tasks_only:
+            kwargs["eval_dataset"] = ()
         super().__init__(*args, **kwargs)
-        self.beir = beir  # (folder, split): retrieval metrics at every evaluation
-        self._beir_data = None
+        if tasks_only:
+            self.eval_dataset = None
+        # evaluations beside the eval set, loaded (and checked) before training:
+        # "beir": a BeirData (--eval_beir), "sts": (queries, responses, labels) (--eval_sts)
+        self.eval_tasks = eval_tasks or {}
         # frozen models that embed the same rows (a GIST guide, a distillation teacher); their
         # embeddings reach the loss as outputs["<name>_hidden_state"]
         self.aux_models = {name: m.to(self.args.device) for name, m in (aux_models or {}).items()}
@@ -194,6 +204,23 @@ class EmbeddingTrainer(Trainer):
 
     @torch.no_grad()
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """The eval set's loss and metrics (when there is one) and the ``--eval_beir`` /
+        ``--eval_sts`` tasks' metrics, logged as ``<prefix>_<name>``."""
+        metrics: dict[str, float] = {}
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is not None:
+            metrics.update(self._dataset_metrics(dataset))
+        elif not self.eval_tasks:
+            raise ValueError("nothing to evaluate: no eval dataset, --eval_beir or --eval_sts")
+        metrics.update(self._task_metrics())
+        metrics = {f"{metric_key_prefix}_{k.replace('@', '_at_')}": float(v) for k, v in metrics.items()}
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    def _dataset_metrics(self, dataset) -> dict[str, float]:
+        """Embed the eval set once: its loss (when the batches carry what the loss needs)
+        and ms-swift's metrics plus retrieval within the set."""
         model = self.model
         was_training = model.training
         model.eval()
@@ -201,7 +228,7 @@ class EmbeddingTrainer(Trainer):
         loss_fn = getattr(self.loss_fn, "loss", self.loss_fn)  # per-batch loss, no cross-process scaling
         embs, labels = [], []
         loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of batch loss * rows, rows)
-        loader = self._eval_loader(eval_dataset)
+        loader = self._eval_loader(dataset)
         # ZeRO-3 gathers parameters inside every forward, so all processes must run as many
         # forwards: a process with fewer eval batches repeats one and discards the result
         rounds = torch.tensor([len(loader)], device=device)
@@ -233,42 +260,46 @@ class EmbeddingTrainer(Trainer):
         lab = all_gather_no_grad(local_lab).cpu().numpy()
         if world()[1] > 1:
             torch.distributed.all_reduce(loss_sum)
-        metrics: dict[str, float] = {}
-        if emb.shape[0] > 0:
-            if loss_sum[1] > 0:
-                metrics["loss"] = float(loss_sum[0] / loss_sum[1])
-            if self.layout == "pair":
-                metrics.update(pair_metrics(emb[0::2], emb[1::2], lab))
-            else:
-                # each batch is a whole set of groups, so concatenating keeps the layout valid
-                metrics.update(embedding_eval_metrics(emb, lab))
-        elif self.beir is None:
+        if emb.shape[0] == 0:
             raise ValueError("the eval dataset is empty")
-        if self.beir is not None:
-            metrics.update({f"beir_{k}": v for k, v in self._beir_metrics().items()})
-        metrics = {f"{metric_key_prefix}_{k.replace('@', '_at_')}": float(v) for k, v in metrics.items()}
-        self.log(metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        metrics: dict[str, float] = {}
+        if loss_sum[1] > 0:
+            metrics["loss"] = float(loss_sum[0] / loss_sum[1])
+        if self.layout == "pair":
+            metrics.update(pair_metrics(emb[0::2], emb[1::2], lab))
+        else:
+            # each batch is a whole set of groups, so concatenating keeps the layout valid
+            metrics.update(embedding_eval_metrics(emb, lab))
         return metrics
 
-    def _beir_metrics(self) -> dict[str, float]:
-        """``--eval_beir``: the model as it is now, embedding a BEIR folder's queries and
-        corpus (every process runs the same forwards, as ZeRO-3 needs)."""
-        from .beir import evaluate_beir, load_beir
+    def _task_metrics(self) -> dict[str, float]:
+        """``--eval_beir`` (``beir_*``) and ``--eval_sts`` (``sts_*``): the model as it is
+        now, through the same Embedder as ``mmembed eval``. Every process runs the same
+        forwards (ZeRO-3 gathers parameters in each)."""
+        if not self.eval_tasks:
+            return {}
+        from .beir import evaluate_beir
+        from .eval_tasks import evaluate_pairs
         from .inference import Embedder
 
-        folder, split = self.beir
-        if self._beir_data is None:
-            self._beir_data = load_beir(folder, split)
         model = self.accelerator.unwrap_model(self.model)
         was_training = model.training
         model.eval()
         collator = self.data_collator
-        embedder = Embedder(model, self.processing_class, collator.template, collator.max_length or 512, device=str(self.args.device))
+        embedder = Embedder(model, self.processing_class, collator.template, collator.max_length or 512,
+                            device=str(self.args.device))
+        batch_size = self.args.per_device_eval_batch_size
+        out: dict[str, float] = {}
         try:
-            return evaluate_beir(embedder, self._beir_data, split, batch_size=self.args.per_device_eval_batch_size)
+            if "beir" in self.eval_tasks:
+                beir = evaluate_beir(embedder, self.eval_tasks["beir"], batch_size=batch_size)
+                out.update({f"beir_{k}": v for k, v in beir.items()})
+            if "sts" in self.eval_tasks:
+                sts = evaluate_pairs(lambda texts: embedder.encode(texts, batch_size=batch_size), *self.eval_tasks["sts"])
+                out.update({f"sts_{k}": v for k, v in sts.items()})
         finally:
             model.train(was_training)
+        return out
 
     def _embedding_dim(self, embs: list[torch.Tensor]) -> int:
         if embs:

@@ -191,3 +191,43 @@ def test_cli_end_to_end_with_minilm(minilm_path, tmp_path, capsys):
     both = json.loads(out.read_text())
     assert set(both) == {"sts", "beir"} and "spearman_cosine" in both["sts"]
     assert both["beir"]["ndcg@10"] == pytest.approx(metrics["ndcg@10"], abs=1e-6)
+
+
+@pytest.mark.parametrize("with_val", [False, True], ids=["tasks-only", "with-val"])
+def test_training_evaluates_beir_and_sts_as_mmembed_eval_does(minilm_path, tmp_path, with_val):
+    """--eval_beir and --eval_sts during training (with or without an eval set) report the
+    numbers `mmembed eval` gives for the checkpoint saved at that step."""
+    from mmembed.arguments import parse_sft_args
+    from mmembed.sft import run_sft
+
+    folder = _stsb_beir(tmp_path / "stsb_beir")
+    sts = tmp_path / "sts.jsonl"
+    with open(os.path.join(DATA, "stsb_test_scored.jsonl"), encoding="utf-8") as f:
+        sts.write_text("".join(next(f) for _ in range(40)))
+    val = ["--val_dataset", os.path.join(DATA, "stsb_dev_pairs.jsonl#8")] if with_val else []
+    metrics = run_sft(parse_sft_args([
+        "--model", minilm_path, "--dataset", os.path.join(DATA, "stsb_train_hardneg.jsonl#8"), "--tuner_type", "full",
+        "--max_steps", "2", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
+        "--learning_rate", "1e-4", "--output_dir", str(tmp_path / "out"), "--report_to", "none",
+        "--eval_beir", folder, "--eval_sts", str(sts), "--per_device_eval_batch_size", "16", *val]))
+    assert ("eval_recall_at_1" in metrics) == with_val and ("eval_loss" in metrics) == with_val
+    assert main(["eval", "--model", metrics["last_checkpoint"], "--beir", folder, "--sts", str(sts),
+                 "--json", str(tmp_path / "m.json")]) == 0
+    want = json.loads((tmp_path / "m.json").read_text())
+    for task in ("beir", "sts"):
+        for key, value in want[task].items():
+            assert metrics[f"eval_{task}_{key.replace('@', '_at_')}"] == pytest.approx(value, abs=1e-5), (task, key)
+
+
+def test_a_bad_eval_task_fails_before_training(minilm_path, tmp_path):
+    from mmembed.arguments import parse_sft_args
+    from mmembed.data import DataError
+    from mmembed.sft import run_sft
+
+    sts = tmp_path / "sts.jsonl"
+    sts.write_text('{"query": "a", "response": "b", "label": 0.5}\n{"query": "c", "response": "d"}\n')
+    with pytest.raises(DataError) as e:
+        run_sft(parse_sft_args(["--model", minilm_path, "--dataset", os.path.join(DATA, "stsb_train_hardneg.jsonl#8"),
+                                "--output_dir", str(tmp_path / "out"), "--report_to", "none", "--eval_sts", str(sts)]))
+    assert (e.value.line, e.value.field) == (2, "label")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("checkpoint-*"))
