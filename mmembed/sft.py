@@ -327,5 +327,10 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     metrics["last_checkpoint"] = final
     if args.should_save:
         logger.info("last checkpoint: %s", final)
+    if trainer.state.best_model_checkpoint:  # with --metric_for_best_model
+        metrics["best_model_checkpoint"] = trainer.state.best_model_checkpoint
+        if args.should_save:
+            logger.info("best checkpoint: %s (%s %s)%s", trainer.state.best_model_checkpoint, args.metric_for_best_model,
+                        trainer.state.best_metric, ", loaded at the end" if args.load_best_model_at_end else "")
     return metrics
 

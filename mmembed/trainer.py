@@ -341,6 +341,12 @@ class EmbeddingTrainer(Trainer):
         load_backbone_weights(backbone, resume_from_checkpoint)
 
     def _load_best_model(self) -> None:
+        """``--load_best_model_at_end``: the best checkpoint's weights back into the model.
+        Under DeepSpeed the engine reloads its own checkpoint (ZeRO-3 parameters are
+        partitioned, so a plain state dict cannot be loaded into them)."""
+        if self.is_deepspeed_enabled:
+            super()._load_best_model()
+            return
         best = self.state.best_model_checkpoint
         if best:
             load_backbone_weights(self.accelerator.unwrap_model(self.model).backbone, best)

@@ -231,3 +231,32 @@ def test_a_bad_eval_task_fails_before_training(minilm_path, tmp_path):
                                 "--output_dir", str(tmp_path / "out"), "--report_to", "none", "--eval_sts", str(sts)]))
     assert (e.value.line, e.value.field) == (2, "label")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").glob("checkpoint-*"))
+
+
+def test_best_checkpoint_by_a_task_metric_is_loaded_at_the_end(minilm_path, tmp_path):
+    """--metric_for_best_model on a held-out task's metric with --load_best_model_at_end: the
+    checkpoint picked is the one whose logged metric is best, and the final evaluation
+    (after training) repeats that checkpoint's numbers, not the last step's."""
+    from mmembed.arguments import parse_sft_args
+    from mmembed.sft import run_sft
+
+    sts = tmp_path / "sts.jsonl"
+    with open(os.path.join(DATA, "stsb_test_scored.jsonl"), encoding="utf-8") as f:
+        sts.write_text("".join(next(f) for _ in range(40)))
+    out = tmp_path / "out"
+    # the worst Spearman counts as best (greater_is_better false), so that training for 3 steps
+    # at a high learning rate makes the pick an early checkpoint, not the last one
+    metrics = run_sft(parse_sft_args([
+        "--model", minilm_path, "--dataset", os.path.join(DATA, "stsb_train_hardneg.jsonl#12"), "--tuner_type", "full",
+        "--max_steps", "3", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
+        "--learning_rate", "2e-4", "--lr_scheduler_type", "constant", "--output_dir", str(out), "--report_to", "none",
+        "--eval_sts", str(sts), "--eval_steps", "1", "--save_steps", "1", "--load_best_model_at_end", "true",
+        "--metric_for_best_model", "eval_sts_spearman_cosine", "--greater_is_better", "false"]))
+    history = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())["log_history"]
+    logged = {h["step"]: h["eval_sts_spearman_cosine"] for h in history if "eval_sts_spearman_cosine" in h}
+    assert sorted(logged) == [1, 2, 3]
+    best_step = min(logged, key=logged.get)
+    assert metrics["best_model_checkpoint"] == str(out / f"checkpoint-{best_step}")
+    assert best_step != 3, logged  # otherwise the test would not tell loading from not loading
+    assert metrics["eval_sts_spearman_cosine"] == pytest.approx(logged[best_step], abs=1e-6)
+    assert metrics["eval_sts_spearman_cosine"] != pytest.approx(logged[3], abs=1e-4)
