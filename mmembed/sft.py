@@ -269,6 +269,10 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
         raise ValueError("no training rows left after loading " + ", ".join(args.dataset))
 
     teacher_keys = data_teacher(args, loss_fn.loss, EmbeddingDataset(train, teacher_files))
+    if teacher_keys and val is not None:  # eval rows may go without, but what they carry must fit
+        val_rows = EmbeddingDataset(val, teacher_files)
+        for i in range(len(val_rows)):
+            val_rows[i]
     eval_tasks = load_eval_tasks(args)
 
     if args.deepspeed:

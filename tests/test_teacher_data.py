@@ -371,3 +371,24 @@ def test_python_api_takes_the_flags_as_keywords(minilm_path, tmp_path):
     assert np.isfinite(metrics["train_loss"]) and metrics["train_loss"] > 0
     with pytest.raises(ValueError, match="unknown flag"):
         mmembed.train(model=minilm_path, dataset=[data], no_such_flag=1)
+
+
+def test_a_bad_array_row_in_the_split_off_eval_rows_fails_before_training(minilm_path, tmp_path):
+    from mmembed.arguments import parse_sft_args
+    from mmembed.data import DataError, load_samples, split_dataset
+    from mmembed.sft import run_sft
+
+    rows = [dict(r, rejected_response=[f"n{i}"]) for i, r in enumerate(_rows(2) * 4)]
+    data = _write_jsonl(tmp_path / "d.jsonl", rows)
+    _, val = split_dataset(load_samples(data, load_from_cache_file=False).dataset, 0.25, 42)
+    bad = val[0]["row"]
+    scores = [[1.0, 0.0] for _ in rows]
+    scores[bad] = [1.0]  # NaN where the row's negative needs a score
+    npy = _scores_npy(tmp_path / "s.npy", scores, 2)
+    out = tmp_path / "out"
+    with pytest.raises(DataError) as e:
+        run_sft(parse_sft_args(["--model", minilm_path, "--dataset", data, "--split_dataset_ratio", "0.25",
+                                "--loss_type", "distill_kl", "--loss_kwargs", '{"use_batch": false}',
+                                "--teacher_scores_file", npy, "--output_dir", str(out), "--report_to", "none"]))
+    assert e.value.line == bad + 1 and e.value.field == f"s.npy[{bad}]"
+    assert not out.exists() or not any(out.glob("checkpoint-*"))
