@@ -281,3 +281,26 @@ def test_lora_under_offload_configs_trains_and_exports(minilm_no_dropout, one_pr
     a = Embedder.from_pretrained(str(ckpt)).encode(texts)
     b = Embedder.from_pretrained(str(ckpt) + "-merged").encode(texts)
     np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_best_checkpoint_is_reloaded_under_zero3(minilm_no_dropout, one_process_run, tmp_path):
+    """--load_best_model_at_end with ZeRO-3 on 2 processes: the engine reloads the picked
+    checkpoint (its partitioned parameters cannot take a plain state dict), so the final
+    evaluation repeats that checkpoint's logged numbers, not the last step's."""
+    d = one_process_run
+    out = tmp_path / "out"
+    # the highest eval loss counts as best: with the loss falling as it trains, an early checkpoint
+    proc = _torchrun(["-m", "mmembed.cli", "sft", "--model", minilm_no_dropout, "--dataset", str(d / "train.jsonl"),
+                      "--val_dataset", str(d / "val.jsonl"), "--tuner_type", "full", "--deepspeed", "zero3",
+                      "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1", "--max_steps", "3",
+                      "--learning_rate", "1e-4", "--lr_scheduler_type", "constant", "--eval_steps", "1",
+                      "--save_steps", "1", "--load_best_model_at_end", "true", "--metric_for_best_model", "eval_loss",
+                      "--greater_is_better", "true", "--output_dir", str(out), "--disable_tqdm", "true",
+                      "--report_to", "none"])
+    metrics = json.loads(proc.stdout[proc.stdout.index("{\n"):proc.stdout.rindex("}") + 1])
+    history = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())["log_history"]
+    logged = {h["step"]: h["eval_loss"] for h in history if "eval_loss" in h}
+    best = max(logged, key=logged.get)
+    assert best != 3 and metrics["best_model_checkpoint"] == str(out / f"checkpoint-{best}"), logged
+    assert metrics["eval_loss"] == pytest.approx(logged[best], rel=1e-5)
+    assert metrics["eval_loss"] != pytest.approx(logged[3], rel=1e-4)
