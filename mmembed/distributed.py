@@ -139,7 +139,7 @@ class GlobalBatchLoss(nn.Module):
         scores its own anchors against the documents of all processes."""
         emb = outputs["last_hidden_state"]
         n_groups = emb.shape[0] - labels.shape[0]  # one label per positive and per negative
-        if not _use_batch(self.loss):  # nothing crosses processes (distill_kl may take per-group teacher_scores)
+        if not uses_whole_batch(self.loss):  # nothing crosses processes (distill_kl may take per-group teacher_scores)
             groups = gather_sizes(n_groups, emb.device)
             return self.loss(outputs, labels) * (groups[rank] * w / sum(groups))
         parts = self.loss.split_parts(outputs, labels)
@@ -164,7 +164,7 @@ class GlobalBatchLoss(nn.Module):
         return loss * (groups[rank] * w / total)
 
 
-def _use_batch(loss: nn.Module) -> bool:
+def uses_whole_batch(loss: nn.Module) -> bool:
     """Whether a group loss scores against the whole batch (gist always does)."""
     config = getattr(loss, "config", None)
     if config is not None and hasattr(config, "use_batch"):

@@ -15,7 +15,7 @@ from .data import EmbeddingDataset, load_samples, split_dataset
 from .data.collator import EmbeddingCollator, layout_for_loss, token_lengths
 from .data.sample import Sample
 from .data.teacher import TeacherFiles, teacher_signal
-from .distributed import GlobalBatchLoss, _use_batch
+from .distributed import GlobalBatchLoss, uses_whole_batch
 from .losses import build_loss
 from .data.inputs import InputBuilder
 from .modeling import (
@@ -167,7 +167,7 @@ def data_teacher(args: SftArguments, loss: nn.Module, train: EmbeddingDataset) -
         if first is not None and (first.teacher_scores is not None or first.teacher_embeddings is not None):
             logger.warning("the rows carry teacher scores or embeddings; --teacher_model is the teacher, so they are unused")
         return {}
-    key, width = teacher_signal((train[i] for i in range(len(train))), args.loss_type, _use_batch(loss), "training")
+    key, width = teacher_signal((train[i] for i in range(len(train))), args.loss_type, uses_whole_batch(loss), "training")
     logger.info("teacher from the data: %s%s", key, f" (width {width})" if width else "")
     return {key: width}
 
@@ -191,7 +191,7 @@ def load_eval_tasks(args: SftArguments) -> dict[str, Any]:
 
 
 def check_widths(args: SftArguments, loss: nn.Module, width: int, aux_models: dict[str, EmbeddingModel],
-                 data_teacher: dict[str, int | None] | None = None) -> None:
+                 data_teacher_keys: dict[str, int | None] | None = None) -> None:
     """Width errors at start, not mid-run: Matryoshka widths above the model's, and a
     teacher (model or data) of another width for the embedding distillation losses."""
     if hasattr(loss, "check_dims"):
@@ -202,8 +202,8 @@ def check_widths(args: SftArguments, loss: nn.Module, width: int, aux_models: di
     teacher_width = None
     if "teacher" in aux_models:
         teacher_width = hidden_size(aux_models["teacher"].config)
-    elif data_teacher:
-        teacher_width = data_teacher.get("teacher_embeddings")
+    elif data_teacher_keys:
+        teacher_width = data_teacher_keys.get("teacher_embeddings")
     if args.loss_type in ("distill_cosine", "distill_mse", "distill_marginal") and teacher_width is not None:
         if teacher_width != width:
             raise UsageError(f"--loss_type {args.loss_type} compares embeddings directly, but the teacher's width is "
