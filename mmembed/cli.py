@@ -89,10 +89,27 @@ def cmd_embed(argv: list[str]) -> int:
     p.add_argument("--output", required=True, help="where to write the [n, D] float32 .npy")
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--torch_dtype", default=None)
+    p.add_argument("--teacher_arrays", action="store_true",
+                   help="--input is a training file: write the model's view of every row as a teacher, OUTPUT_embeddings.npy "
+                        "[rows, 2 + negatives, D] and OUTPUT_scores.npy [rows, 1 + negatives] (NaN-padded), for "
+                        "--teacher_embeddings_file / --teacher_scores_file")
     a = p.parse_args(argv)
     import numpy as np
 
     from .inference import Embedder, read_inputs
+
+    if a.teacher_arrays:
+        from .data.teacher import teacher_arrays
+
+        stem = a.output[:-4] if a.output.endswith(".npy") else a.output
+        emb, scores = teacher_arrays(Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype), a.input, a.batch_size)
+        for name, arr in (("embeddings", emb), ("scores", scores)):
+            path = f"{stem}_{name}.npy"
+            with open(path + ".part", "wb") as f:  # a complete file or none
+                np.save(f, arr)
+            os.replace(path + ".part", path)
+            print(f"wrote {name} {tuple(arr.shape)} to {path}")
+        return 0
 
     inputs, origins = read_inputs(a.input)
     emb = Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype).encode(inputs, batch_size=a.batch_size, origins=origins)

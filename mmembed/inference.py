@@ -126,8 +126,9 @@ class Embedder:
                origins: Sequence[tuple[str, int]] | None = None) -> np.ndarray:
         """Embed ``inputs`` (strings, ``Item``s, row dicts or messages lists); returns
         ``[n, D]`` float32, L2-normalized. Text longer than the model's limit is truncated;
-        an input with media that is too long is an error. ``origins`` (file, line) per input
-        name the inputs in errors (default: ``<input>`` and the input's index)."""
+        an input with media that is too long is an error. ``origins`` (file, line) or (file,
+        line, field) per input name the inputs in errors (default: ``<input>`` and the
+        input's index)."""
         if isinstance(inputs, (str, Item, dict)):
             inputs = [inputs]
         items = [as_item(x) for x in inputs]
@@ -136,7 +137,7 @@ class Embedder:
         out: list[np.ndarray | None] = [None] * len(texts)
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            where = [(*origins[i], "") if origins else ("<input>", i, "") for i in idx]
+            where = [(*origins[i], "")[:3] if origins else ("<input>", i, "") for i in idx]
             enc = self.builder([items[i] for i in idx], where)
             enc = {k: v.to(self.device) for k, v in enc.items()}
             emb = self.model(**enc)["last_hidden_state"].float().cpu().numpy()

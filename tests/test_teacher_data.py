@@ -392,3 +392,29 @@ def test_a_bad_array_row_in_the_split_off_eval_rows_fails_before_training(minilm
                                 "--teacher_scores_file", npy, "--output_dir", str(out), "--report_to", "none"]))
     assert e.value.line == bad + 1 and e.value.field == f"s.npy[{bad}]"
     assert not out.exists() or not any(out.glob("checkpoint-*"))
+
+
+def test_embed_writes_the_teacher_arrays_training_reads(minilm_path, tmp_path):
+    """`mmembed embed --teacher_arrays` on a training file writes, per row, the teacher's
+    embeddings of its members and the anchor's scores, NaN-padded: the same numbers as
+    embedding each row's texts directly, and arrays `--teacher_*_file` accepts."""
+    from mmembed.cli import main
+    from mmembed.data import EmbeddingDataset, load_samples
+    from mmembed.data.teacher import TeacherFiles
+
+    rows = [json.loads(line) for line in open(TRAIN)][:6]
+    for i, r in enumerate(rows):  # 0, 1 or 2 negatives
+        r["rejected_response"] = [rows[(i + 1) % 6]["response"], rows[(i + 2) % 6]["query"]][: i % 3]
+    data = _write_jsonl(tmp_path / "train.jsonl", rows)
+    assert main(["embed", "--model", minilm_path, "--input", data, "--output", str(tmp_path / "teacher.npy"),
+                 "--teacher_arrays", "--batch_size", "4"]) == 0
+    emb, scores = np.load(tmp_path / "teacher_embeddings.npy"), np.load(tmp_path / "teacher_scores.npy")
+    want_emb, want_scores = _teacher_views(minilm_path, data, 6)
+    assert emb.shape == (6, 4, 384) and scores.shape == (6, 3)
+    np.testing.assert_allclose(emb, want_emb, atol=1e-5)  # NaN where NaN
+    np.testing.assert_allclose(scores, want_scores, atol=1e-5)
+    res = load_samples(data, load_from_cache_file=False)
+    ds = EmbeddingDataset(res.dataset, TeacherFiles.open(res.files, res.records, [str(tmp_path / "teacher_scores.npy")],
+                                                         [str(tmp_path / "teacher_embeddings.npy")]))
+    assert [len(ds[i].teacher_scores) for i in range(6)] == [1, 2, 3, 1, 2, 3]
+    assert not list(tmp_path.glob("*.part"))
