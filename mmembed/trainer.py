@@ -87,15 +87,16 @@ class EmbeddingTrainer(Trainer):
     # ---- training -------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         labels = inputs.pop("labels")
-        aux = self._aux_embeddings(inputs)
+        aux = self._side_outputs(inputs)
         outputs = {**model(**inputs), **aux}
         loss = self._checked(self.loss_fn(outputs, labels))
         return (loss, outputs) if return_outputs else loss
 
     @torch.no_grad()
-    def _aux_embeddings(self, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """Pop the guide's / teacher's inputs from the batch and embed them (no gradient);
-        pop the teacher's signals the data gave (scores, embeddings)."""
+    def _side_outputs(self, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """What the loss takes beside the student's embeddings, popped from the batch: the
+        guide's / teacher's embeddings of the same rows (their inputs embedded here, without
+        gradient), or the teacher's scores / embeddings the data gave."""
         out = {}
         if "teacher_scores" in inputs:
             out["teacher_scores"] = inputs.pop("teacher_scores")
@@ -128,7 +129,7 @@ class EmbeddingTrainer(Trainer):
         model.train()
         inputs = self._prepare_inputs(inputs)
         labels = inputs.pop("labels")
-        aux = self._aux_embeddings(inputs)  # a guide's / teacher's embeddings: whole batch, no gradient
+        aux = self._side_outputs(inputs)  # a guide's / teacher's embeddings: whole batch, no gradient
         scale = 1.0 / self.current_gradient_accumulation_steps
         # mini-batches of rows of similar length carry little padding; the loss sees the
         # embeddings back in the batch's order. Rows move with their own images, videos
@@ -238,7 +239,7 @@ class EmbeddingTrainer(Trainer):
         for batch in loader:
             batch = self._prepare_inputs(batch)
             lab = batch.pop("labels")
-            aux = self._aux_embeddings(batch)
+            aux = self._side_outputs(batch)
             out = {**model(**batch), **aux}
             if not self.loss_type.startswith("distill_") or aux:  # eval rows may lack the data's teacher
                 loss_sum += torch.tensor([loss_fn(out, lab).item() * len(lab), len(lab)], dtype=torch.float64,
@@ -249,7 +250,7 @@ class EmbeddingTrainer(Trainer):
             if batch is None:
                 batch = self._prepare_inputs(self.data_collator([loader.dataset.dataset[0]]))
                 batch.pop("labels")
-                self._aux_embeddings(batch)  # only pops the side models' inputs
+                self._side_outputs(batch)  # only pops the side models' inputs
             model(**batch)
         if was_training:
             model.train()
