@@ -29,8 +29,8 @@ def launch(args: list[str], nproc: int = 1, env: dict | None = None, timeout: in
     One thread per process under torchrun (2 cores), else 2."""
     torchrun = nproc > 1 if torchrun is None else torchrun
     env = dict(os.environ, OMP_NUM_THREADS="1" if torchrun else "2", **(env or {}))
-    launcher = ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
-                f"--master_port={free_port()}"] if torchrun else []
+    # --standalone: torchrun binds a free port itself (no window between picking and binding)
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if torchrun else []
     proc = subprocess.run([sys.executable, *launcher, *args], env=env, capture_output=True, text=True, cwd=REPO,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
