@@ -96,6 +96,7 @@ def cmd_embed(argv: list[str]) -> int:
     a = p.parse_args(argv)
     import numpy as np
 
+    from .files import replaced_when_done
     from .inference import Embedder, read_inputs
 
     if a.teacher_arrays:
@@ -105,9 +106,8 @@ def cmd_embed(argv: list[str]) -> int:
         emb, scores = teacher_arrays(Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype), a.input, a.batch_size)
         for name, arr in (("embeddings", emb), ("scores", scores)):
             path = f"{stem}_{name}.npy"
-            with open(path + ".part", "wb") as f:  # a complete file or none
+            with replaced_when_done(path, "wb") as f:
                 np.save(f, arr)
-            os.replace(path + ".part", path)
             print(f"wrote {name} {tuple(arr.shape)} to {path}")
         return 0
 

@@ -69,7 +69,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -79,6 +78,7 @@ import numpy as np
 from .beir import top_k
 from .data.reader import iter_raw_rows, parse_row
 from .data.sample import MEDIA_KINDS, DataError, Item, Sample
+from .files import replaced_when_done
 
 __all__ = [
     "MiningConfig",
@@ -580,22 +580,14 @@ def check_output_path(output: str) -> None:
 
 def _write_rows(rows: list[Any], output: str) -> None:
     check_output_path(output)
-    folder = os.path.dirname(os.path.abspath(output))
-    fd, tmp = tempfile.mkstemp(prefix=".mine-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            if output.endswith(".jsonl"):
-                for row in rows:
-                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
-            else:
-                f.write("[\n")
-                f.write(",\n".join(json.dumps(row, ensure_ascii=False) for row in rows))
-                f.write("\n]\n")
-        os.replace(tmp, output)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with replaced_when_done(output, "w", encoding="utf-8") as f:
+        if output.endswith(".jsonl"):
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        else:
+            f.write("[\n")
+            f.write(",\n".join(json.dumps(row, ensure_ascii=False) for row in rows))
+            f.write("\n]\n")
 
 
 def mine_file(

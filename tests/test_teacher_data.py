@@ -417,4 +417,4 @@ def test_embed_writes_the_teacher_arrays_training_reads(minilm_path, tmp_path):
     ds = EmbeddingDataset(res.dataset, TeacherFiles.open(res.files, res.records, [str(tmp_path / "teacher_scores.npy")],
                                                          [str(tmp_path / "teacher_embeddings.npy")]))
     assert [len(ds[i].teacher_scores) for i in range(6)] == [1, 2, 3, 1, 2, 3]
-    assert not list(tmp_path.glob("*.part"))
+    assert not list(tmp_path.glob(".*.tmp"))  # no temporary file left beside them
