@@ -251,12 +251,12 @@ def child(spec: dict) -> dict:
     import torch
     from transformers import TrainerCallback
 
-    import mmembed.sft as sft
-    from mmembed.arguments import parse_sft_args
-    from mmembed.data.collator import EmbeddingCollator
+    import mmembed.train.sft as sft
     from mmembed.data.dataset import EmbeddingDataset
-    from mmembed.data.inputs import InputBuilder
-    from mmembed.trainer import EmbeddingTrainer
+    from mmembed.encoding.collator import EmbeddingCollator
+    from mmembed.encoding.inputs import InputBuilder
+    from mmembed.train.arguments import parse_sft_args
+    from mmembed.train.trainer import EmbeddingTrainer
 
     parts = PartTimer()
     parts.wrap(EmbeddingDataset, "__getitem__", "dataset read")
@@ -381,7 +381,7 @@ def cpu_benchmark(a: argparse.Namespace) -> None:
                 best[key] = r
     results = [best[k] for k in configs]
 
-    from mmembed.data.media import MediaBudget, video_reader
+    from mmembed.encoding.media import MediaBudget, video_reader
 
     per_sample = 2 + a.negatives
     print(f"\ntiny Qwen2-VL (random weights, hidden 64, 2 text + 2 vision layers), InfoNCE, batch {a.batch_size} "

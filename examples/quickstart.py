@@ -26,8 +26,8 @@ SHOWN = ["spearman_cosine", "pearson_cosine", "recall@1", "recall@10", "mrr@10",
 
 
 def evaluate(model_dir: str) -> dict:
-    from mmembed.eval_tasks import evaluate_pairs_file
-    from mmembed.inference import Embedder
+    from mmembed.eval.sts import evaluate_pairs_file
+    from mmembed.model.embedder import Embedder
 
     return evaluate_pairs_file(Embedder.from_pretrained(model_dir), os.path.join(DATA, "stsb_test_scored.jsonl"))
 
@@ -47,7 +47,7 @@ def main() -> int:
     before = evaluate(model)
 
     cmd = [
-        sys.executable, "-m", "mmembed.cli", "sft",
+        sys.executable, "-m", "mmembed.tools.cli", "sft",
         "--model", model,
         "--task_type", "embedding",
         "--loss_type", "infonce",
@@ -78,10 +78,10 @@ def main() -> int:
     subprocess.run(cmd, env=env, check=True)
     train_s = time.time() - t0
 
-    from mmembed.trainer import find_last_complete_checkpoint
+    from mmembed.train.trainer import find_last_complete_checkpoint
 
     ckpt = find_last_complete_checkpoint(out)
-    subprocess.run([sys.executable, "-m", "mmembed.cli", "export", "--adapters", ckpt, "--merge_lora", "true"], check=True)
+    subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "export", "--adapters", ckpt, "--merge_lora", "true"], check=True)
     merged = ckpt + "-merged"
     print(f"== after: {merged} ==", flush=True)
     after = evaluate(merged)

@@ -204,8 +204,14 @@ def _vl_config(kind: str):
 
 def _vl_processor(kind: str, tok, pixels):
     """The real processor class of `kind` with tiny pixel budgets."""
-    from transformers import (Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLProcessor,
-                              Qwen2VLVideoProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor)
+    from transformers import (
+        Qwen2_5_VLProcessor,
+        Qwen2VLImageProcessor,
+        Qwen2VLProcessor,
+        Qwen2VLVideoProcessor,
+        Qwen3VLProcessor,
+        Qwen3VLVideoProcessor,
+    )
 
     (img_min, img_max), (vid_min, vid_max) = pixels
     if kind == "qwen3_vl":
@@ -252,8 +258,12 @@ def _build_text(kind: str, out_dir: str) -> None:
 
 
 def _build_audio(out_dir: str) -> None:
-    from transformers import (Qwen2AudioConfig, Qwen2AudioForConditionalGeneration, Qwen2AudioProcessor,
-                              WhisperFeatureExtractor)
+    from transformers import (
+        Qwen2AudioConfig,
+        Qwen2AudioForConditionalGeneration,
+        Qwen2AudioProcessor,
+        WhisperFeatureExtractor,
+    )
 
     ids = _ids("qwen2_audio")
     fe = WhisperFeatureExtractor(feature_size=128, sampling_rate=16000, hop_length=160,

@@ -11,11 +11,11 @@ __all__ = ["Embedder", "build_loss", "train", "__version__"]
 
 def __getattr__(name):  # keep `import mmembed` light: torch/transformers load on first use
     if name == "Embedder":
-        from .inference import Embedder
+        from .model.embedder import Embedder
 
         return Embedder
-    if name == "train":  # not "sft": that name is the mmembed.sft module
-        from .api import train
+    if name == "train":  # not "sft": that name is the mmembed.train.sft module
+        from .tools.api import train
 
         return train
     if name == "build_loss":

@@ -9,8 +9,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mmembed.distributed import GlobalBatchLoss
 from mmembed.losses import build_loss
+from mmembed.train.distributed import GlobalBatchLoss
 
 D_IN, D = 6, 5
 NEG_COUNTS = [2, 0, 1, 3, 1, 2, 0, 1]  # 8 groups, unequal negatives

@@ -1,0 +1,227 @@
+"""Items -> model inputs: the one place where rendered text meets the tokenizer or processor.
+
+``InputBuilder`` is shared by training (the collator), evaluation, ``--truncation_strategy
+delete`` (``lengths``) and the ``Embedder``, so every path renders and encodes an item the
+same way.
+
+- Text models get the tokenizer's output (``input_ids``, ``attention_mask``, ...).
+- Multimodal models (a template with media placeholders and a processor) get the
+  processor's output: each ``<image>``/``<video>``/``<audio>`` tag is rendered as the
+  template's placeholder, the media are loaded (``mmembed.encoding.media``: pixel and frame
+  budgets from ``MAX_PIXELS``, ``FPS``, ...), and the processor expands each placeholder
+  to one token per visual patch group or audio frame and returns ``pixel_values``,
+  ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``, ``input_features``, ...
+  The media of a batch are passed in the order their tags appear, row by row, which is
+  the order the processor assigns them to placeholders.
+
+A media file that cannot be read is a ``DataError`` naming the data file, line and field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from ..data.sample import DataError, Item
+from .templates import Template
+
+# where an item came from, for error messages: (data file, line, field)
+Origin = tuple[str, int, str]
+
+# [N, 3] images, videos, audios per row of a media batch: which pixel / feature rows belong
+# to which input row (select_rows). The model wrapper drops it before the backbone.
+MEDIA_COUNTS = "media_counts"
+# per-medium tensors of a processor's output, by medium: (patch rows, per-medium rows)
+_MEDIA_KEYS = (
+    ("pixel_values", ("image_grid_thw",)),
+    ("pixel_values_videos", ("video_grid_thw", "second_per_grid_ts")),
+    (None, ("input_features", "feature_attention_mask")),
+)
+
+
+def tokenizer_of(processing: Any) -> Any:
+    """The tokenizer inside a processor, or the tokenizer itself."""
+    return getattr(processing, "tokenizer", None) or processing
+
+
+def is_multimodal_processor(processing: Any) -> bool:
+    return any(hasattr(processing, a) for a in ("image_processor", "video_processor", "feature_extractor"))
+
+
+class InputBuilder:
+    """Render and encode items for one model.
+
+    Args:
+        template: how an item becomes text (and its media placeholders).
+        processing: the tokenizer, or for a multimodal template the model's processor.
+        max_length: the longest input in tokens (``None``: no limit).
+        truncation_side: ``right`` or ``left``; used only when ``truncate`` is true.
+        truncate: cut rows longer than ``max_length`` (``--truncation_strategy left|right``).
+            A row with media is never cut (that would cut its media tokens): it is an
+            error naming the row. Without ``truncate`` rows are encoded whole.
+    """
+
+    def __init__(self, template: Template, processing: Any, max_length: int | None = None,
+                 truncation_side: str = "right", truncate: bool = True):
+        self.template = template
+        self.tokenizer = tokenizer_of(processing)
+        self.processor = processing if template.media and is_multimodal_processor(processing) else None
+        if template.media and self.processor is None:
+            raise ValueError(f"template '{template.name}' takes media; it needs the model's processor, not a tokenizer")
+        self.max_length = max_length
+        self.truncate = truncate and max_length is not None
+        self.tokenizer.padding_side = template.padding_side
+        self.tokenizer.truncation_side = "left" if truncation_side == "left" else "right"
+
+    @property
+    def multimodal(self) -> bool:
+        return self.processor is not None
+
+    # ---- encoding -------------------------------------------------------------------
+    def __call__(self, items: Sequence[Item], origins: Sequence[Origin] | None = None) -> dict[str, torch.Tensor]:
+        texts = [self.template.render(it) for it in items]
+        if not self.multimodal or not any(it.has_media for it in items):
+            return dict(self._tokenize(texts, truncate=self.truncate))
+        media = self._load_media(items, origins)
+        out = self._process(texts, media, truncate=False)
+        out[MEDIA_COUNTS] = torch.tensor([[len(it.images), len(it.videos), len(it.audios)] for it in items])
+        if self.truncate:
+            lengths = out["attention_mask"].sum(1).tolist()
+            over = [i for i, n in enumerate(lengths) if n > self.max_length]
+            for i in over:
+                if items[i].has_media:
+                    where = origins[i] if origins else ("<input>", 0, "")
+                    raise DataError(where[0], where[1], where[2] or None,
+                                    f"{lengths[i]} tokens with its media, over --max_length {self.max_length}; "
+                                    "a row with media is not truncated (that would cut its media tokens): "
+                                    "raise --max_length, lower MAX_PIXELS, or use --truncation_strategy delete")
+            if over:  # only text-only rows are too long: cut those, the media rows are under the limit
+                out = self._process(texts, media, truncate=True)
+        return out
+
+    def lengths(self, items: Sequence[Item], origins: Sequence[Origin] | None = None) -> list[int]:
+        """Tokens per item as the model would see them (media expanded), untruncated."""
+        texts = [self.template.render(it) for it in items]
+        out: list[int] = [0] * len(items)
+        text_rows = [i for i, it in enumerate(items) if not (self.multimodal and it.has_media)]
+        if text_rows:
+            enc = self.tokenizer([texts[i] for i in text_rows], add_special_tokens=self.template.add_special_tokens)["input_ids"]
+            for i, ids in zip(text_rows, enc):
+                out[i] = len(ids)
+        for i, it in enumerate(items):
+            if self.multimodal and it.has_media:  # one at a time: the media of one row in memory
+                one = [origins[i]] if origins else None
+                enc = self._process([texts[i]], self._load_media([it], one), truncate=False)
+                out[i] = int(enc["attention_mask"].sum())
+        return out
+
+    def _tokenize(self, texts: list[str], truncate: bool):
+        return self.tokenizer(
+            texts,
+            padding=True,
+            truncation=truncate,
+            max_length=self.max_length if truncate else None,
+            add_special_tokens=self.template.add_special_tokens,
+            return_tensors="pt",
+        )
+
+    def _process(self, texts: list[str], media: dict[str, Any], truncate: bool) -> dict[str, torch.Tensor]:
+        kwargs = dict(media)
+        if truncate:
+            kwargs.update(truncation=True, max_length=self.max_length)
+        enc = self.processor(text=texts, padding=True, return_tensors="pt", add_special_tokens=self.template.add_special_tokens, **kwargs)
+        return {k: v for k, v in enc.items() if torch.is_tensor(v)}
+
+    def _load_media(self, items: Sequence[Item], origins: Sequence[Origin] | None) -> dict[str, Any]:
+        """The batch's media in tag order, as processor keyword arguments."""
+        from . import media as M
+
+        budget = M.MediaBudget.from_env()
+        patch = self._patch_size()
+        images, videos, audios = [], [], []
+        for i, it in enumerate(items):
+            base = origins[i] if origins else ("<input>", 0, "")
+            for kind in ("image", "video", "audio"):
+                refs = it.media(kind)
+                if refs and kind not in self.template.media:
+                    raise DataError(base[0], base[1], base[2] or None,
+                                    f"template '{self.template.name}' takes no {kind} inputs, but the row has {len(refs)}")
+            for j, ref in enumerate(it.images):
+                images.append(M.load_image(ref, budget, where=_where(base, "images", j), patch_size=patch))
+            for j, ref in enumerate(it.videos):
+                videos.append(M.load_video(ref, budget, where=_where(base, "videos", j), patch_size=patch))
+            for j, ref in enumerate(it.audios):
+                audios.append(M.load_audio(ref, self.sampling_rate, where=_where(base, "audios", j)))
+        # the media arrive sized and sampled by the budget (as qwen-vl-utils does it for
+        # ms-swift): the processor must not resize or resample them again
+        kwargs: dict[str, Any] = {}
+        if images:
+            kwargs.update(images=images, do_resize=False)
+        if videos:
+            kwargs.update(videos=[v.frames for v in videos], video_metadata=[v.metadata for v in videos],
+                          do_sample_frames=False, do_resize=False)
+        if audios:
+            kwargs.update(audio=audios, sampling_rate=self.sampling_rate)
+        return kwargs
+
+    def _patch_size(self) -> int:
+        for name in ("image_processor", "video_processor"):
+            size = getattr(getattr(self.processor, name, None), "patch_size", None)
+            if size:
+                return int(size)
+        return 14
+
+    @property
+    def sampling_rate(self) -> int:
+        fe = getattr(self.processor, "feature_extractor", None)
+        return int(getattr(fe, "sampling_rate", 16000))
+
+
+def _where(base: Origin, kind: str, index: int) -> Origin:
+    part = f"{base[2]} " if base[2] else ""
+    return (base[0], base[1], f"{part}{kind}[{index}]")
+
+
+def select_rows(batch: dict[str, Any], rows: torch.Tensor | Sequence[int]) -> dict[str, Any]:
+    """The batch restricted to ``rows`` (in that order), with each row's images, videos and
+    audio: per-row tensors are indexed; pixel rows follow their images' grids. ``labels``
+    is left out (losses take it whole)."""
+    rows = torch.as_tensor(rows, dtype=torch.long)
+    n = batch["input_ids"].shape[0]
+    counts = batch.get(MEDIA_COUNTS)
+    media_keys = {k for patch, per in _MEDIA_KEYS for k in (patch, *per) if k}
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        if key == "labels" or key in media_keys:
+            continue
+        out[key] = value[rows.to(value.device)] if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == n else value
+    if counts is None:
+        return out
+    for kind, (patch_key, per_keys) in enumerate(_MEDIA_KEYS):
+        c = counts[:, kind].cpu()
+        if int(c.sum()) == 0:
+            continue
+        start = torch.cumsum(c, 0) - c
+        media = torch.cat([torch.arange(int(start[r]), int(start[r] + c[r])) for r in rows.tolist()])
+        if len(media) == 0:  # none of these rows has this medium: leave its keys out, as the processor does
+            continue
+        for key in per_keys:
+            if key in batch:
+                out[key] = batch[key][media.to(batch[key].device)]
+        if patch_key and patch_key in batch:
+            grid = batch[per_keys[0]]
+            patches = grid.prod(-1).cpu()
+            pstart = torch.cumsum(patches, 0) - patches
+            idx = torch.cat([torch.arange(int(pstart[m]), int(pstart[m] + patches[m])) for m in media.tolist()])
+            out[patch_key] = batch[patch_key][idx.to(batch[patch_key].device)]
+    return out
+
+
+def split_rows(batch: dict[str, Any], rows_per_chunk: int) -> list[dict[str, Any]]:
+    """Consecutive chunks of ``rows_per_chunk`` rows, each with its own media (the gradient
+    cache's ``split_fn`` for text and media batches)."""
+    if rows_per_chunk < 1:
+        raise ValueError(f"rows_per_chunk must be >= 1, got {rows_per_chunk}")
+    n = batch["input_ids"].shape[0]
+    return [select_rows(batch, range(i, min(i + rows_per_chunk, n))) for i in range(0, n, rows_per_chunk)]

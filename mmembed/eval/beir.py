@@ -1,0 +1,235 @@
+"""Retrieval evaluation on a BEIR-layout folder: nDCG@10 (graded), MRR@10, recall@k.
+
+    from mmembed.eval.beir import evaluate_beir
+    metrics = evaluate_beir("output/checkpoint-60", "data/scifact", split="test")
+    # {"ndcg@10": ..., "mrr@10": ..., "recall@1": ..., "recall@10": ..., "recall@100": ...,
+    #  "num_queries": ..., "num_docs": ...}
+
+Folder layout (BEIR's)
+----------------------
+- ``corpus.jsonl``: ``{"_id": str, "title": str, "text": str}`` per line; a document is
+  embedded as ``doc_prefix + (title + " " + text).strip()`` (BEIR's own joining).
+- ``queries.jsonl``: ``{"_id": str, "text": str}``; a query is ``query_prefix + text``.
+- ``qrels/{split}.tsv``: ``query-id <TAB> corpus-id <TAB> score`` with a header line; the
+  score is the graded relevance, and a score <= 0 means not relevant.
+
+Prefixes are plain strings put in front of the text (``"query: "``, ``"Instruct: ...\\nQuery: "``);
+the model's template (and its default system prompt, if any) applies on top as for any input.
+
+Evaluation
+----------
+The queries evaluated are those of ``queries.jsonl`` with at least one relevant document in
+the split's qrels (a qrels query missing from ``queries.jsonl`` is an error). Every corpus
+document is a candidate, except a document whose ``_id`` equals the query's ``_id`` (as BEIR
+does, for datasets where queries are also documents). Documents are ranked by cosine
+similarity (dot product of the normalized embeddings), equal scores by their order in
+``corpus.jsonl``. With ``rel(d)`` the qrels score of ``d`` (0 when unjudged) and ``R_q`` the
+documents with ``rel > 0``, per query, then averaged:
+
+- ``ndcg@10 = DCG / IDCG``, ``DCG = sum_{r=1}^{10} rel(d_r) / log2(r + 1)`` (linear gain, as
+  trec_eval and BEIR), ``IDCG`` the same sum over the qrels grades sorted in decreasing order;
+- ``mrr@10 = 1 / r`` of the first relevant document if ``r <= 10``, else 0;
+- ``recall@k = |R_q ∩ top_k| / |R_q|``.
+
+Relevant documents missing from the corpus still count in ``IDCG`` and in ``|R_q|`` (as
+trec_eval); a warning gives their number.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["BeirData", "load_beir", "top_k", "ranking_metrics", "evaluate_beir"]
+
+logger = logging.getLogger(__name__)
+
+# Upper bound on the number of float32 scores held at once (2**24 * 4 bytes = 64 MiB).
+_BLOCK_ELEMENTS = 1 << 24
+
+
+@dataclass
+class BeirData:
+    """One split of a BEIR folder: the texts (prefixes not applied) and graded qrels."""
+
+    doc_ids: list[str]
+    doc_texts: list[str]
+    query_ids: list[str]  # only the queries with a relevant document in the split
+    query_texts: list[str]
+    qrels: dict[str, dict[str, float]]  # query id -> {doc id: score}, every judged pair
+
+
+def _read_jsonl(path: str) -> list[tuple[int, dict]]:
+    rows = []
+    with open(path, encoding="utf-8-sig") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: invalid JSON: {e.msg}") from None
+            if not isinstance(row, dict) or "_id" not in row:
+                raise ValueError(f"{path}:{n}: a row needs '_id'")
+            rows.append((n, row))
+    return rows
+
+
+def _read_qrels(path: str) -> dict[str, dict[str, float]]:
+    qrels: dict[str, dict[str, float]] = {}
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        for n, cells in enumerate(csv.reader(f, delimiter="\t"), 1):
+            if not cells or not "".join(cells).strip():
+                continue
+            if len(cells) < 3:
+                raise ValueError(f"{path}:{n}: expected query-id, corpus-id, score; got {cells}")
+            try:
+                score = float(cells[2])
+            except ValueError:
+                if n == 1:  # the header
+                    continue
+                raise ValueError(f"{path}:{n}: the score {cells[2]!r} is not a number") from None
+            qrels.setdefault(cells[0].strip(), {})[cells[1].strip()] = score
+    return qrels
+
+
+def load_beir(folder: str, split: str = "test") -> BeirData:
+    """Read ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/{split}.tsv`` from ``folder``."""
+    paths = {name: os.path.join(folder, name) for name in ("corpus.jsonl", "queries.jsonl")}
+    paths["qrels"] = os.path.join(folder, "qrels", f"{split}.tsv")
+    for path in paths.values():
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"BEIR folder {folder}: missing {os.path.relpath(path, folder)}")
+    doc_ids, doc_texts = [], []
+    for n, row in _read_jsonl(paths["corpus.jsonl"]):
+        title = row.get("title") or ""
+        text = row.get("text") or ""
+        if not isinstance(title, str) or not isinstance(text, str):
+            raise ValueError(f"{paths['corpus.jsonl']}:{n}: 'title' and 'text' must be strings")
+        doc_ids.append(str(row["_id"]))
+        doc_texts.append(f"{title} {text}".strip())
+    if len(set(doc_ids)) != len(doc_ids):
+        raise ValueError(f"{paths['corpus.jsonl']}: duplicate document _id")
+    if not doc_ids:
+        raise ValueError(f"{paths['corpus.jsonl']}: empty corpus")
+    queries = {str(row["_id"]): str(row.get("text") or "") for _, row in _read_jsonl(paths["queries.jsonl"])}
+    qrels = _read_qrels(paths["qrels"])
+    missing = [q for q in qrels if q not in queries]
+    if missing:
+        raise ValueError(f"{paths['qrels']}: query ids {missing[:5]} are not in queries.jsonl")
+    # queries.jsonl order, for determinism; only queries with something relevant
+    query_ids = [q for q in queries if any(s > 0 for s in qrels.get(q, {}).values())]
+    if not query_ids:
+        raise ValueError(f"{paths['qrels']}: no query has a relevant document (score > 0)")
+    return BeirData(doc_ids, doc_texts, query_ids, [queries[q] for q in query_ids], qrels)
+
+
+def top_k(scores: np.ndarray, k: int) -> list[np.ndarray]:
+    """Per row of ``scores`` ``[B, C]``: the column indices of the ``k`` highest scores, best
+    first, equal scores by increasing index. ``-inf`` (and ``nan``) entries are never
+    returned, so a row may give fewer than ``k``."""
+    out = []
+    for s in np.asarray(scores):
+        s = np.where(np.isnan(s), -np.inf, s)
+        n = s.size
+        if k < n:
+            kth = np.partition(s, n - k)[n - k]  # the k-th highest value
+            cand = np.flatnonzero(s >= kth)  # ties at the boundary are all kept, then cut by index
+        else:
+            cand = np.arange(n)
+        cand = cand[s[cand] > -np.inf]
+        out.append(cand[np.argsort(-s[cand], kind="stable")][:k])
+    return out
+
+
+def ranking_metrics(
+    rankings: Sequence[Sequence[str]],
+    relevance: Sequence[dict[str, float]],
+    ks: Sequence[int] = (1, 10, 100),
+    cutoff: int = 10,
+) -> dict[str, float]:
+    """Graded metrics of ranked document ids (see the module docstring for the formulas).
+
+    ``rankings[i]`` is query ``i``'s ranked document ids (at least ``max(ks, cutoff)`` deep
+    unless the corpus is smaller); ``relevance[i]`` its qrels ``{doc id: score}``. Every
+    query must have a document with score > 0. Returns ``ndcg@{cutoff}``, ``mrr@{cutoff}``
+    and ``recall@k`` for ``ks``.
+    """
+    if len(rankings) != len(relevance) or not rankings:
+        raise ValueError("ranking_metrics needs one relevance dict per ranking, and at least one query")
+    ndcg, mrr = [], []
+    recall: dict[int, list[float]] = {k: [] for k in ks}
+    discounts = [1.0 / math.log2(r + 1) for r in range(1, cutoff + 1)]
+    for ranked, rel in zip(rankings, relevance):
+        grades = sorted((g for g in rel.values() if g > 0), reverse=True)
+        if not grades:
+            raise ValueError("every evaluated query needs a document with score > 0")
+        gains = [max(0.0, rel.get(d, 0.0)) for d in ranked]
+        dcg = sum(g * w for g, w in zip(gains[:cutoff], discounts))
+        idcg = sum(g * w for g, w in zip(grades[:cutoff], discounts))
+        ndcg.append(dcg / idcg)
+        first = next((r for r, g in enumerate(gains[:cutoff], 1) if g > 0), None)
+        mrr.append(1.0 / first if first else 0.0)
+        for k in ks:
+            recall[k].append(sum(g > 0 for g in gains[:k]) / len(grades))
+    out = {f"ndcg@{cutoff}": float(np.mean(ndcg)), f"mrr@{cutoff}": float(np.mean(mrr))}
+    out.update({f"recall@{k}": float(np.mean(v)) for k, v in recall.items()})
+    return out
+
+
+def evaluate_beir(
+    embedder_or_model_path: Any,
+    folder: str | BeirData,
+    split: str = "test",
+    batch_size: int = 64,
+    *,
+    query_prefix: str = "",
+    doc_prefix: str = "",
+    ks: Sequence[int] = (1, 10, 100),
+    cutoff: int = 10,
+) -> dict[str, float]:
+    """Evaluate a model on one split of a BEIR folder.
+
+    ``embedder_or_model_path``: a folder (loaded with ``Embedder.from_pretrained``) or any
+    object with ``encode(texts, batch_size=...) -> [n, D]`` L2-normalized, such as an
+    already-loaded :class:`~mmembed.model.embedder.Embedder` (the trainer's evaluation hook).
+    ``folder``: the BEIR folder, or a :class:`BeirData` already loaded (``split`` is then
+    ignored), so that repeated evaluations read the files once.
+
+    Returns ``ndcg@10``, ``mrr@10``, ``recall@k`` for ``ks`` (floats) and ``num_queries``,
+    ``num_docs`` (ints).
+    """
+    data = folder if isinstance(folder, BeirData) else load_beir(folder, split)
+    embedder = embedder_or_model_path
+    if isinstance(embedder, str):
+        from ..model.embedder import Embedder
+
+        embedder = Embedder.from_pretrained(embedder)
+    q_emb = np.asarray(embedder.encode([query_prefix + t for t in data.query_texts], batch_size=batch_size), dtype=np.float32)
+    d_emb = np.asarray(embedder.encode([doc_prefix + t for t in data.doc_texts], batch_size=batch_size), dtype=np.float32)
+    depth = max(max(ks), cutoff)
+    doc_pos = {d: i for i, d in enumerate(data.doc_ids)}
+    missing = sum(1 for q in data.query_ids for d, g in data.qrels[q].items() if g > 0 and d not in doc_pos)
+    if missing:
+        logger.warning("%d relevant (query, document) pairs name documents missing from corpus.jsonl", missing)
+
+    rankings: list[list[str]] = []
+    step = max(1, _BLOCK_ELEMENTS // len(data.doc_ids))
+    for start in range(0, len(data.query_ids), step):
+        qids = data.query_ids[start : start + step]
+        scores = q_emb[start : start + len(qids)] @ d_emb.T
+        for row, q in enumerate(qids):
+            if q in doc_pos:  # a query is never its own answer
+                scores[row, doc_pos[q]] = -np.inf
+        rankings += [[data.doc_ids[i] for i in top] for top in top_k(scores, depth)]
+    out: dict[str, Any] = ranking_metrics(rankings, [data.qrels[q] for q in data.query_ids], ks, cutoff)
+    out["num_queries"] = len(data.query_ids)
+    out["num_docs"] = len(data.doc_ids)
+    return out

@@ -1,0 +1,168 @@
+"""Embedder: use a trained checkpoint, an exported folder or a base model without extra code.
+
+    from mmembed import Embedder
+    emb = Embedder.from_pretrained("output/checkpoint-60")
+    vectors = emb.encode(["A man is playing a flute.", "Someone plays music."])  # [2, D], L2-normalized
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..data.sample import Item
+from ..encoding.inputs import InputBuilder, tokenizer_of
+from ..encoding.templates import Template, get_template
+from .embedding import EmbeddingModel, default_max_length, load_backbone, require_local_model
+from .io import read_mmembed_config
+
+
+def _base_model_of(path: str, cfg: dict[str, Any] | None) -> str:
+    if cfg and cfg.get("base_model") and os.path.isdir(cfg["base_model"]):
+        return cfg["base_model"]
+    with open(os.path.join(path, "adapter_config.json"), encoding="utf-8") as f:
+        base = json.load(f).get("base_model_name_or_path")
+    if not base or not os.path.isdir(base):
+        raise FileNotFoundError(f"{path}: the adapter's base model {base!r} is not a local folder")
+    return base
+
+
+def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool = True) -> tuple[EmbeddingModel, Any, Template, dict]:
+    """Load ``path`` (checkpoint, exported folder or base model) as an ``EmbeddingModel``.
+
+    Returns ``(model, processing, template, info)``: ``processing`` is the tokenizer, or the
+    processor for a multimodal template; ``info`` holds the resolved ``pooling``,
+    ``max_length``, ``base_model`` and whether the folder was a LoRA adapter.
+    """
+    from transformers import AutoConfig, AutoProcessor, AutoTokenizer
+
+    require_local_model(path)
+    cfg = read_mmembed_config(path) or {}
+    is_adapter = os.path.isfile(os.path.join(path, "adapter_config.json"))
+    base = _base_model_of(path, cfg) if is_adapter else path
+    backbone = load_backbone(base, torch_dtype)
+    if is_adapter:
+        from peft import PeftModel
+
+        backbone = PeftModel.from_pretrained(backbone, path)
+        if merge:
+            backbone = backbone.merge_and_unload()
+    tok_dir = path if os.path.isfile(os.path.join(path, "tokenizer_config.json")) else base
+    if cfg.get("template"):
+        template = get_template(cfg["template"])
+    else:
+        template = get_template(config_model_type=AutoConfig.from_pretrained(base).model_type)
+    if cfg.get("default_system") is not None:
+        import dataclasses
+
+        template = dataclasses.replace(template, default_system=cfg["default_system"])
+    tokenizer = (AutoProcessor if template.media else AutoTokenizer).from_pretrained(tok_dir)
+    pooling = cfg.get("pooling") or template.resolve_pooling(base)
+    if cfg.get("max_length"):
+        max_length = int(cfg["max_length"])
+    else:
+        max_length = default_max_length(base, tokenizer_of(tokenizer))
+    model = EmbeddingModel(backbone, pooling, normalize=cfg.get("normalize", True))
+    model.eval()
+    info = {"pooling": pooling, "max_length": max_length, "base_model": base, "is_adapter": is_adapter}
+    return model, tokenizer, template, info
+
+
+def as_item(x: Any, source: str = "<input>", line: int = 0, base_dir: str | None = None) -> Item:
+    """A string, an ``Item``, a row-like dict (``{"query"|"text": "<image>...", "images": [...],
+    "system": ...}`` or ``{"messages": [...]}``) or a messages list (``[{"role": "user",
+    "content": ...}]``, content parts included). Rows go through the training reader: media
+    tags bind to paths the same way, relative paths resolve against ``base_dir`` (default:
+    the working directory), and a broken input is a ``DataError`` naming ``source:line``."""
+    if isinstance(x, Item):
+        return x
+    if isinstance(x, str):
+        return Item(text=x)
+    if isinstance(x, list):
+        x = {"messages": x}
+    if not isinstance(x, dict):
+        raise TypeError(f"cannot embed an input of type {type(x).__name__}")
+    from ..data.reader import parse_row
+    from ..data.sample import DataError
+
+    row = dict(x)
+    if "messages" in row:
+        if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in row["messages"] or []):
+            # the reader wants a positive; only the first group (the input) is embedded
+            row["messages"] = list(row["messages"]) + [{"role": "assistant", "content": "-"}]
+    else:
+        text = row.pop("text", None) if "query" not in row else row["query"]
+        if not isinstance(text, str):
+            raise DataError(source, line, "query", "an input row needs a 'query' or 'text' string, or 'messages'")
+        row.update(query=text, response="-")
+        row.pop("rejected_response", None)
+    return parse_row(row, source=source, line=line, base_dir=base_dir or os.getcwd()).anchor
+
+
+class Embedder:
+    """Encode inputs (text, and images, videos or audio for a multimodal model) into
+    L2-normalized embeddings with a trained (or base) model."""
+
+    def __init__(self, model: EmbeddingModel, tokenizer: Any, template: Template, max_length: int, device: str | None = None):
+        self.model = model
+        self.processing = tokenizer  # the tokenizer, or the processor of a multimodal model
+        self.tokenizer = tokenizer_of(tokenizer)
+        self.template = template
+        self.max_length = max_length
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model.to(self.device)
+        self.builder = InputBuilder(template, tokenizer, max_length, truncate=True)
+
+    @classmethod
+    def from_pretrained(cls, path: str, device: str | None = None, torch_dtype: str | None = None) -> "Embedder":
+        model, tokenizer, template, info = load_embedding_model(path, torch_dtype)
+        return cls(model, tokenizer, template, info["max_length"], device)
+
+    @torch.no_grad()
+    def encode(self, inputs: str | Sequence[Any], batch_size: int = 32,
+               origins: Sequence[tuple[str, int]] | None = None) -> np.ndarray:
+        """Embed ``inputs`` (strings, ``Item``s, row dicts or messages lists); returns
+        ``[n, D]`` float32, L2-normalized. Text longer than the model's limit is truncated;
+        an input with media that is too long is an error. ``origins`` (file, line) or (file,
+        line, field) per input name the inputs in errors (default: ``<input>`` and the
+        input's index)."""
+        if isinstance(inputs, (str, Item, dict)):
+            inputs = [inputs]
+        items = [as_item(x) for x in inputs]
+        texts = [self.template.render(it) for it in items]
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # similar lengths share a batch
+        out: list[np.ndarray | None] = [None] * len(texts)
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            where = [(*origins[i], "")[:3] if origins else ("<input>", i, "") for i in idx]
+            enc = self.builder([items[i] for i in idx], where)
+            enc = {k: v.to(self.device) for k, v in enc.items()}
+            emb = self.model(**enc)["last_hidden_state"].float().cpu().numpy()
+            for j, i in enumerate(idx):
+                out[i] = emb[j]
+        if not out:
+            return np.zeros((0, 0), dtype=np.float32)
+        return np.stack(out).astype(np.float32)
+
+
+def read_inputs(path: str) -> tuple[list[Any], list[tuple[str, int]]]:
+    """Inputs for ``mmembed embed`` and where each came from (file, line): a .txt file (one
+    text per line) or rows (.jsonl/.json/.csv/...) with ``query`` or ``text`` and media lists
+    (paths relative to the file), or ``messages``."""
+    if path.endswith(".txt"):
+        with open(path, encoding="utf-8") as f:
+            lines = [(n, line.rstrip("\n")) for n, line in enumerate(f, 1) if line.strip()]
+        return [t for _, t in lines], [(path, n) for n, _ in lines]
+    from ..data.reader import iter_raw_rows
+
+    rows: list[Any] = []
+    origins: list[tuple[str, int]] = []
+    base = os.path.dirname(os.path.abspath(path))
+    for line, raw in iter_raw_rows(path):
+        rows.append(as_item(raw, source=path, line=line, base_dir=base))  # media bound and checked
+        origins.append((path, line))
+    return rows, origins

@@ -1,0 +1,299 @@
+"""Backbone + pooling + L2 normalization -> ``{"last_hidden_state": [N, D]}``.
+
+``EmbeddingModel`` wraps any transformers encoder or decoder (or a PEFT model around one).
+It returns ms-swift's output layout: ``last_hidden_state`` holds one L2-normalized
+embedding per input row, which is what every loss in ``mmembed.losses`` consumes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..encoding.templates import POOLINGS
+
+# per-token inputs that can be cut to a chunk's width; anything else (pixels, grids) keeps
+# the batch in one call
+TOKEN_INPUTS = {"token_type_ids"}
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """Pool token states ``[N, L, D]`` into ``[N, D]``.
+
+    ``last`` takes the last position whose mask is 1, which is right under left padding
+    (the final column) and right padding (the column before the first pad) alike.
+    """
+    mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
+    if mode == "mean":
+        return (hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "max":
+        return hidden.masked_fill(mask == 0, torch.finfo(hidden.dtype).min).max(1).values
+    if mode == "last":
+        positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+        last = (attention_mask.long() * positions).argmax(1)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+    raise ValueError(f"pooling must be one of {POOLINGS}, got {mode!r}")
+
+
+class EmbeddingModel(nn.Module):
+    """An embedding model: ``forward(**batch) -> {"last_hidden_state": [N, D]}``.
+
+    Args:
+        backbone: a transformers model (or PEFT model) whose output has ``last_hidden_state``.
+        pooling: one of ``last``, ``mean``, ``cls``, ``max``.
+        normalize: L2-normalize the pooled vectors (every shipped template does).
+        length_chunks: embed a text-only batch in up to this many chunks of rows sorted by
+            length, each padded only to its own longest row (1: one padded call). Rows do not
+            interact inside the encoder, so the embeddings and gradients are the same; the
+            padding, often most of a batch of short texts, is not computed.
+    """
+
+    def __init__(self, backbone: nn.Module, pooling: str, normalize: bool = True, length_chunks: int = 4):
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        if length_chunks < 1:
+            raise ValueError(f"length_chunks must be >= 1, got {length_chunks}")
+        self.backbone = backbone
+        self.pooling = pooling
+        self.normalize = normalize
+        self.length_chunks = length_chunks
+
+    @property
+    def config(self):
+        return self.backbone.config
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **inputs: Any) -> dict[str, torch.Tensor]:
+        inputs.pop("media_counts", None)  # bookkeeping of the collator (which media belong to which row)
+        inputs, zero = self._run_media_towers(inputs)
+        if set(inputs) <= TOKEN_INPUTS and not self._zero3():  # text only: rows can be regrouped and padding cut
+            chunks = max(1, min(self.length_chunks, input_ids.shape[0] // 8))  # at least 8 rows a chunk
+            emb = self._embed_by_length(input_ids, attention_mask, inputs, chunks)
+        else:
+            emb = self._embed(input_ids, attention_mask, inputs)
+        if zero is not None:
+            emb = emb + zero.to(emb.dtype)
+        if self.normalize:
+            emb = F.normalize(emb.float(), dim=-1)
+        return {"last_hidden_state": emb}
+
+    # Under ZeRO-3 every process must call the same modules the same number of times (each
+    # call gathers the module's partitioned weights from all processes), and under DDP a
+    # trainable tower that one process skips leaves its gradients unreduced. So a forward
+    # always runs each media tower exactly once: on all of the batch's images and videos
+    # together, or, when the batch has none, on a minimal dummy input whose output enters
+    # the embeddings multiplied by zero (values and gradients unchanged). Text batches are
+    # not split into length chunks under ZeRO-3 for the same reason.
+    def _zero3(self) -> bool:
+        if not hasattr(self, "_is_zero3"):
+            self._is_zero3 = any(hasattr(p, "ds_id") for p in self.backbone.parameters())
+        return self._is_zero3
+
+    def _base(self) -> nn.Module:
+        get = getattr(self.backbone, "get_base_model", None)  # a PEFT model wraps the transformer
+        return get() if callable(get) else self.backbone
+
+    def _run_media_towers(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor | None]:
+        kind = MEDIA_TOWERS.get(getattr(self.config, "model_type", ""))
+        if kind == "vision":
+            return self._vision_once(inputs)
+        if kind == "audio" and inputs.get("input_features") is None:
+            return inputs, self._dummy_audio()
+        return inputs, None
+
+    def _vision_once(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor | None]:
+        base = self._base()
+        inputs = dict(inputs)
+        images, videos = inputs.pop("pixel_values", None), inputs.pop("pixel_values_videos", None)
+        if images is None and videos is None:
+            pixels, grid = self._dummy_image(base)
+            out = base.get_image_features(pixels, grid, return_dict=True)
+            return inputs, _zero_sum(out)
+        pixels = torch.cat([x for x in (images, videos) if x is not None])
+        grid = torch.cat([g for x, g in ((images, inputs.get("image_grid_thw")), (videos, inputs.get("video_grid_thw"))) if x is not None])
+        out = base.get_image_features(pixels, grid, return_dict=True)  # one call; split per image / video below
+        n_images = 0 if images is None else len(inputs["image_grid_thw"])
+        encoded = {}
+        if images is not None:
+            encoded["image"] = _take(out, 0, n_images)
+        if videos is not None:
+            encoded["video"] = _take(out, n_images, None)
+        inputs["mm_encoder_outputs"] = encoded
+        return inputs, None
+
+    def _dummy_image(self, base: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """The smallest input the vision tower takes: one merge window of patches."""
+        vc = base.config.vision_config
+        merge = int(getattr(vc, "spatial_merge_size", 2))
+        channels = int(getattr(vc, "in_channels", getattr(vc, "in_chans", 3)))
+        dim = channels * int(getattr(vc, "temporal_patch_size", 2)) * int(vc.patch_size) ** 2
+        param = next(base.visual.parameters())
+        grid = torch.tensor([[1, merge, merge]], device=param.device)
+        return torch.zeros(merge * merge, dim, device=param.device, dtype=param.dtype), grid
+
+    def _dummy_audio(self) -> torch.Tensor:
+        base = self._base()
+        ac = base.config.audio_config
+        param = next(base.audio_tower.parameters())
+        features = torch.zeros(1, int(ac.num_mel_bins), 2 * int(ac.max_source_positions), device=param.device, dtype=param.dtype)
+        hidden = base.audio_tower(features).last_hidden_state
+        return base.multi_modal_projector(hidden).sum() * 0.0
+
+    def _embed(self, input_ids, attention_mask, inputs) -> torch.Tensor:
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **inputs)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        return pool(hidden, attention_mask, self.pooling)
+
+    def _embed_by_length(self, input_ids, attention_mask, inputs, chunks: int) -> torch.Tensor:
+        """Rows sorted by length, in ``chunks`` calls, each cut to its own longest row."""
+        lengths = attention_mask.sum(1)
+        left_padded = bool((attention_mask[:, -1] == 1).all()) and not bool((attention_mask[:, 0] == 1).all())
+
+        def call(rows):
+            width = int(lengths[rows].max())
+            cols = slice(input_ids.shape[1] - width, None) if left_padded else slice(0, width)
+            sub = {k: v[rows][:, cols] for k, v in inputs.items()}
+            return self._embed(input_ids[rows][:, cols], attention_mask[rows][:, cols], sub)
+
+        if chunks == 1:
+            return call(slice(None))
+        order = torch.argsort(lengths, stable=True)
+        emb = torch.cat([call(idx) for idx in order.chunk(chunks)])
+        return emb[torch.argsort(order)]  # back to the batch's row order
+
+    # the Trainer calls these on its model
+    def activation_checkpointing_enable(self, **kwargs: Any) -> None:
+        self.backbone.activation_checkpointing_enable(**kwargs)
+
+    def activation_checkpointing_disable(self) -> None:
+        self.backbone.activation_checkpointing_disable()
+
+    @property
+    def is_activation_checkpointing(self) -> bool:
+        return bool(getattr(self.backbone, "is_activation_checkpointing", False))
+
+
+# The parts of multimodal models, by config model_type, as prefixes of the module names
+# of the model AutoModel loads: ms-swift's --freeze_vit (the vision or audio tower, without
+# its aligner), --freeze_aligner (the projector into the LLM) and --freeze_llm act on these.
+MULTIMODAL_PARTS: dict[str, dict[str, tuple[str, ...]]] = {
+    "qwen2_vl": {"aligner": ("visual.merger",), "vit": ("visual",), "llm": ("language_model",)},
+    "qwen2_5_vl": {"aligner": ("visual.merger",), "vit": ("visual",), "llm": ("language_model",)},
+    "qwen3_vl": {"aligner": ("visual.merger", "visual.deepstack_merger_list"), "vit": ("visual",), "llm": ("language_model",)},
+    "qwen2_audio": {"aligner": ("multi_modal_projector",), "vit": ("audio_tower",), "llm": ("language_model",)},
+}
+
+
+# which media tower a multimodal model runs (see EmbeddingModel._run_media_towers)
+MEDIA_TOWERS = {"qwen2_vl": "vision", "qwen2_5_vl": "vision", "qwen3_vl": "vision", "qwen2_audio": "audio"}
+
+
+def _take(out: Any, start: int, stop: int | None) -> Any:
+    """Images ``start:stop`` of a vision tower output split per image (pooled features and,
+    for Qwen3-VL, the deepstack features)."""
+    part = copy.copy(out)
+    part.pooler_output = tuple(out.pooler_output[start:stop])
+    if getattr(out, "deepstack_features", None) is not None:
+        part.deepstack_features = [tuple(f[start:stop]) for f in out.deepstack_features]
+    return part
+
+
+def _zero_sum(out: Any) -> torch.Tensor:
+    """0 x every tensor a tower produced: ties the dummy call into the graph at no cost."""
+    tensors = list(out.pooler_output)
+    for f in getattr(out, "deepstack_features", None) or []:
+        tensors.extend(f)
+    return sum(t.float().sum() for t in tensors) * 0.0
+
+
+def module_part(name: str, model_type: str) -> str | None:
+    """``aligner``, ``vit`` or ``llm`` for a module or parameter name of a multimodal model
+    (``None`` for a text model, or a name in none of the parts)."""
+    parts = MULTIMODAL_PARTS.get(model_type)
+    if not parts:
+        return None
+    for part in ("aligner", "vit", "llm"):  # the aligner sits inside the vision tower: test it first
+        if any(name == p or name.startswith(p + ".") for p in parts[part]):
+            return part
+    return None
+
+
+def frozen_parts(freeze_vit: bool, freeze_aligner: bool, freeze_llm: bool) -> set[str]:
+    return {p for p, f in (("vit", freeze_vit), ("aligner", freeze_aligner), ("llm", freeze_llm)) if f}
+
+
+def hidden_size(config) -> int:
+    """The embedding width: the language model's hidden size (multimodal configs nest it)."""
+    return int(config.get_text_config().hidden_size)
+
+
+def require_local_model(path: str) -> None:
+    """Models are local folders: a hub id cannot be downloaded here, so say so before anything loads."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"--model {path!r} is not a local folder; hub ids cannot be downloaded here: download the model and pass its folder"
+        )
+
+
+def load_backbone(path: str, torch_dtype: str | None = None, attn_impl: str | None = None) -> nn.Module:
+    """Load the base transformer (no head) from a local folder, as ``AutoModel`` does."""
+    from transformers import AutoConfig, AutoModel
+
+    require_local_model(path)
+    kwargs: dict[str, Any] = {}
+    if torch_dtype and torch_dtype != "auto":
+        kwargs["dtype"] = getattr(torch, torch_dtype)
+    elif torch_dtype is None:
+        kwargs["dtype"] = torch.float32
+    if attn_impl:
+        kwargs["attn_implementation"] = {"flash_attn": "flash_attention_2"}.get(attn_impl, attn_impl)
+    config = AutoConfig.from_pretrained(path)
+    if config.model_type == "bert":
+        kwargs["add_pooling_layer"] = False  # the BERT pooler is unused by embedding pooling
+    # Embedding needs the base model only: the head weights a checkpoint may carry (lm_head
+    # of GME / Qwen-VL / Qwen2-Audio checkpoints, the BERT pooler) are left out on purpose.
+    # transformers' load report would list them as unexpected; it is silenced, and any
+    # other missing or unexpected weight is reported here instead.
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = AutoModel.from_pretrained(path, output_loading_info=True, **kwargs)
+    finally:
+        hf_logging.set_verbosity(level)
+    unexpected = [k for k in info.get("unexpected_keys", []) if not _is_head_weight(k)]
+    for what, keys in (("missing (randomly initialized)", info.get("missing_keys", [])), ("unexpected (ignored)", unexpected)):
+        if keys:
+            logging.getLogger("mmembed").warning("%s: %d weights %s: %s", path, len(keys), what, ", ".join(sorted(keys)[:10]))
+    return model
+
+
+def _is_head_weight(name: str) -> bool:
+    parts = name.split(".")
+    return "lm_head" in parts or "pooler" in parts
+
+
+def default_max_length(model_dir: str, tokenizer) -> int:
+    """The model's own limit: sentence-transformers' max_seq_length, else the tokenizer's
+    and the position table's, whichever is smaller."""
+    st = os.path.join(model_dir, "sentence_bert_config.json")
+    if os.path.isfile(st):
+        with open(st, encoding="utf-8") as f:
+            value = json.load(f).get("max_seq_length")
+        if value:
+            return int(value)
+    from transformers import AutoConfig
+
+    limits = [getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", None), tokenizer.model_max_length]
+    limits = [int(x) for x in limits if x and x < 10**7]
+    return min(limits) if limits else 512

@@ -1,0 +1,246 @@
+"""``mmembed`` command line: sft (alias train), embed, export, eval, mine.
+
+Flags follow ms-swift's spelling; ``mmembed COMMAND --help`` lists them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+
+USAGE = """usage: mmembed COMMAND [flags]
+
+commands:
+  sft (train)   fine-tune an embedding model (ms-swift's `swift sft --task_type embedding` flags)
+  embed         embed a file of inputs into a .npy array
+  export        merge a LoRA checkpoint into a standalone folder (--adapters CKPT --merge_lora true)
+  eval          STS (Spearman/Pearson) on scored pairs and/or retrieval on a BEIR folder (nDCG@10, MRR@10, recall@k)
+  mine          add hard negatives to a data file (BM25 or a dense model, false-negative filters)
+"""
+
+
+def _setup_logging() -> None:
+    level = logging.INFO if int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))) == 0 else logging.WARNING
+    logging.basicConfig(level=level, format="[%(levelname)s:%(name)s] %(message)s")
+    logging.getLogger("mmembed").setLevel(level)
+
+
+def _maybe_relaunch(argv: list[str]) -> int | None:
+    """ms-swift's launch habit: NPROC_PER_NODE (with NNODES, NODE_RANK, MASTER_ADDR,
+    MASTER_PORT) re-runs the command under torchrun, once per process."""
+    nproc = int(os.environ.get("NPROC_PER_NODE", "1"))
+    nnodes = int(os.environ.get("NNODES", "1"))
+    if (nproc <= 1 and nnodes <= 1) or "LOCAL_RANK" in os.environ:
+        return None
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--nnodes={nnodes}",
+           f"--node_rank={os.environ.get('NODE_RANK', '0')}",
+           f"--master_addr={os.environ.get('MASTER_ADDR', '127.0.0.1')}",
+           f"--master_port={os.environ.get('MASTER_PORT', '29500')}",
+           "-m", "mmembed.tools.cli", *argv]
+    return subprocess.call(cmd)
+
+
+def cmd_sft(argv: list[str]) -> int:
+    code = _maybe_relaunch(["sft", *argv])
+    if code is not None:
+        return code
+    from ..train.arguments import parse_sft_args
+    from ..train.sft import run_sft
+
+    try:
+        args = parse_sft_args(argv)
+    except ValueError as e:  # our own argument checks
+        raise SystemExit(f"mmembed sft: {e}")
+    from ..data import DataError, SpecError
+    from ..train.arguments import UsageError
+    from ..train.trainer import NonFiniteLossError
+
+    try:
+        metrics = run_sft(args)
+    except (DataError, SpecError, FileNotFoundError, NonFiniteLossError, UsageError) as e:  # the user's input, not a bug
+        print(f"mmembed sft: error: {e}", file=sys.stderr)
+        return 1
+    if args.should_save:
+        print(json.dumps(metrics, indent=2, default=str))
+    _close_process_group()
+    return 0
+
+
+def _close_process_group() -> None:
+    """Every rank waits for the others, then takes the process group down before the
+    interpreter exits. Left to the interpreter's exit, a rank that finished first could
+    tear down gloo's threads while a peer still talked to it, and abort with
+    'terminate called without an active exception' after a complete run."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def cmd_embed(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="mmembed embed", allow_abbrev=False)
+    p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder")
+    p.add_argument("--input", required=True, help=".txt (one text per line) or .jsonl/.json/.csv rows with query/text (+ images/videos/audios) or messages")
+    p.add_argument("--output", required=True, help="where to write the [n, D] float32 .npy")
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--torch_dtype", default=None)
+    p.add_argument("--teacher_arrays", action="store_true",
+                   help="--input is a training file: write the model's view of every row as a teacher, OUTPUT_embeddings.npy "
+                        "[rows, 2 + negatives, D] and OUTPUT_scores.npy [rows, 1 + negatives] (NaN-padded), for "
+                        "--teacher_embeddings_file / --teacher_scores_file")
+    a = p.parse_args(argv)
+    import numpy as np
+
+    from ..files import replaced_when_done
+    from ..model.embedder import Embedder, read_inputs
+
+    if a.teacher_arrays:
+        from .teacher_arrays import teacher_arrays
+
+        stem = a.output[:-4] if a.output.endswith(".npy") else a.output
+        emb, scores = teacher_arrays(Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype), a.input, a.batch_size)
+        for name, arr in (("embeddings", emb), ("scores", scores)):
+            path = f"{stem}_{name}.npy"
+            with replaced_when_done(path, "wb") as f:
+                np.save(f, arr)
+            print(f"wrote {name} {tuple(arr.shape)} to {path}")
+        return 0
+
+    inputs, origins = read_inputs(a.input)
+    emb = Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype).encode(inputs, batch_size=a.batch_size, origins=origins)
+    np.save(a.output, emb)
+    print(f"wrote {emb.shape[0]} x {emb.shape[1] if emb.ndim == 2 else 0} embeddings to {a.output}")
+    return 0
+
+
+def _bool(s: str) -> bool:
+    if s.lower() in ("true", "1", "yes"):
+        return True
+    if s.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+
+
+def cmd_export(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="mmembed export", allow_abbrev=False)
+    p.add_argument("--adapters", "--ckpt_dir", dest="adapters", required=True, help="checkpoint folder")
+    p.add_argument("--merge_lora", type=_bool, default=True)
+    p.add_argument("--output_dir", default=None, help="default: CHECKPOINT-merged")
+    a = p.parse_args(argv)
+    from .export import export_checkpoint
+
+    out = export_checkpoint(a.adapters, a.output_dir, a.merge_lora)
+    print(f"exported {a.adapters} -> {out}")
+    return 0
+
+
+def cmd_eval(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="mmembed eval", allow_abbrev=False)
+    p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder")
+    p.add_argument("--sts", help="scored pairs (rows with query, response, label in [0, 1] or 0-5)")
+    p.add_argument("--beir", help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv")
+    p.add_argument("--split", default="test", choices=["test", "dev", "train"], help="the qrels file of --beir")
+    p.add_argument("--query_prefix", default="", help="plain text put before every --beir query")
+    p.add_argument("--doc_prefix", default="", help="plain text put before every --beir document")
+    p.add_argument("--json", "--output", dest="json", default=None, help="also write the metrics as JSON here")
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--torch_dtype", default=None)
+    a = p.parse_args(argv)
+    if not a.sts and not a.beir:
+        raise SystemExit("mmembed eval: pass --sts FILE and/or --beir FOLDER")
+    from ..eval.beir import evaluate_beir, load_beir
+    from ..model.embedder import Embedder
+
+    beir = None
+    if a.beir:  # read (and check) the folder before loading the model
+        try:
+            beir = load_beir(a.beir, a.split)
+        except ValueError as e:
+            raise SystemExit(f"mmembed eval: {e}")
+    embedder = Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype)
+    results: dict[str, dict] = {}
+    if a.sts:
+        from ..eval.sts import evaluate_pairs_file
+
+        results["sts"] = evaluate_pairs_file(embedder, a.sts, batch_size=a.batch_size)
+    if beir is not None:
+        results["beir"] = evaluate_beir(
+            embedder, beir, batch_size=a.batch_size, query_prefix=a.query_prefix, doc_prefix=a.doc_prefix
+        )
+    # one task: its metrics at the top level; both: {"sts": {...}, "beir": {...}}
+    metrics = next(iter(results.values())) if len(results) == 1 else results
+    text = json.dumps(metrics, indent=2)
+    print(text)
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    return 0
+
+
+def cmd_mine(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="mmembed mine", allow_abbrev=False,
+                                description="Add hard negatives to a data file (see mmembed/mining.py for the rules).")
+    p.add_argument("--dataset", "--input", dest="dataset", required=True, help="rows in either ms-swift form")
+    p.add_argument("--output", required=True, help=".jsonl or .json to write (rows in the form they were read)")
+    p.add_argument("--model", default=None, help="dense mining with this model (default: BM25)")
+    p.add_argument("--corpus", default=None, help="extra documents: .txt (one per line) or .jsonl rows with 'text'")
+    p.add_argument("--num_negatives", type=int, default=3, help="at most this many new negatives per row")
+    p.add_argument("--range_min", type=int, default=0, help="skip the range_min best candidates (rank 0 = best)")
+    p.add_argument("--range_max", type=int, default=100, help="consider ranks < range_max only")
+    p.add_argument("--margin", type=float, default=None, help="drop a candidate scoring > positive score - margin")
+    p.add_argument("--relative_margin", type=float, default=None,
+                   help="drop a candidate scoring > positive score * (1 - relative_margin)")
+    p.add_argument("--guide_model", default=None, help="drop candidates this model scores >= the positive - guide_margin")
+    p.add_argument("--guide_margin", type=float, default=0.0)
+    p.add_argument("--overwrite", type=_bool, nargs="?", const=True, default=False,
+                   help="replace the rows' existing negatives (default: keep them first)")
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--torch_dtype", default=None)
+    a = p.parse_args(argv)
+    from .mining import MiningConfig, check_output_path, mine_file
+
+    config = MiningConfig(
+        num_negatives=a.num_negatives, range_min=a.range_min, range_max=a.range_max, margin=a.margin,
+        relative_margin=a.relative_margin, guide_margin=a.guide_margin, overwrite=a.overwrite, batch_size=a.batch_size,
+    )
+    try:
+        config.validate()
+        check_output_path(a.output)
+    except ValueError as e:
+        raise SystemExit(f"mmembed mine: {e}")
+    stats = mine_file(a.dataset, a.output, model=a.model, guide_model=a.guide_model, corpus=a.corpus,
+                      config=config, torch_dtype=a.torch_dtype)
+    print(stats.summary())
+    print(f"wrote {stats.rows} rows to {a.output}")
+    return 0
+
+
+COMMANDS = {"sft": cmd_sft, "train": cmd_sft, "embed": cmd_embed, "export": cmd_export, "eval": cmd_eval, "mine": cmd_mine}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"mmembed: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    _setup_logging()
+    from ..data import DataError, SpecError
+
+    try:
+        return COMMANDS[command](rest)
+    except (DataError, SpecError, FileNotFoundError, FileExistsError) as e:  # the user's input, not a bug
+        print(f"mmembed {command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""``mmembed export``: a checkpoint -> a standalone folder (LoRA merged into the base).
+
+The folder loads with ``transformers.AutoModel`` and, for text models, with
+``sentence_transformers.SentenceTransformer`` (modules.json, Pooling, Normalize), giving
+the same embeddings as ``mmembed.Embedder`` on the checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from ..model.embedder import load_embedding_model
+from ..model.embedding import hidden_size
+from ..model.io import read_mmembed_config, write_mmembed_config, write_sentence_transformers_config
+
+
+def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora: bool = True) -> str:
+    """Write the merged model of ``checkpoint`` to ``output_dir`` (default ``CHECKPOINT-merged``).
+
+    The folder is written under a temporary name and renamed when complete, so a killed
+    export never leaves a folder that looks whole.
+    """
+    if not merge_lora:
+        raise ValueError("mmembed export writes a merged folder; pass --merge_lora true (a checkpoint already is the adapter)")
+    checkpoint = checkpoint.rstrip("/")
+    output_dir = output_dir or checkpoint + "-merged"
+    if os.path.exists(output_dir):
+        raise FileExistsError(f"{output_dir} already exists; remove it or pass another --output_dir")
+    model, tokenizer, template, info = load_embedding_model(checkpoint, merge=True)
+    parent = os.path.dirname(os.path.abspath(output_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
+    try:
+        model.backbone.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        cfg = dict(read_mmembed_config(checkpoint) or {})
+        cfg.update(
+            template=template.name,
+            default_system=template.default_system,
+            pooling=info["pooling"],
+            max_length=info["max_length"],
+            base_model=os.path.abspath(output_dir),
+            tuner_type="full",
+            exported_from=os.path.abspath(checkpoint),
+        )
+        write_mmembed_config(tmp, **cfg)
+        if template.add_special_tokens and not template.media:
+            write_sentence_transformers_config(tmp, hidden_size(model.backbone.config), info["pooling"], info["max_length"])
+        os.rename(tmp, output_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return output_dir

@@ -1,0 +1,635 @@
+"""Hard-negative mining: give each row negatives that score high for its query but are not
+its positive, and drop the candidates that are likely unlabeled positives.
+
+    from mmembed.tools.mining import MiningConfig, mine_file
+    stats = mine_file("train.jsonl", "train_hn.jsonl", model="path/to/embedding-model",
+                      config=MiningConfig(num_negatives=3, range_min=10, margin=0.05))
+    print(stats.summary())
+
+Steps
+-----
+1. **Rows**: every row of the input (any format mmembed reads, both ms-swift row forms) is
+   parsed by the training reader (:func:`mmembed.data.parse_row`), so media tags are bound
+   and a broken row is a ``DataError`` naming file, line and field.
+2. **Corpus**: the distinct positives (responses) of all rows, then the texts of
+   ``corpus`` (optional: a ``.txt`` file, one text per line, or ``.jsonl``/``.json`` rows
+   with a ``"text"`` field). Two documents are the same when their text and media paths are
+   equal; a document keeps the position of its first appearance (its index).
+3. **Scores**: every distinct query against every document.
+
+   - BM25 (the default, no model): ``bm25s`` with its defaults (Lucene variant, k1 = 1.5,
+     b = 0.75), texts lower-cased and split by ``bm25s.tokenize`` with English stopwords
+     removed. A document must share a term with the query (score > 0) to be a candidate.
+     BM25 sees text only.
+   - dense (``model``): an :class:`~mmembed.model.embedder.Embedder` embeds queries and
+     documents (a document as it first appeared, system prompt included); the score is the
+     cosine (dot product of the normalized embeddings), computed exactly in blocks.
+
+4. **Ranking** (per row): candidates are all documents except the row's positives (every
+   document paired with the same query anywhere in the file), documents equal to the query
+   itself and, unless ``overwrite``, the row's existing negatives. They are sorted by
+   decreasing score, equal scores by increasing document index; rank 0 is the best. Only
+   ranks ``range_min <= rank < range_max`` are considered.
+5. **False-negative filters**, in rank order, with ``s`` the mining score and ``p`` the
+   row's own positive:
+
+   - ``margin`` (absolute): drop ``c`` if ``s(q, c) > s(q, p) - margin``;
+   - ``relative_margin``: drop ``c`` if ``s(q, c) > s(q, p) * (1 - relative_margin)``;
+   - ``guide`` (a second embedder, ``g`` its cosine): drop ``c`` if
+     ``g(q, c) >= g(q, p) - guide_margin``.
+
+   The first ``num_negatives`` survivors are the row's new negatives (fewer when the rank
+   window runs out). Everything is deterministic.
+6. **Output**, in the form the row came in:
+
+   - query form (and ms-swift 3.x ``messages`` rows whose last message is the positive):
+     the texts go to ``rejected_response`` (or the alias the row already uses:
+     ``negative``/``negatives``/``negative_N``), after the existing negatives unless
+     ``overwrite``; the media paths of mined documents are appended to ``images`` /
+     ``videos`` / ``audios``, where the reader binds the tags of the negatives (last).
+   - messages form: one ``negative_messages`` group per negative (the positive group's
+     system message, then ``{"role": "user", "content": text}``), with
+     ``negative_images``/``negative_videos``/``negative_audios`` kept aligned with the
+     groups whenever a group has media.
+
+   Mined media paths are written relative to the output file's folder, and so are the
+   rows' own relative media paths when the output goes to another folder. The output is
+   written to a temporary file in the same folder, then renamed over ``output``: a failed
+   run leaves no half-written file.
+
+Rows copied unchanged (and counted in the summary): rows with a ``label`` other than 1
+(pair-loss rows, whose response need not be a positive) and rows whose query or positive
+has media the model cannot embed (all media rows under BM25 or a text-only model). Media
+documents join the corpus only when every model in use embeds their media kinds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..data.reader import iter_raw_rows, parse_row
+from ..data.sample import MEDIA_KINDS, DataError, Item, Sample
+from ..eval.beir import top_k
+from ..files import replaced_when_done
+
+__all__ = [
+    "MiningConfig",
+    "MiningStats",
+    "mine_rows",
+    "mine_file",
+    "read_corpus",
+    "bm25_scorer",
+    "dense_scorer",
+    "check_output_path",
+]
+
+_MESSAGES_KEYS = ("messages", "conversations", "conversation")
+_NEGATIVE_LIST_KEYS = ("rejected_response", "negative", "negatives")
+_NEGATIVE_N_RE = re.compile(r"negative_(\d+)")
+
+# A scorer maps the indices of some distinct queries to their scores against every
+# document: [len(query_ids), num_docs], float64.
+Scorer = Callable[[np.ndarray], np.ndarray]
+DocKey = tuple  # (text, images, videos, audios)
+
+
+@dataclass
+class MiningConfig:
+    """What to mine; see the module docstring for the exact rules."""
+
+    num_negatives: int = 3
+    range_min: int = 0
+    range_max: int = 100
+    margin: float | None = None
+    relative_margin: float | None = None
+    guide_margin: float = 0.0
+    overwrite: bool = False
+    batch_size: int = 64
+
+    def validate(self) -> None:
+        if self.num_negatives < 1:
+            raise ValueError(f"num_negatives must be >= 1, got {self.num_negatives}")
+        if not 0 <= self.range_min < self.range_max:
+            raise ValueError(f"need 0 <= range_min < range_max, got range_min={self.range_min}, range_max={self.range_max}")
+        if self.relative_margin is not None and not 0 <= self.relative_margin < 1:
+            raise ValueError(f"relative_margin must lie in [0, 1), got {self.relative_margin}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+
+@dataclass
+class MiningStats:
+    """What a mining run did."""
+
+    rows: int = 0
+    mined_rows: int = 0
+    corpus_size: int = 0
+    histogram: dict[int, int] = field(default_factory=dict)  # new negatives per mined row -> rows
+    dropped_margin: int = 0
+    dropped_guide: int = 0
+    copied: dict[str, list[int]] = field(default_factory=dict)  # reason -> lines copied unchanged
+
+    @property
+    def dropped(self) -> int:
+        return self.dropped_margin + self.dropped_guide
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows,
+            "mined_rows": self.mined_rows,
+            "corpus_size": self.corpus_size,
+            "negatives_per_row": {str(k): v for k, v in sorted(self.histogram.items())},
+            "dropped_false_negatives": self.dropped,
+            "dropped_margin": self.dropped_margin,
+            "dropped_guide": self.dropped_guide,
+            "copied_unchanged": {reason: len(lines) for reason, lines in self.copied.items()},
+        }
+
+    def summary(self) -> str:
+        hist = ", ".join(f"{k}: {v}" for k, v in sorted(self.histogram.items())) or "none"
+        lines = [
+            f"rows: {self.rows}, mined: {self.mined_rows}, corpus: {self.corpus_size} documents",
+            f"new negatives per row (negatives: rows): {hist}",
+            f"candidates dropped as likely false negatives: {self.dropped} "
+            f"(margin: {self.dropped_margin}, guide model: {self.dropped_guide})",
+        ]
+        for reason, where in self.copied.items():
+            shown = ", ".join(map(str, where[:10])) + (", ..." if len(where) > 10 else "")
+            lines.append(f"copied unchanged, {reason}: {len(where)} row(s) (lines {shown})")
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- scorers
+
+
+def _bm25_tokenize(texts: Sequence[str]) -> list[list[str]]:
+    import bm25s
+
+    return bm25s.tokenize(list(texts), stopwords="en", return_ids=False, show_progress=False)
+
+
+def bm25_scorer(queries: Sequence[str], docs: Sequence[str]) -> Scorer:
+    """BM25 scores (``bm25s`` defaults) of ``queries`` against ``docs``."""
+    import bm25s
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG on import
+    index = bm25s.BM25()
+    index.index(_bm25_tokenize(docs), show_progress=False)
+    query_ids = [index.get_tokens_ids(tokens) for tokens in _bm25_tokenize(queries)]
+
+    def score(ids: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(ids), len(docs)), dtype=np.float64)
+        for row, q in enumerate(ids):
+            if query_ids[q]:
+                out[row] = index.get_scores_from_ids(query_ids[q])
+        return out
+
+    return score
+
+
+def dense_scorer(query_emb: np.ndarray, doc_emb: np.ndarray) -> Scorer:
+    """Dot products of normalized embeddings (``[Q, D]`` and ``[C, D]``)."""
+
+    def score(ids: np.ndarray) -> np.ndarray:
+        return (query_emb[ids] @ doc_emb.T).astype(np.float64)
+
+    return score
+
+
+# ----------------------------------------------------------------------------- corpus
+
+
+def _doc_key(item: Item) -> DocKey:
+    return (item.text, tuple(item.images), tuple(item.videos), tuple(item.audios))
+
+
+def _query_key(item: Item) -> tuple:
+    return (item.system, *_doc_key(item))
+
+
+def read_corpus(path: str) -> list[str]:
+    """Extra documents: a ``.txt`` file (one text per non-empty line) or rows with ``"text"``."""
+    if path.endswith(".txt"):
+        with open(path, encoding="utf-8") as f:
+            return [line.rstrip("\n") for line in f if line.strip()]
+    texts = []
+    for line, raw in iter_raw_rows(path):
+        if not isinstance(raw, dict) or not isinstance(raw.get("text"), str):
+            raise DataError(path, line, "text", "a corpus row needs a 'text' string")
+        if raw["text"].strip():
+            texts.append(raw["text"])
+    return texts
+
+
+def _supports(item: Item, kinds: frozenset[str]) -> bool:
+    return all(kind in kinds for kind in MEDIA_KINDS if item.media(kind))
+
+
+def _media_kinds(embedder: Any) -> frozenset[str]:
+    template = getattr(embedder, "template", None)
+    return frozenset(getattr(template, "media", None) or ())
+
+
+# ----------------------------------------------------------------------------- mining
+
+
+@dataclass
+class _Row:
+    """One input row and, once ranked, its candidate window and picks."""
+
+    index: int  # position in the input
+    line: int
+    raw: Any
+    sample: Sample
+    messages_form: bool
+    query: int = -1  # index into the distinct queries
+    positive: int = -1  # document index of the own positive
+    excluded: np.ndarray | None = None
+    window: np.ndarray | None = None  # candidate documents in rank order, ranks [range_min, range_max)
+    window_scores: np.ndarray | None = None  # their mining scores
+    positive_score: float = 0.0  # the mining score of the own positive
+    picked: list[int] = field(default_factory=list)
+
+
+def mine_rows(
+    rows: Sequence[tuple[int, Any]],
+    source: str,
+    base_dir: str,
+    *,
+    embedder: Any = None,
+    guide: Any = None,
+    extra_docs: Sequence[str] = (),
+    config: MiningConfig | None = None,
+    media_root: str | None = None,
+) -> tuple[list[Any], MiningStats]:
+    """Mine negatives for raw ``rows`` (``(line, row)`` as :func:`iter_raw_rows` yields them).
+
+    ``embedder``/``guide`` are objects with ``encode(inputs, batch_size=...) -> [n, D]``
+    normalized (an :class:`~mmembed.model.embedder.Embedder`); ``embedder=None`` mines with BM25.
+    Relative media paths resolve against ``base_dir``. With ``media_root`` (the output's
+    folder) every relative media path written, the rows' own and the mined ones, is relative
+    to it; with ``None`` the rows' paths are left as they are and mined paths are absolute.
+    Returns the new rows, in input order, and the statistics; the input rows are not
+    modified.
+    """
+    cfg = config or MiningConfig()
+    cfg.validate()
+    stats = MiningStats(rows=len(rows))
+    kinds = _media_kinds(embedder) if embedder is not None else frozenset()
+    if guide is not None:
+        kinds &= _media_kinds(guide)
+
+    parsed = [
+        _Row(i, line, raw, parse_row(raw, source, line, base_dir), _is_messages_form(raw))
+        for i, (line, raw) in enumerate(rows)
+    ]
+
+    # Corpus: distinct positives, then the extra texts.
+    docs: list[Item] = []
+    doc_index: dict[DocKey, int] = {}
+
+    def add_doc(item: Item) -> None:
+        key = _doc_key(item)
+        if key not in doc_index and _supports(item, kinds):
+            doc_index[key] = len(docs)
+            docs.append(item)
+
+    for r in parsed:
+        for p in r.sample.positives:
+            add_doc(p)
+    for text in extra_docs:
+        add_doc(Item(text=text))
+    stats.corpus_size = len(docs)
+
+    # Positives of each query, over the whole file.
+    positives_of: dict[DocKey, set[int]] = defaultdict(set)
+    for r in parsed:
+        for p in r.sample.positives:
+            if _doc_key(p) in doc_index:
+                positives_of[_doc_key(r.sample.anchor)].add(doc_index[_doc_key(p)])
+
+    mined: list[_Row] = []
+    queries: list[Item] = []
+    query_index: dict[tuple, int] = {}
+    for r in parsed:
+        s = r.sample
+        if s.label is not None and s.label != 1.0:
+            stats.copied.setdefault("label other than 1 (pair rows)", []).append(r.line)
+            continue
+        if not (_supports(s.anchor, kinds) and _doc_key(s.positives[0]) in doc_index):
+            reason = "media the model cannot embed" if embedder is not None else "media (BM25 mines text only)"
+            stats.copied.setdefault(reason, []).append(r.line)
+            continue
+        qkey = _query_key(s.anchor)
+        if qkey not in query_index:
+            query_index[qkey] = len(queries)
+            queries.append(s.anchor)
+        r.query = query_index[qkey]
+        r.positive = doc_index[_doc_key(s.positives[0])]
+        excluded = set(positives_of[_doc_key(s.anchor)])
+        if _doc_key(s.anchor) in doc_index:
+            excluded.add(doc_index[_doc_key(s.anchor)])
+        if not cfg.overwrite:
+            excluded.update(doc_index[k] for k in map(_doc_key, s.negatives) if k in doc_index)
+        r.excluded = np.fromiter(sorted(excluded), dtype=np.int64)
+        mined.append(r)
+
+    if mined:
+        _rank_windows(mined, queries, docs, embedder, cfg)
+        _filter_and_pick(mined, queries, docs, guide, cfg, stats)
+    stats.mined_rows = len(mined)
+    stats.histogram = dict(sorted(Counter(len(r.picked) for r in mined).items()))
+
+    out = [r.raw for r in parsed]
+    if media_root is not None and os.path.abspath(media_root) != os.path.abspath(base_dir):
+        out = [_rebase_media(row, base_dir, media_root) for row in out]
+    for r in parsed:
+        r.raw = out[r.index]
+    for r in mined:
+        new = [docs[i] for i in r.picked]
+        if r.messages_form:
+            out[r.index] = _with_negative_groups(r.raw, r.sample, new, cfg.overwrite, media_root)
+        else:
+            out[r.index] = _with_rejected_responses(r.raw, new, cfg.overwrite, media_root)
+    return out, stats
+
+
+def _embed(embedder: Any, items: Sequence[Item], batch_size: int) -> np.ndarray:
+    emb = np.asarray(embedder.encode(list(items), batch_size=batch_size), dtype=np.float32)
+    if emb.ndim != 2 or emb.shape[0] != len(items):
+        raise ValueError(f"the embedder returned shape {emb.shape} for {len(items)} inputs")
+    return emb
+
+
+def _rank_windows(mined: list[_Row], queries: list[Item], docs: list[Item], embedder: Any, cfg: MiningConfig) -> None:
+    """Score the distinct queries against the corpus in blocks; store each row's window and
+    the mining scores it needs (``r.window_scores``, ``r.positive_score``)."""
+    if embedder is None:
+        scorer = bm25_scorer([q.text for q in queries], [d.text for d in docs])
+        sparse = True
+    else:
+        scorer = dense_scorer(_embed(embedder, queries, cfg.batch_size), _embed(embedder, docs, cfg.batch_size))
+        sparse = False
+    rows_of: dict[int, list[_Row]] = defaultdict(list)
+    for r in mined:
+        rows_of[r.query].append(r)
+    block = max(1, (1 << 22) // max(1, len(docs)))
+    for start in range(0, len(queries), block):
+        ids = np.arange(start, min(len(queries), start + block))
+        scores = scorer(ids)
+        for q, s in zip(ids, scores):
+            for r in rows_of[int(q)]:
+                masked = s.copy()
+                if sparse:
+                    masked[masked <= 0] = -np.inf  # no shared term: not a candidate
+                masked[r.excluded] = -np.inf
+                ranked = top_k(masked[None, :], cfg.range_max)[0]  # -inf never ranked
+                r.window = ranked[cfg.range_min:]
+                r.window_scores = s[r.window]
+                r.positive_score = float(s[r.positive])
+
+
+def _filter_and_pick(
+    mined: list[_Row], queries: list[Item], docs: list[Item], guide: Any, cfg: MiningConfig, stats: MiningStats
+) -> None:
+    """Walk each row's window in rank order: drop likely false negatives (margins, guide),
+    keep the first ``num_negatives`` survivors in ``r.picked``."""
+    guide_q = guide_d = None
+    doc_slot: dict[int, int] = {}
+    if guide is not None:
+        # Embed only what the filter looks at: the windows and the positives.
+        needed = sorted({int(i) for r in mined for i in r.window} | {r.positive for r in mined})
+        doc_slot = {d: j for j, d in enumerate(needed)}
+        guide_q = _embed(guide, queries, cfg.batch_size)
+        guide_d = _embed(guide, [docs[i] for i in needed], cfg.batch_size)
+    for r in mined:
+        thresholds = []
+        if cfg.margin is not None:
+            thresholds.append(r.positive_score - cfg.margin)
+        if cfg.relative_margin is not None:
+            thresholds.append(r.positive_score * (1.0 - cfg.relative_margin))
+        if guide_q is not None:
+            g = guide_d[[doc_slot[int(i)] for i in r.window]] @ guide_q[r.query] if len(r.window) else np.zeros(0)
+            g_pos = float(guide_d[doc_slot[r.positive]] @ guide_q[r.query])
+        for j, (doc, score) in enumerate(zip(r.window, r.window_scores)):
+            if len(r.picked) == cfg.num_negatives:
+                break
+            if any(score > t for t in thresholds):
+                stats.dropped_margin += 1
+                continue
+            if guide_q is not None and g[j] >= g_pos - cfg.guide_margin:
+                stats.dropped_guide += 1
+                continue
+            r.picked.append(int(doc))
+
+
+# ----------------------------------------------------------------------------- writing rows
+
+
+def _is_messages_form(raw: Any) -> bool:
+    return isinstance(raw, dict) and any(raw.get(k) is not None for k in _MESSAGES_KEYS) and raw.get("positive_messages") is not None
+
+
+_MEDIA_FIELDS = frozenset(
+    f"{prefix}{kind}{plural}" for prefix in ("", "positive_", "negative_") for kind in MEDIA_KINDS for plural in ("", "s")
+)
+_PART_KEYS = ("image", "image_url", "video", "video_url", "audio", "audio_url", "url", "path")
+_SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
+
+
+def _rebase_media(row: Any, src: str, dst: str) -> Any:
+    """A copy of ``row`` whose relative local media paths (resolved against ``src``, as the
+    reader does) are rewritten relative to ``dst``: the output file may live elsewhere.
+    Absolute paths, ``~`` paths and URIs are left as they are."""
+
+    def path(value: Any) -> Any:
+        if isinstance(value, str):
+            v = value.strip()
+            if v and not (_SCHEME_RE.match(v) or os.path.isabs(v) or v.startswith("~")):
+                return os.path.relpath(os.path.join(src, v), dst)
+            return value
+        if isinstance(value, dict):  # {"path": ...} / {"url": ...}; inline bytes have no path
+            return {k: path(v) if k in ("path", "url") else v for k, v in value.items()}
+        if isinstance(value, list):
+            return [path(v) for v in value]
+        return value
+
+    def part(p: Any) -> Any:
+        if not (isinstance(p, dict) and p.get("type") not in (None, "text", "input_audio")):
+            return p
+        return {k: path(v) if k in _PART_KEYS else v for k, v in p.items()}
+
+    def messages(msgs: Any) -> Any:
+        if not isinstance(msgs, list):
+            return msgs
+        out = []
+        for m in msgs:
+            if isinstance(m, list):  # positive_messages / negative_messages: groups
+                out.append(messages(m))
+            elif isinstance(m, dict) and isinstance(m.get("content"), list):
+                out.append(dict(m, content=[part(p) for p in m["content"]]))
+            else:
+                out.append(m)
+        return out
+
+    if not isinstance(row, dict):
+        return row
+    new = {}
+    for key, value in row.items():
+        if key in _MEDIA_FIELDS:
+            new[key] = path(value)
+        elif key in _MESSAGES_KEYS or key in ("positive_messages", "negative_messages"):
+            new[key] = messages(value)
+        else:
+            new[key] = value
+    return new
+
+
+def _out_media(path: str, media_root: str | None) -> str:
+    if media_root is None or not os.path.isabs(path):  # URLs and data: URIs stay as they are
+        return path
+    return os.path.relpath(path, media_root)
+
+
+def _media_key(raw: dict, kind: str) -> str:
+    for key in (kind + "s", kind):
+        if raw.get(key) is not None:
+            return key
+    return kind + "s"
+
+
+def _as_list(value: Any) -> list:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _with_rejected_responses(raw: dict, new: list[Item], overwrite: bool, media_root: str | None) -> dict:
+    """Query form (and ms-swift 3.x messages rows): negatives are strings whose media tags
+    bind last in the row's shared ``images``/``videos``/``audios`` lists."""
+    row = dict(raw)
+    numbered = sorted((int(m.group(1)), k) for k in row if (m := _NEGATIVE_N_RE.fullmatch(k)))
+    list_key = None if numbered else next((k for k in _NEGATIVE_LIST_KEYS if row.get(k) is not None), "rejected_response")
+    if numbered:
+        existing = [row[k] for _, k in numbered if row[k] is not None]
+    else:
+        existing = _as_list(row.get(list_key))
+    if overwrite:
+        for kind in MEDIA_KINDS:  # the existing negatives' paths are the tail of each list
+            used = sum(text.count(f"<{kind}>") for text in existing)
+            if used:
+                key = _media_key(row, kind)
+                paths = _as_list(row[key])
+                row[key] = paths[: len(paths) - used]
+        for _, k in numbered:
+            del row[k]
+        existing = []
+    for kind in MEDIA_KINDS:
+        added = [_out_media(p, media_root) for item in new for p in item.media(kind)]
+        if added:
+            key = _media_key(row, kind)
+            row[key] = _as_list(row.get(key)) + added
+    texts = [item.text for item in new]
+    if numbered:  # negative_1, negative_2, ...: go on counting
+        last = 0 if overwrite else numbered[-1][0]
+        for j, text in enumerate(texts, start=last + 1):
+            row[f"negative_{j}"] = text
+    else:
+        row[list_key] = existing + texts
+    return row
+
+
+def _with_negative_groups(raw: dict, sample: Sample, new: list[Item], overwrite: bool, media_root: str | None) -> dict:
+    """Messages form: one ``negative_messages`` group per negative, media lists aligned."""
+    row = dict(raw)
+    groups = [] if overwrite else list(row.get("negative_messages") or [])
+    system = sample.positives[0].system
+    added_groups = []
+    for item in new:
+        group = [{"role": "system", "content": system}] if system else []
+        group.append({"role": "user", "content": item.text})
+        added_groups.append(group)
+    for kind in MEDIA_KINDS:
+        key = f"negative_{kind}s"
+        old = [] if overwrite else list(row.get(key) or [])
+        added = [[_out_media(p, media_root) for p in item.media(kind)] for item in new]
+        if old or any(added):
+            old += [[] for _ in range(len(groups) - len(old))]  # absent list: the groups had none
+            row[key] = old + added
+        else:
+            row.pop(key, None)
+    row["negative_messages"] = groups + added_groups
+    return row
+
+
+def check_output_path(output: str) -> None:
+    """``ValueError`` unless ``output`` is a ``.jsonl``/``.json`` file in an existing folder."""
+    if not output.endswith((".jsonl", ".json")):
+        raise ValueError(f"output {output!r}: mining writes .jsonl (JSON Lines) or .json (a JSON array)")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
+        raise ValueError(f"output {output!r}: the folder does not exist")
+
+
+def _write_rows(rows: list[Any], output: str) -> None:
+    check_output_path(output)
+    with replaced_when_done(output, "w", encoding="utf-8") as f:
+        if output.endswith(".jsonl"):
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        else:
+            f.write("[\n")
+            f.write(",\n".join(json.dumps(row, ensure_ascii=False) for row in rows))
+            f.write("\n]\n")
+
+
+def mine_file(
+    dataset: str,
+    output: str,
+    *,
+    model: Any = None,
+    guide_model: Any = None,
+    corpus: str | None = None,
+    config: MiningConfig | None = None,
+    torch_dtype: str | None = None,
+) -> MiningStats:
+    """Mine ``dataset`` into ``output`` (see the module docstring).
+
+    ``model``/``guide_model``: a folder path (loaded with ``Embedder.from_pretrained``) or an
+    object with ``encode``; ``model=None`` mines with BM25. ``corpus``: extra documents
+    (:func:`read_corpus`). Returns the statistics; ``stats.summary()`` is what the CLI prints.
+    """
+    cfg = config or MiningConfig()
+    cfg.validate()
+    check_output_path(output)  # before any work
+    rows = list(iter_raw_rows(dataset))
+    extra = read_corpus(corpus) if corpus else []
+    embedder = _load(model, torch_dtype)
+    guide = _load(guide_model, torch_dtype)
+    out_rows, stats = mine_rows(
+        rows,
+        dataset,
+        os.path.dirname(os.path.abspath(dataset)),
+        embedder=embedder,
+        guide=guide,
+        extra_docs=extra,
+        config=cfg,
+        media_root=os.path.dirname(os.path.abspath(output)),
+    )
+    _write_rows(out_rows, output)
+    return stats
+
+
+def _load(model: Any, torch_dtype: str | None) -> Any:
+    if model is None or not isinstance(model, str):
+        return model
+    from ..model.embedder import Embedder
+
+    return Embedder.from_pretrained(model, torch_dtype=torch_dtype)

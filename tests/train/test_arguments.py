@@ -1,0 +1,94 @@
+"""`mmembed sft` flags: ms-swift's names and defaults, and clear errors."""
+
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+from mmembed.train.arguments import default_gradient_accumulation, parse_sft_args
+
+BASE = ["--model", "/m", "--dataset", "d.jsonl", "--output_dir", "/tmp/mmembed-args-test"]
+
+
+def test_ms_swift_defaults():
+    a = parse_sft_args(BASE)
+    assert a.tuner_type == a.train_type == "lora"
+    assert a.learning_rate == 1e-4
+    assert a.weight_decay == 0.1 and a.adam_beta2 == 0.95
+    assert getattr(a.lr_scheduler_type, "value", a.lr_scheduler_type) == "cosine"
+    assert a.activation_checkpointing is True
+    assert a.per_device_train_batch_size == 1 and a.gradient_accumulation_steps == 16
+    assert (a.lora_rank, a.lora_alpha, a.lora_dropout, a.target_modules) == (8, 32, 0.05, ["all-linear"])
+    assert a.truncation_strategy == "delete" and a.split_dataset_ratio == 0.0
+    assert getattr(a.eval_strategy, "value", a.eval_strategy) == "no"  # no validation data, no evaluation
+    assert a.loss_type == "infonce" and a.task_type == "embedding"
+
+
+def test_full_training_defaults_and_global_batch():
+    a = parse_sft_args(BASE + ["--train_type", "full", "--per_device_train_batch_size", "4", "--val_dataset", "v.jsonl"])
+    assert a.tuner_type == "full" and a.learning_rate == 1e-5
+    assert a.gradient_accumulation_steps == 4  # a global batch of 16 on one process
+    assert default_gradient_accumulation(4, 2) == 2  # ceil(16 / 4 / 2)
+    assert default_gradient_accumulation(32, 1) == 1 and default_gradient_accumulation(5, 1) == 4
+    assert getattr(a.eval_strategy, "value", a.eval_strategy) == "steps" and a.eval_steps == a.save_steps
+
+
+def test_ms_swift_script_flags_are_accepted():
+    a = parse_sft_args(BASE + [
+        "--task_type", "embedding", "--loss_type", "infonce", "--tuner_type", "lora", "--lora_rank", "16",
+        "--lora_alpha", "64", "--target_modules", "query", "value", "--dataset", "a.jsonl", "b.jsonl#100",
+        "--split_dataset_ratio", "0.05", "--torch_dtype", "float32", "--max_length", "128", "--num_train_epochs", "2",
+        "--per_device_eval_batch_size", "8", "--learning_rate", "3e-5", "--warmup_ratio", "0.05",
+        "--eval_steps", "10", "--save_steps", "20", "--save_total_limit", "2", "--logging_steps", "5",
+        "--dataloader_num_workers", "0", "--dataloader_drop_last", "true", "--lazy_tokenize", "true",
+        "--load_from_cache_file", "false", "--dataset_num_proc", "2", "--attn_impl", "sdpa",
+        "--padding_side", "left", "--gradient_checkpointing", "false", "--seed", "7", "--strict", "false",
+    ])
+    assert a.dataset == ["a.jsonl", "b.jsonl#100"] and a.target_modules == ["query", "value"]
+    assert a.warmup_steps == 0.05 and a.learning_rate == 3e-5
+    assert a.activation_checkpointing is False and a.strict is False and a.load_from_cache_file is False
+    assert a.padding_side == "left" and a.dataset_num_proc == 2
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--task_type", "causal_lm"], "embedding models only"),
+        (["--tuner_type", "qlora"], "--tuner_type must be one of"),
+        (["--tuner_type", "lora", "--train_type", "full"], "disagree"),
+        (["--truncation_strategy", "middle"], "--truncation_strategy must be one of"),
+        (["--warmup_ratio", "1.5"], "--warmup_ratio must be in"),
+        (["--split_dataset_ratio", "1.0"], "--split_dataset_ratio must be in"),
+    ],
+)
+def test_bad_values_are_named(extra, message):
+    with pytest.raises(ValueError, match=message):
+        parse_sft_args(BASE + extra)
+
+
+def test_unknown_flag_is_an_error_naming_it():
+    proc = subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "sft", *BASE, "--no_such_flag", "3"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode != 0
+    assert "unknown flag(s): --no_such_flag" in proc.stderr
+    # no abbreviations: a prefix of a real flag is not silently taken for it
+    proc = subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "sft", *BASE, "--lora_r", "3"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode != 0 and "--lora_r" in proc.stderr
+
+
+def test_offloaded_optimizer_keeps_a_non_adam_choice():
+    """DeepSpeed swaps the optimizer for its CPU Adam when the optimizer is offloaded: kept for
+    AdamW (same algorithm), switched off for any other --optim (which would be ignored)."""
+    from importlib.resources import files
+
+    from mmembed.train.arguments import _honour_optimizer_under_offload
+
+    offload = str(files("mmembed.train").joinpath("ds_configs", "zero3_offload.json"))
+    plain = str(files("mmembed.train").joinpath("ds_configs", "zero3.json"))
+    assert _honour_optimizer_under_offload(offload, "adamw_torch") == offload
+    assert _honour_optimizer_under_offload(plain, "sgd") == plain
+    config = _honour_optimizer_under_offload(offload, "sgd")
+    assert config["zero_force_ds_cpu_optimizer"] is False
+    assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"

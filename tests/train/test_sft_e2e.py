@@ -1,0 +1,194 @@
+"""`mmembed sft` on the real all-MiniLM-L6-v2, then export, embed, resume; checked against
+sentence-transformers and transformers as independent loaders."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import DATA, REPO
+
+from mmembed.train.arguments import parse_sft_args
+from mmembed.train.sft import run_sft
+from mmembed.train.trainer import COMPLETE_MARKER, NonFiniteLossError, find_last_complete_checkpoint
+
+TEXTS = ["A man is playing a flute.", "Two dogs run through the snow after a red ball.", "The stock market fell today."]
+
+
+def _write_rows(path, rows):
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def group_data(tmp_path_factory):
+    """STS-B pairs in ms-swift's query form, with 0, 1 or 2 hard negatives per row."""
+    d = tmp_path_factory.mktemp("data")
+    with open(os.path.join(DATA, "stsb_train_pairs.jsonl"), encoding="utf-8") as f:
+        pairs = [json.loads(line) for line in f][:40]
+    rows = []
+    for i, p in enumerate(pairs[:24]):
+        negs = [pairs[(i + k + 7) % len(pairs)]["response"] for k in range(i % 3)]
+        rows.append({"query": p["query"], "response": p["response"], "rejected_response": negs})
+    train = _write_rows(d / "train.jsonl", rows[:16])
+    val = _write_rows(d / "val.jsonl", rows[16:24])
+    return train, val
+
+
+def _args(model, data, out, *extra):
+    train, val = data
+    return parse_sft_args([
+        "--model", model, "--task_type", "embedding", "--dataset", train, "--val_dataset", val,
+        "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4", "--gradient_accumulation_steps", "1",
+        "--max_length", "48", "--logging_steps", "1", "--output_dir", str(out), "--disable_tqdm", "true",
+        "--dataloader_num_workers", "0", *extra,
+    ])
+
+
+def _adapter_state(ckpt):
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(ckpt, "adapter_model.safetensors"))
+
+
+def test_lora_sft_export_loads_in_sentence_transformers_and_transformers(minilm_path, group_data, tmp_path):
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer
+
+    from mmembed.model.embedder import Embedder
+    from mmembed.tools.export import export_checkpoint
+
+    out = tmp_path / "run"
+    metrics = run_sft(_args(minilm_path, group_data, out, "--tuner_type", "lora", "--max_steps", "3",
+                            "--save_steps", "2", "--eval_steps", "2", "--learning_rate", "5e-4"))
+    ckpt = metrics["last_checkpoint"]
+    assert os.path.basename(ckpt) == "checkpoint-3"
+    for name in ("adapter_model.safetensors", "adapter_config.json", "mmembed.json", COMPLETE_MARKER, "tokenizer.json"):
+        assert os.path.isfile(os.path.join(ckpt, name)), name
+    for key in ("eval_loss", "eval_margin", "eval_mean_pos", "eval_mean_neg", "eval_recall_at_1", "eval_mrr_at_10", "eval_ndcg_at_10"):
+        assert key in metrics and np.isfinite(metrics[key]), key
+    state = json.load(open(os.path.join(ckpt, "trainer_state.json")))
+    assert [h["step"] for h in state["log_history"] if "loss" in h] == [1, 2, 3]
+
+    trained = Embedder.from_pretrained(ckpt).encode(TEXTS)
+    base = Embedder.from_pretrained(minilm_path).encode(TEXTS)
+    assert np.abs(trained - base).max() > 1e-4  # training changed the model
+
+    merged = export_checkpoint(ckpt, str(tmp_path / "merged"))
+    st = SentenceTransformer(merged, device="cpu").encode(TEXTS, normalize_embeddings=False)
+    np.testing.assert_allclose(st, trained, atol=1e-5)
+
+    # transformers alone: AutoModel + mean pooling over the mask + L2 normalization
+    tok = AutoTokenizer.from_pretrained(merged)
+    model = AutoModel.from_pretrained(merged).eval()
+    enc = tok(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        h = model(**enc).last_hidden_state
+    m = enc["attention_mask"].unsqueeze(-1).float()
+    ref = torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1).numpy()
+    np.testing.assert_allclose(ref, trained, atol=1e-5)
+
+    with pytest.raises(FileExistsError):
+        export_checkpoint(ckpt, merged)
+
+
+def test_full_training_checkpoint_loads_directly_in_sentence_transformers(minilm_path, group_data, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    from mmembed.model.embedder import Embedder
+
+    metrics = run_sft(_args(minilm_path, group_data, tmp_path / "run", "--tuner_type", "full", "--max_steps", "2",
+                            "--save_steps", "2", "--eval_strategy", "no", "--gradient_checkpointing", "true"))
+    ckpt = metrics["last_checkpoint"]
+    assert os.path.isfile(os.path.join(ckpt, "model.safetensors"))
+    ours = Embedder.from_pretrained(ckpt).encode(TEXTS)
+    st = SentenceTransformer(ckpt, device="cpu").encode(TEXTS)
+    np.testing.assert_allclose(st, ours, atol=1e-5)
+
+
+def test_resume_after_kill_matches_an_uninterrupted_run(minilm_path, group_data, tmp_path):
+    common = ("--tuner_type", "lora", "--max_steps", "4", "--save_steps", "2", "--eval_strategy", "no", "--learning_rate", "5e-4")
+    ref_out = tmp_path / "ref"
+    run_sft(_args(minilm_path, group_data, ref_out, *common))
+    reference = _adapter_state(ref_out / "checkpoint-4")
+
+    # the killed run: checkpoint-2 is complete, checkpoint-4 was being written when the process died
+    out = tmp_path / "killed"
+    out.mkdir()
+    shutil.copytree(ref_out / "checkpoint-2", out / "checkpoint-2")
+    (out / "checkpoint-4").mkdir()
+    (out / "checkpoint-4" / "adapter_model.safetensors").write_bytes(b"half written")
+    assert find_last_complete_checkpoint(str(out)).endswith("checkpoint-2")
+    with pytest.raises(ValueError, match="not a complete mmembed checkpoint"):
+        run_sft(_args(minilm_path, group_data, out, *common, "--resume_from_checkpoint", str(out / "checkpoint-4")))
+
+    run_sft(_args(minilm_path, group_data, out, *common, "--resume_from_checkpoint", "true"))
+    resumed = _adapter_state(out / "checkpoint-4")
+    assert reference.keys() == resumed.keys()
+    for k in reference:
+        torch.testing.assert_close(resumed[k], reference[k], atol=1e-6, rtol=1e-5)
+    start = _adapter_state(ref_out / "checkpoint-2")
+    assert any(not torch.equal(start[k], resumed[k]) for k in start)  # it did train from step 2 to 4
+
+
+def test_non_finite_loss_stops_the_run(minilm_path, group_data, tmp_path, monkeypatch):
+    import mmembed.train.sft as sft
+
+    def nan_loss(name):
+        def loss(outputs, labels):
+            return outputs["last_hidden_state"].sum() * float("nan")
+        return loss
+
+    monkeypatch.setattr(sft, "build_loss", nan_loss)
+    with pytest.raises(NonFiniteLossError, match="loss is nan at step 0"):
+        run_sft(_args(minilm_path, group_data, tmp_path / "run", "--max_steps", "2", "--eval_strategy", "no"))
+    assert find_last_complete_checkpoint(str(tmp_path / "run")) is None
+
+
+def test_pair_loss_training_reports_correlations(minilm_path, tmp_path):
+    with open(os.path.join(DATA, "stsb_train_scored.jsonl"), encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f][:24]
+    data = (_write_rows(tmp_path / "t.jsonl", rows[:16]), _write_rows(tmp_path / "v.jsonl", rows[16:]))
+    metrics = run_sft(_args(minilm_path, data, tmp_path / "run", "--loss_type", "cosine_similarity", "--max_steps", "2",
+                            "--save_steps", "2", "--eval_steps", "2"))
+    assert -1.0 <= metrics["eval_spearman_cosine"] <= 1.0
+    assert "eval_pearson_euclidean" in metrics
+
+
+def test_overlong_rows_are_deleted_and_counted(minilm_path, tmp_path, caplog):
+    long_text = " ".join(["word"] * 80)
+    rows = [{"query": f"short query {i}", "response": "short answer"} for i in range(6)]
+    rows[2]["response"] = long_text
+    rows[4]["query"] = long_text
+    data = (_write_rows(tmp_path / "t.jsonl", rows), _write_rows(tmp_path / "v.jsonl", rows[:2]))
+    with caplog.at_level("WARNING", logger="mmembed"):
+        run_sft(_args(minilm_path, data, tmp_path / "run", "--max_steps", "1", "--eval_strategy", "no", "--max_length", "32"))
+    assert any("2 of 6 rows are longer than --max_length 32" in r.getMessage() for r in caplog.records)
+
+
+def test_cli_embed_writes_the_same_vectors_as_embedder(minilm_path, tmp_path):
+    from mmembed.model.embedder import Embedder
+
+    inp = tmp_path / "texts.txt"
+    inp.write_text("\n".join(TEXTS) + "\n")
+    out = tmp_path / "emb.npy"
+    subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "embed", "--model", minilm_path, "--input", str(inp),
+                    "--output", str(out)], check=True, cwd=REPO, capture_output=True)
+    np.testing.assert_allclose(np.load(out), Embedder.from_pretrained(minilm_path).encode(TEXTS), atol=1e-6)
+
+
+def test_cli_reports_a_broken_row_by_file_line_and_field(minilm_path, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"query": "a", "response": "b"}\n{"query": "c", "response": "d", "rejected_response": 5}\n')
+    proc = subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "sft", "--model", minilm_path, "--dataset", str(bad),
+                           "--output_dir", str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 1
+    assert f"mmembed sft: error: {bad}:2 field 'rejected_response'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
