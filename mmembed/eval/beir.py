@@ -33,6 +33,9 @@ documents with ``rel > 0``, per query, then averaged:
 
 Relevant documents missing from the corpus still count in ``IDCG`` and in ``|R_q|`` (as
 trec_eval); a warning gives their number.
+
+Search and metrics are the shared core of ``mmembed.eval.ranking`` (``top_k`` and
+``ranking_metrics`` are re-exported here under their old names).
 """
 
 from __future__ import annotations
@@ -40,20 +43,17 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import math
 import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
+from .ranking import ranking_metrics, search, top_k
+
 __all__ = ["BeirData", "load_beir", "top_k", "ranking_metrics", "evaluate_beir"]
 
 logger = logging.getLogger(__name__)
-
-# Upper bound on the number of float32 scores held at once (2**24 * 4 bytes = 64 MiB).
-_BLOCK_ELEMENTS = 1 << 24
-
 
 @dataclass
 class BeirData:
@@ -131,59 +131,6 @@ def load_beir(folder: str, split: str = "test") -> BeirData:
     return BeirData(doc_ids, doc_texts, query_ids, [queries[q] for q in query_ids], qrels)
 
 
-def top_k(scores: np.ndarray, k: int) -> list[np.ndarray]:
-    """Per row of ``scores`` ``[B, C]``: the column indices of the ``k`` highest scores, best
-    first, equal scores by increasing index. ``-inf`` (and ``nan``) entries are never
-    returned, so a row may give fewer than ``k``."""
-    out = []
-    for s in np.asarray(scores):
-        s = np.where(np.isnan(s), -np.inf, s)
-        n = s.size
-        if k < n:
-            kth = np.partition(s, n - k)[n - k]  # the k-th highest value
-            cand = np.flatnonzero(s >= kth)  # ties at the boundary are all kept, then cut by index
-        else:
-            cand = np.arange(n)
-        cand = cand[s[cand] > -np.inf]
-        out.append(cand[np.argsort(-s[cand], kind="stable")][:k])
-    return out
-
-
-def ranking_metrics(
-    rankings: Sequence[Sequence[str]],
-    relevance: Sequence[dict[str, float]],
-    ks: Sequence[int] = (1, 10, 100),
-    cutoff: int = 10,
-) -> dict[str, float]:
-    """Graded metrics of ranked document ids (see the module docstring for the formulas).
-
-    ``rankings[i]`` is query ``i``'s ranked document ids (at least ``max(ks, cutoff)`` deep
-    unless the corpus is smaller); ``relevance[i]`` its qrels ``{doc id: score}``. Every
-    query must have a document with score > 0. Returns ``ndcg@{cutoff}``, ``mrr@{cutoff}``
-    and ``recall@k`` for ``ks``.
-    """
-    if len(rankings) != len(relevance) or not rankings:
-        raise ValueError("ranking_metrics needs one relevance dict per ranking, and at least one query")
-    ndcg, mrr = [], []
-    recall: dict[int, list[float]] = {k: [] for k in ks}
-    discounts = [1.0 / math.log2(r + 1) for r in range(1, cutoff + 1)]
-    for ranked, rel in zip(rankings, relevance):
-        grades = sorted((g for g in rel.values() if g > 0), reverse=True)
-        if not grades:
-            raise ValueError("every evaluated query needs a document with score > 0")
-        gains = [max(0.0, rel.get(d, 0.0)) for d in ranked]
-        dcg = sum(g * w for g, w in zip(gains[:cutoff], discounts))
-        idcg = sum(g * w for g, w in zip(grades[:cutoff], discounts))
-        ndcg.append(dcg / idcg)
-        first = next((r for r, g in enumerate(gains[:cutoff], 1) if g > 0), None)
-        mrr.append(1.0 / first if first else 0.0)
-        for k in ks:
-            recall[k].append(sum(g > 0 for g in gains[:k]) / len(grades))
-    out = {f"ndcg@{cutoff}": float(np.mean(ndcg)), f"mrr@{cutoff}": float(np.mean(mrr))}
-    out.update({f"recall@{k}": float(np.mean(v)) for k, v in recall.items()})
-    return out
-
-
 def evaluate_beir(
     embedder_or_model_path: Any,
     folder: str | BeirData,
@@ -220,15 +167,9 @@ def evaluate_beir(
     if missing:
         logger.warning("%d relevant (query, document) pairs name documents missing from corpus.jsonl", missing)
 
-    rankings: list[list[str]] = []
-    step = max(1, _BLOCK_ELEMENTS // len(data.doc_ids))
-    for start in range(0, len(data.query_ids), step):
-        qids = data.query_ids[start : start + step]
-        scores = q_emb[start : start + len(qids)] @ d_emb.T
-        for row, q in enumerate(qids):
-            if q in doc_pos:  # a query is never its own answer
-                scores[row, doc_pos[q]] = -np.inf
-        rankings += [[data.doc_ids[i] for i in top] for top in top_k(scores, depth)]
+    own = [(doc_pos[q],) if q in doc_pos else () for q in data.query_ids]  # a query is never its own answer
+    found = search(q_emb, d_emb, depth, exclude=own)
+    rankings = [[data.doc_ids[i] for i in ranked] for ranked in found]
     out: dict[str, Any] = ranking_metrics(rankings, [data.qrels[q] for q in data.query_ids], ks, cutoff)
     out["num_queries"] = len(data.query_ids)
     out["num_docs"] = len(data.doc_ids)

@@ -9,7 +9,9 @@ dot and distances side by side): mmembed's models L2-normalize their output, so 
 product is the cosine similarity.
 
 Large evaluation sets are scored in blocks of rows, so memory stays bounded by
-``_BLOCK_ELEMENTS`` float64 scores at a time whatever the number of queries and documents.
+``ranking._BLOCK_ELEMENTS`` scores at a time whatever the number of queries and documents.
+Retrieval ranks and scores with the shared core of ``ranking`` (``search``,
+``ranking_metrics``), as the BEIR evaluation does.
 
 Functions
 ---------
@@ -28,16 +30,14 @@ from typing import Any
 
 import numpy as np
 
+from .ranking import ranking_metrics, rows_per_block, search
+
 __all__ = [
     "infonce_metrics",
     "retrieval_metrics",
     "pair_metrics",
     "embedding_eval_metrics",
 ]
-
-# Upper bound on the number of float64 scores held at once (2**22 * 8 bytes = 32 MiB).
-_BLOCK_ELEMENTS = 1 << 22
-
 
 def _to_numpy(x: Any, name: str, ndim: int | None = None) -> np.ndarray:
     """Return ``x`` as a float64 numpy array (torch tensors of any dtype/device included)."""
@@ -61,10 +61,6 @@ def _to_int_array(x: Any, name: str) -> np.ndarray:
         if not np.all(np.equal(np.mod(arr, 1), 0)):
             raise ValueError(f"{name} must hold integers, got {arr[:8]!r}...")
     return arr.astype(np.int64)
-
-
-def _rows_per_block(n_cols: int) -> int:
-    return max(1, _BLOCK_ELEMENTS // max(1, n_cols))
 
 
 # ---------------------------------------------------------------------------------------
@@ -142,7 +138,7 @@ def infonce_metrics(
         docs = np.concatenate([p, n], axis=0)  # column i < B is p_i
         neg_sum = 0.0
         best = np.full(b, -np.inf)
-        step = _rows_per_block(docs.shape[0])
+        step = rows_per_block(docs.shape[0])
         for start in range(0, b, step):
             stop = min(b, start + step)
             s = a[start:stop] @ docs.T
@@ -213,7 +209,8 @@ def retrieval_metrics(
     -------
     Documents are sorted by decreasing score; equal scores are ordered by increasing
     document index (a stable sort), so results are deterministic. The rank ``r`` of a
-    document counts from 1.
+    document counts from 1. A document whose score is not a number (``nan``, from ``nan``
+    embeddings) or ``-inf`` is never ranked (``ranking.top_k``).
 
     Definitions (``R_q`` = relevant documents of ``q`` that are not excluded)
     ------------------------------------------------------------------------
@@ -247,42 +244,13 @@ def retrieval_metrics(
         if not r - e:
             raise ValueError(f"query {i} has no relevant document left (relevant={sorted(r)}, excluded={sorted(e)})")
 
-    # The rank of a relevant document d is 1 + the number of non-excluded documents placed
-    # before it: higher score, or equal score and smaller index. Computing it per relevant
-    # pair avoids sorting the whole [Q, C] score matrix.
-    kept = [np.array(sorted(r - e), dtype=np.int64) for r, e in zip(rel, excl)]
-    n_rel = np.array([k.size for k in kept], dtype=np.float64)
-    pair_q = np.repeat(np.arange(nq), n_rel.astype(np.int64))  # one entry per (query, relevant doc)
-    pair_d = np.concatenate(kept)
-    excl_idx = [np.array(sorted(e), dtype=np.int64) for e in excl]
-    has_excl = np.array([e.size > 0 for e in excl_idx])
-    col = np.arange(nc)
-    ranks = np.empty(pair_q.size, dtype=np.int64)
-    step = _rows_per_block(nc)
-    for start in range(0, pair_q.size, step):
-        stop = min(pair_q.size, start + step)
-        pq, pd = pair_q[start:stop], pair_d[start:stop]
-        s = qv[pq] @ dv.T  # [pairs, C]
-        for row in np.flatnonzero(has_excl[pq]):
-            s[row, excl_idx[pq[row]]] = np.nan  # nan compares False: never ahead
-        target = s[np.arange(stop - start), pd][:, None]
-        ahead = (s > target) | ((s == target) & (col[None, :] < pd[:, None]))
-        ranks[start:stop] = ahead.sum(axis=1) + 1
-
-    recall_hits = {k: np.bincount(pair_q, weights=ranks <= k, minlength=nq) for k in ks}
-    first = np.full(nq, np.iinfo(np.int64).max)
-    np.minimum.at(first, pair_q, ranks)
-    mrr = np.where(first <= cutoff, 1.0 / first, 0.0)
-    gains = np.where(ranks <= cutoff, 1.0 / np.log2(ranks + 1.0), 0.0)
-    dcg = np.bincount(pair_q, weights=gains, minlength=nq)
-
-    ideal_len = np.minimum(n_rel, cutoff).astype(np.int64)
-    discounts = np.cumsum(1.0 / np.log2(np.arange(1, cutoff + 1) + 1.0))
-    idcg = discounts[ideal_len - 1]
-
-    out = {f"recall@{k}": float(np.mean(recall_hits[k] / n_rel)) for k in ks}
-    out[f"mrr@{cutoff}"] = float(mrr.mean())
-    out[f"ndcg@{cutoff}"] = float(np.mean(dcg / idcg))
+    depth = max(max(ks, default=1), cutoff)
+    rankings = search(qv, dv, depth, exclude=excl)
+    relevance = [dict.fromkeys(r - e, 1.0) for r, e in zip(rel, excl)]
+    m = ranking_metrics([r.tolist() for r in rankings], relevance, ks, cutoff)
+    out = {f"recall@{k}": m[f"recall@{k}"] for k in ks}
+    out[f"mrr@{cutoff}"] = m[f"mrr@{cutoff}"]
+    out[f"ndcg@{cutoff}"] = m[f"ndcg@{cutoff}"]
     return out
 
 

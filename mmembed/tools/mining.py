@@ -77,7 +77,7 @@ import numpy as np
 
 from ..data.reader import iter_raw_rows, parse_row
 from ..data.sample import MEDIA_KINDS, DataError, Item, Sample
-from ..eval.beir import top_k
+from ..eval.ranking import top_k
 from ..files import replaced_when_done
 
 __all__ = [

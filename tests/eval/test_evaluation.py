@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmembed import evaluation
+from mmembed.eval import ranking
 from mmembed.eval.metrics import (
     embedding_eval_metrics,
     infonce_metrics,
@@ -124,7 +124,7 @@ def test_infonce_matches_loop_reference_with_uneven_groups(use_batch, monkeypatc
     for key in ref:
         assert got[key] == pytest.approx(ref[key], abs=1e-12)
     # scoring in blocks of a few rows gives the same numbers
-    monkeypatch.setattr(evaluation, "_BLOCK_ELEMENTS", 7)
+    monkeypatch.setattr(ranking, "_BLOCK_ELEMENTS", 7)
     blocked = infonce_metrics(a, p, n, g, use_batch=use_batch)
     for key in ref:
         assert blocked[key] == pytest.approx(ref[key], abs=1e-12)
@@ -211,7 +211,7 @@ def test_retrieval_input_forms_and_errors(monkeypatch):
     assert retrieval_metrics(q, torch.tensor(DOCS12), torch.tensor([0, 2, 11])) == expected
     assert retrieval_metrics(q, DOCS12, [0, 2, 11]) == expected
     assert retrieval_metrics(q, DOCS12, [{0}, {2}, {11}]) == expected
-    monkeypatch.setattr(evaluation, "_BLOCK_ELEMENTS", 5)  # one query per block
+    monkeypatch.setattr(ranking, "_BLOCK_ELEMENTS", 5)  # one query per block
     assert retrieval_metrics(q, DOCS12, [0, 2, 11]) == expected
     m = retrieval_metrics(q, DOCS12, [0, 2, 11], ks=(2, 3))
     assert m["recall@3"] == pytest.approx(2 / 3) and "recall@1" not in m
