@@ -14,12 +14,17 @@ same way.
   The media of a batch are passed in the order their tags appear, row by row, which is
   the order the processor assigns them to placeholders.
 
+Builders never change the tokenizer they are given: the collator's builder, the Embedder's
+and those of the evaluation tasks share one tokenizer (or processor) object, and each pads
+and truncates on its own sides, set for the length of one call (``sides``).
+
 A media file that cannot be read is a ``DataError`` naming the data file, line and field.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -49,6 +54,18 @@ def is_multimodal_processor(processing: Any) -> bool:
     return any(hasattr(processing, a) for a in ("image_processor", "video_processor", "feature_extractor"))
 
 
+@contextmanager
+def sides(tokenizer: Any, padding_side: str, truncation_side: str) -> Iterator[None]:
+    """Inside the block ``tokenizer`` pads and truncates on these sides; after it (error or
+    not) its own sides are back. A processor reads the sides of the tokenizer it holds."""
+    saved = tokenizer.padding_side, tokenizer.truncation_side
+    tokenizer.padding_side, tokenizer.truncation_side = padding_side, truncation_side
+    try:
+        yield
+    finally:
+        tokenizer.padding_side, tokenizer.truncation_side = saved
+
+
 class InputBuilder:
     """Render and encode items for one model.
 
@@ -71,8 +88,8 @@ class InputBuilder:
             raise ValueError(f"template '{template.name}' takes media; it needs the model's processor, not a tokenizer")
         self.max_length = max_length
         self.truncate = truncate and max_length is not None
-        self.tokenizer.padding_side = template.padding_side
-        self.tokenizer.truncation_side = "left" if truncation_side == "left" else "right"
+        self.padding_side = template.padding_side
+        self.truncation_side = "left" if truncation_side == "left" else "right"
 
     @property
     def multimodal(self) -> bool:
@@ -117,20 +134,23 @@ class InputBuilder:
         return out
 
     def _tokenize(self, texts: list[str], truncate: bool):
-        return self.tokenizer(
-            texts,
-            padding=True,
-            truncation=truncate,
-            max_length=self.max_length if truncate else None,
-            add_special_tokens=self.template.add_special_tokens,
-            return_tensors="pt",
-        )
+        with sides(self.tokenizer, self.padding_side, self.truncation_side):
+            return self.tokenizer(
+                texts,
+                padding=True,
+                truncation=truncate,
+                max_length=self.max_length if truncate else None,
+                add_special_tokens=self.template.add_special_tokens,
+                return_tensors="pt",
+            )
 
     def _process(self, texts: list[str], media: dict[str, Any], truncate: bool) -> dict[str, torch.Tensor]:
         kwargs = dict(media)
         if truncate:
             kwargs.update(truncation=True, max_length=self.max_length)
-        enc = self.processor(text=texts, padding=True, return_tensors="pt", add_special_tokens=self.template.add_special_tokens, **kwargs)
+        with sides(self.tokenizer, self.padding_side, self.truncation_side):  # the processor pads with its tokenizer
+            enc = self.processor(text=texts, padding=True, return_tensors="pt",
+                                 add_special_tokens=self.template.add_special_tokens, **kwargs)
         return {k: v for k, v in enc.items() if torch.is_tensor(v)}
 
     def _load_media(self, items: Sequence[Item], origins: Sequence[Origin] | None) -> dict[str, Any]:
