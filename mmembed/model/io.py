@@ -25,6 +25,30 @@ def read_mmembed_config(path: str) -> dict[str, Any] | None:
         return json.load(f)
 
 
+def writes_sentence_transformers(config: dict[str, Any]) -> bool:
+    """Whether a folder saved with these ``mmembed.json`` fields gets the sentence-transformers
+    files: only when ``SentenceTransformer(folder).encode(texts)`` gives the embeddings that
+    ``mmembed.Embedder`` gives. Training checkpoints and ``mmembed export`` both ask here.
+
+    SentenceTransformer tokenizes each text as it is, with the tokenizer's own special
+    tokens, then pools and L2-normalizes. So the folder must hold the whole model (not a
+    LoRA adapter: export it first), the template must render a text as the text itself
+    (``{content}``, no default system prompt) and let the tokenizer add its special
+    tokens ([CLS] ... [SEP]), take no media, and the embeddings must be normalized.
+    Templates that append a token (``<|endoftext|>``) or write a chat format the tokenizer
+    does not add itself get no files; their folders load with ``mmembed.Embedder``.
+    """
+    from ..encoding.templates import get_template
+
+    if config.get("tuner_type") != "full" or config.get("media") or not config.get("normalize", True):
+        return False
+    if not config.get("template"):
+        return False
+    template = get_template(config["template"])
+    system = config.get("default_system", template.default_system)
+    return template.add_special_tokens and template.format == "{content}" and not system and not template.media
+
+
 def write_sentence_transformers_config(output_dir: str, dim: int, pooling: str, max_seq_length: int | None) -> None:
     """Files that let ``sentence_transformers.SentenceTransformer(output_dir)`` load the folder
     as Transformer -> Pooling -> Normalize, matching mmembed's own embeddings."""

@@ -1,8 +1,9 @@
 """``mmembed export``: a checkpoint -> a standalone folder (LoRA merged into the base).
 
-The folder loads with ``transformers.AutoModel`` and, for text models, with
-``sentence_transformers.SentenceTransformer`` (modules.json, Pooling, Normalize), giving
-the same embeddings as ``mmembed.Embedder`` on the checkpoint.
+The folder loads with ``transformers.AutoModel`` and, when sentence-transformers can embed
+it as mmembed does (``writes_sentence_transformers``: text encoders whose template is the
+text itself), with ``sentence_transformers.SentenceTransformer`` (modules.json, Pooling,
+Normalize), giving the same embeddings as ``mmembed.Embedder`` on the checkpoint.
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ import tempfile
 
 from ..model.embedder import load_embedding_model
 from ..model.embedding import hidden_size
-from ..model.io import read_mmembed_config, write_mmembed_config, write_sentence_transformers_config
+from ..model.io import (
+    read_mmembed_config,
+    write_mmembed_config,
+    write_sentence_transformers_config,
+    writes_sentence_transformers,
+)
 
 
 def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora: bool = True) -> str:
@@ -46,7 +52,7 @@ def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora
             exported_from=os.path.abspath(checkpoint),
         )
         write_mmembed_config(tmp, **cfg)
-        if template.add_special_tokens and not template.media:
+        if writes_sentence_transformers(cfg):
             write_sentence_transformers_config(tmp, hidden_size(model.backbone.config), info["pooling"], info["max_length"])
         os.rename(tmp, output_dir)
     except BaseException:

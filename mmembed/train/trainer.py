@@ -323,7 +323,9 @@ class EmbeddingTrainer(Trainer):
         if self.processing_class is not None:
             self.processing_class.save_pretrained(output_dir)
         write_mmembed_config(output_dir, **self.mmembed_config)
-        if self.mmembed_config.get("tuner_type") == "full" and not self.mmembed_config.get("media"):
+        from ..model.io import writes_sentence_transformers  # one rule with mmembed export
+
+        if writes_sentence_transformers(self.mmembed_config):
             write_sentence_transformers_config(
                 output_dir, hidden_size(backbone.config), model.pooling, self.mmembed_config.get("max_length")
             )

@@ -1,0 +1,104 @@
+"""Which saved folders get the sentence-transformers files: one rule for training checkpoints
+and exports, and where the files are written SentenceTransformer gives mmembed's embeddings."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from conftest import DATA
+
+from mmembed.train.arguments import parse_sft_args
+from mmembed.train.sft import run_sft
+
+TEXTS = ["A man is playing a flute.", "Two dogs run through the snow after a red ball.", "The stock market fell today."]
+ST_FILES = ("modules.json", "sentence_bert_config.json", os.path.join("1_Pooling", "config.json"))
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "train.jsonl"
+    with open(os.path.join(DATA, "stsb_train_pairs.jsonl"), encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f][:8]
+    path.write_text("".join(json.dumps({"query": r["query"], "response": r["response"]}) + "\n" for r in rows))
+    return str(path)
+
+
+def _full_checkpoint(model, data, out, *extra):
+    """One step of full tuning; the checkpoint folder."""
+    args = parse_sft_args([
+        "--model", model, "--task_type", "embedding", "--dataset", data, "--tuner_type", "full",
+        "--per_device_train_batch_size", "4", "--max_length", "32", "--max_steps", "1", "--save_steps", "1",
+        "--eval_strategy", "no", "--output_dir", str(out), "--disable_tqdm", "true", "--dataloader_num_workers", "0",
+        *extra,
+    ])
+    return run_sft(args)["last_checkpoint"]
+
+
+def _has_st_files(folder):
+    found = [os.path.isfile(os.path.join(folder, name)) for name in ST_FILES]
+    assert all(found) or not any(found), f"{folder}: some sentence-transformers files but not all: {found}"
+    return all(found)
+
+
+def test_checkpoint_and_its_export_agree_on_sentence_transformers_files(tiny_model, pairs, tmp_path):
+    """gte_qwen2 appends <|endoftext|>, which the Qwen tokenizer does not add itself, so
+    SentenceTransformer would embed other token ids: neither the full checkpoint nor its
+    export gets the files."""
+    from mmembed.tools.export import export_checkpoint
+
+    ckpt = _full_checkpoint(tiny_model("qwen2"), pairs, tmp_path / "run")
+    merged = export_checkpoint(ckpt, str(tmp_path / "merged"))
+    assert json.load(open(os.path.join(ckpt, "mmembed.json")))["template"] == "gte_qwen2"
+    assert (_has_st_files(ckpt), _has_st_files(merged)) == (False, False), "checkpoint and export disagree"
+
+
+def test_sentence_transformers_files_give_mmembed_embeddings(minilm_path, pairs, tmp_path):
+    """all-MiniLM-L6-v2 with the bert template: the full checkpoint and its export load in
+    sentence-transformers with the Embedder's embeddings."""
+    from sentence_transformers import SentenceTransformer
+
+    from mmembed.model.embedder import Embedder
+    from mmembed.tools.export import export_checkpoint
+
+    ckpt = _full_checkpoint(minilm_path, pairs, tmp_path / "run")
+    merged = export_checkpoint(ckpt, str(tmp_path / "merged"))
+    for folder in (ckpt, merged):
+        assert _has_st_files(folder), folder
+        ours = Embedder.from_pretrained(folder, device="cpu").encode(TEXTS)
+        st = SentenceTransformer(folder, device="cpu").encode(TEXTS)
+        np.testing.assert_allclose(st, ours, atol=1e-5)
+
+
+def test_no_sentence_transformers_files_for_a_system_prompt(minilm_path, pairs, tmp_path):
+    """``--system`` puts a prefix before every text, which SentenceTransformer(folder) does not."""
+    from sentence_transformers import SentenceTransformer
+
+    from mmembed.model.embedder import Embedder
+    from mmembed.model.io import write_sentence_transformers_config
+
+    ckpt = _full_checkpoint(minilm_path, pairs, tmp_path / "run", "--system", "query:")
+    assert not _has_st_files(ckpt), "sentence-transformers files for a folder it cannot embed as mmembed does"
+    # written anyway, they would give other embeddings
+    write_sentence_transformers_config(ckpt, 384, "mean", 32)
+    ours = Embedder.from_pretrained(ckpt, device="cpu").encode(TEXTS)
+    st = SentenceTransformer(ckpt, device="cpu").encode(TEXTS)
+    assert np.abs(st - ours).max() > 1e-3
+
+
+@pytest.mark.parametrize("fields,expected", [
+    ({"template": "bert", "tuner_type": "full", "media": []}, True),
+    ({"template": "modernbert", "tuner_type": "full"}, True),
+    ({"template": "bert", "tuner_type": "lora"}, False),  # an adapter: export it first
+    ({"template": "bert", "tuner_type": "full", "default_system": "query:"}, False),
+    ({"template": "bert", "tuner_type": "full", "normalize": False}, False),
+    ({"template": "gte_qwen2", "tuner_type": "full"}, False),
+    ({"template": "qwen3_emb", "tuner_type": "full"}, False),
+    ({"template": "qwen2_gme", "tuner_type": "full", "media": ["image", "video"]}, False),
+    ({"template": "qwen2_audio", "tuner_type": "full", "media": ["audio"]}, False),
+    ({"tuner_type": "full"}, False),  # no template named: nothing to decide from
+])
+def test_rule_on_mmembed_config_fields(fields, expected):
+    from mmembed.model.io import writes_sentence_transformers
+
+    assert writes_sentence_transformers(fields) is expected
