@@ -7,7 +7,9 @@ Validate a file without training::
 """
 
 from .dataset import EmbeddingDataset, LoadResult, SpecError, load_samples, parse_spec, split_dataset
-from .reader import iter_raw_rows, parse_row, read_file
+from .formats import iter_raw_rows
+from .reader import read_file
+from .rows import parse_row
 from .sample import DataError, Item, Sample
 
 __all__ = [

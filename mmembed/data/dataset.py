@@ -28,7 +28,9 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
-from .reader import DATA_EXTENSIONS, MediaFileError, _iter_rows, parse_row
+from .formats import DATA_EXTENSIONS, iter_rows_or_errors
+from .paths import MediaFileError
+from .rows import parse_row
 from .sample import DataError, Sample
 
 __all__ = ["EmbeddingDataset", "LoadResult", "SpecError", "load_samples", "parse_spec", "split_dataset"]
@@ -159,7 +161,7 @@ def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: s
     del version
     for path, _mtime_ns, _size, shard, num_shards in shards:
         base_dir = os.path.dirname(path)
-        for line, raw in _iter_rows(path, shard, num_shards):
+        for line, raw in iter_rows_or_errors(path, shard, num_shards):
             if isinstance(raw, DataError):
                 err = raw
             else:

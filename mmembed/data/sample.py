@@ -16,8 +16,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 MEDIA_KINDS = ("image", "video", "audio")
+
+#: ``(source, line, field)``: the row (and field) an item or media reference came from, for
+#: error messages; the field is None (or ``""``) when no single field is at fault.
+Origin = tuple[str, int, str | None]
 
 
 @dataclass
@@ -87,3 +92,12 @@ class DataError(ValueError):
 
     def __reduce__(self):  # survive pickling across worker processes
         return (DataError, (self.source, self.line, self.field, self.reason))
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of a value's type (``object``, ``array``, ``string``, ...), for messages."""
+    if value is None:
+        return "null"
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(
+        type(value), type(value).__name__
+    )

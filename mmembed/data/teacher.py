@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .reader import check_teacher_embeddings, check_teacher_scores
+from .rows import check_teacher_embeddings, check_teacher_scores
 from .sample import DataError, Sample
 
 #: Sample attribute (also the row field's name) -> what its ``.npy`` holds per row

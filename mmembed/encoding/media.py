@@ -8,7 +8,7 @@ Qwen-VL and Qwen-Audio models.
 
 A reference is what the reader leaves in an ``Item``: an absolute path, a ``file://`` URI,
 a ``data:...;base64,`` URI or an ``http(s)://`` URL (fetched with a timeout). Anything that
-cannot be loaded raises :class:`~mmembed.data.reader.MediaFileError` naming the file, line
+cannot be loaded raises :class:`~mmembed.data.paths.MediaFileError` naming the file, line
 and field (``where=(source, line, field)``; default ``("<input>", 0, None)``) and the
 reference; nothing is skipped silently.
 
@@ -60,7 +60,6 @@ import importlib.util
 import io
 import math
 import os
-import re
 import socket
 import urllib.error
 import urllib.request
@@ -76,7 +75,8 @@ import torch
 from PIL import Image
 from qwen_vl_utils import vision_process as qvu
 
-from ..data.reader import MediaFileError
+from ..data.paths import SCHEME_RE, MediaFileError
+from ..data.sample import Origin
 
 __all__ = ["HTTP_TIMEOUT", "MediaBudget", "Video", "load_audio", "load_image", "load_video", "video_reader"]
 
@@ -88,11 +88,7 @@ FRAME_LIST_FPS = 2.0
 
 VIDEO_READERS = ("decord", "pyav")
 
-_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 _IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-
-#: ``(source, line, field)`` of the row that names the media, for error messages.
-Where = tuple[str, int, str | None]
 
 # ----------------------------------------------------------------------------- budget
 
@@ -196,7 +192,7 @@ class MediaBudget:
 # ----------------------------------------------------------------------------- references
 
 
-def _error(where: Where | None, ref: Any, message: str) -> MediaFileError:
+def _error(where: Origin | None, ref: Any, message: str) -> MediaFileError:
     source, line, fieldname = tuple(where) if where else ("<input>", 0, None)
     return MediaFileError(source, line, fieldname, f"{message}: {_show(ref)}")
 
@@ -210,7 +206,7 @@ def _show(ref: Any) -> str:
 
 def _local_path(ref: str) -> str | None:
     """The file path ``ref`` names, or None for a data: / http(s) reference."""
-    m = _SCHEME_RE.match(ref)
+    m = SCHEME_RE.match(ref)
     if not m:
         return os.path.expanduser(ref)
     scheme = m.group(1).lower()
@@ -250,7 +246,7 @@ def _fetch(ref: str) -> bytes:
         raise ValueError(f"cannot fetch URL ({e})") from None
 
 
-def _open(ref: str, where: Where | None, kind: str) -> str | io.BytesIO:
+def _open(ref: str, where: Origin | None, kind: str) -> str | io.BytesIO:
     """A local path (checked to exist) or the fetched bytes of ``ref``."""
     if not isinstance(ref, str) or not ref.strip():
         raise _error(where, ref, f"a {kind} reference must be a non-empty path or URL string")
@@ -271,7 +267,7 @@ def _open(ref: str, where: Where | None, kind: str) -> str | io.BytesIO:
 
 
 def load_image(
-    ref: str, budget: MediaBudget | None = None, where: Where | None = None, *, patch_size: int = 14
+    ref: str, budget: MediaBudget | None = None, where: Origin | None = None, *, patch_size: int = 14
 ) -> Image.Image:
     """Open an image and resize it as qwen-vl-utils' ``fetch_image`` does.
 
@@ -287,7 +283,7 @@ def load_image(
     return _load_image(ref, budget.image_tokens(patch_size * qvu.SPATIAL_MERGE_SIZE), where, patch_size)
 
 
-def _load_image(ref: str, tokens: tuple[int, int], where: Where | None, patch_size: int) -> Image.Image:
+def _load_image(ref: str, tokens: tuple[int, int], where: Origin | None, patch_size: int) -> Image.Image:
     source = _open(ref, where, "image")
     try:
         with Image.open(source) as im:
@@ -337,7 +333,7 @@ def video_reader(budget: MediaBudget | None = None) -> str:
 def load_video(
     ref: str | Sequence[str],
     budget: MediaBudget | None = None,
-    where: Where | None = None,
+    where: Origin | None = None,
     *,
     patch_size: int = 14,
 ) -> Video:
@@ -386,7 +382,7 @@ def _resize(frames: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return F.resize(frames, [height, width], interpolation=InterpolationMode.BICUBIC, antialias=True)
 
 
-def _sampling(budget: MediaBudget, total: int, video_fps: float, ref: Any, where: Where | None) -> list[int]:
+def _sampling(budget: MediaBudget, total: int, video_fps: float, ref: Any, where: Origin | None) -> list[int]:
     """qwen-vl-utils' frame indices for a video of ``total`` frames at ``video_fps``."""
     if total < qvu.FRAME_FACTOR:
         raise _error(where, ref, f"video has {total} frame(s); at least {qvu.FRAME_FACTOR} are needed")
@@ -397,7 +393,7 @@ def _sampling(budget: MediaBudget, total: int, video_fps: float, ref: Any, where
     return torch.linspace(0, total - 1, nframes).round().long().tolist()
 
 
-def _read_video(source, reader: str, budget: MediaBudget, ref: Any, where: Where | None):
+def _read_video(source, reader: str, budget: MediaBudget, ref: Any, where: Origin | None):
     try:
         if reader == "decord":
             return _read_decord(source, budget, ref, where)
@@ -408,7 +404,7 @@ def _read_video(source, reader: str, budget: MediaBudget, ref: Any, where: Where
         raise _error(where, ref, f"cannot read video with {reader} ({type(e).__name__}: {e})") from None
 
 
-def _read_decord(source, budget: MediaBudget, ref: Any, where: Where | None):
+def _read_decord(source, budget: MediaBudget, ref: Any, where: Origin | None):
     import decord
 
     vr = decord.VideoReader(source)
@@ -419,7 +415,7 @@ def _read_decord(source, budget: MediaBudget, ref: Any, where: Where | None):
     return frames, meta, len(idx) / total * video_fps
 
 
-def _read_pyav(source, budget: MediaBudget, ref: Any, where: Where | None):
+def _read_pyav(source, budget: MediaBudget, ref: Any, where: Origin | None):
     import av
 
     def container():
@@ -453,7 +449,7 @@ def _read_pyav(source, budget: MediaBudget, ref: Any, where: Where | None):
     return frames, meta, len(idx) / total * video_fps
 
 
-def _frame_list(refs: list, budget: MediaBudget, where: Where | None, factor: int):
+def _frame_list(refs: list, budget: MediaBudget, where: Origin | None, factor: int):
     """fetch_video's list branch: every frame through fetch_image, padded to an even count."""
     # qwen-vl-utils passes the video factor (2 * patch) to fetch_image as its *patch* size,
     # so frames are first resized to multiples of 4 * patch within the image budget counted
@@ -478,7 +474,7 @@ def _frame_list(refs: list, budget: MediaBudget, where: Where | None, factor: in
 # ----------------------------------------------------------------------------- audio
 
 
-def load_audio(ref: str, sampling_rate: int, where: Where | None = None) -> np.ndarray:
+def load_audio(ref: str, sampling_rate: int, where: Origin | None = None) -> np.ndarray:
     """A mono ``float32`` waveform in [-1, 1] at ``sampling_rate`` Hz, as ``librosa.load(ref,
     sr=sampling_rate)`` gives it (ms-swift's loader): soundfile decodes (WAV, FLAC, OGG,
     MP3, ...; other containers such as M4A through PyAV), channels are averaged, and soxr

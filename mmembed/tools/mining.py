@@ -68,16 +68,17 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..data.reader import iter_raw_rows, parse_row
+from ..data.formats import iter_raw_rows
+from ..data.paths import MEDIA_FIELDS, SCHEME_RE
+from ..data.rows import GROUP_FIELDS, MESSAGES_FIELDS, NEGATIVE_FIELDS, NEGATIVE_N_RE, parse_row
 from ..data.sample import MEDIA_KINDS, DataError, Item, Sample
-from ..eval.ranking import top_k
+from ..eval.beir import top_k
 from ..files import replaced_when_done
 
 __all__ = [
@@ -90,10 +91,6 @@ __all__ = [
     "dense_scorer",
     "check_output_path",
 ]
-
-_MESSAGES_KEYS = ("messages", "conversations", "conversation")
-_NEGATIVE_LIST_KEYS = ("rejected_response", "negative", "negatives")
-_NEGATIVE_N_RE = re.compile(r"negative_(\d+)")
 
 # A scorer maps the indices of some distinct queries to their scores against every
 # document: [len(query_ids), num_docs], float64.
@@ -435,14 +432,10 @@ def _filter_and_pick(
 
 
 def _is_messages_form(raw: Any) -> bool:
-    return isinstance(raw, dict) and any(raw.get(k) is not None for k in _MESSAGES_KEYS) and raw.get("positive_messages") is not None
+    return isinstance(raw, dict) and any(raw.get(k) is not None for k in MESSAGES_FIELDS) and raw.get("positive_messages") is not None
 
 
-_MEDIA_FIELDS = frozenset(
-    f"{prefix}{kind}{plural}" for prefix in ("", "positive_", "negative_") for kind in MEDIA_KINDS for plural in ("", "s")
-)
 _PART_KEYS = ("image", "image_url", "video", "video_url", "audio", "audio_url", "url", "path")
-_SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
 
 
 def _rebase_media(row: Any, src: str, dst: str) -> Any:
@@ -453,7 +446,7 @@ def _rebase_media(row: Any, src: str, dst: str) -> Any:
     def path(value: Any) -> Any:
         if isinstance(value, str):
             v = value.strip()
-            if v and not (_SCHEME_RE.match(v) or os.path.isabs(v) or v.startswith("~")):
+            if v and not (SCHEME_RE.match(v) or os.path.isabs(v) or v.startswith("~")):
                 return os.path.relpath(os.path.join(src, v), dst)
             return value
         if isinstance(value, dict):  # {"path": ...} / {"url": ...}; inline bytes have no path
@@ -484,9 +477,9 @@ def _rebase_media(row: Any, src: str, dst: str) -> Any:
         return row
     new = {}
     for key, value in row.items():
-        if key in _MEDIA_FIELDS:
+        if key in MEDIA_FIELDS:
             new[key] = path(value)
-        elif key in _MESSAGES_KEYS or key in ("positive_messages", "negative_messages"):
+        elif key in GROUP_FIELDS:
             new[key] = messages(value)
         else:
             new[key] = value
@@ -516,8 +509,8 @@ def _with_rejected_responses(raw: dict, new: list[Item], overwrite: bool, media_
     """Query form (and ms-swift 3.x messages rows): negatives are strings whose media tags
     bind last in the row's shared ``images``/``videos``/``audios`` lists."""
     row = dict(raw)
-    numbered = sorted((int(m.group(1)), k) for k in row if (m := _NEGATIVE_N_RE.fullmatch(k)))
-    list_key = None if numbered else next((k for k in _NEGATIVE_LIST_KEYS if row.get(k) is not None), "rejected_response")
+    numbered = sorted((int(m.group(1)), k) for k in row if (m := NEGATIVE_N_RE.fullmatch(k)))
+    list_key = None if numbered else next((k for k in NEGATIVE_FIELDS if row.get(k) is not None), "rejected_response")
     if numbered:
         existing = [row[k] for _, k in numbered if row[k] is not None]
     else:
