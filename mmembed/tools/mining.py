@@ -78,7 +78,7 @@ from ..data.formats import iter_raw_rows
 from ..data.paths import MEDIA_FIELDS, SCHEME_RE
 from ..data.rows import GROUP_FIELDS, MESSAGES_FIELDS, NEGATIVE_FIELDS, NEGATIVE_N_RE, parse_row
 from ..data.sample import MEDIA_KINDS, DataError, Item, Sample
-from ..eval.beir import top_k
+from ..eval.ranking import top_k
 from ..files import replaced_when_done
 
 __all__ = [
