@@ -111,8 +111,7 @@ def main():
         x, labels, group = global_batch(name, opts)
         xs, ls, side, opts = shard(name, opts, x, labels, group, mine)
         model = nn.parallel.DistributedDataParallel(encoder())
-        inner = opts.get("inner", name) if name == "matryoshka" else name  # the wrapper follows its inner loss
-        loss = GlobalBatchLoss(build_loss(name, **opts), inner)({"last_hidden_state": embed(model, xs), **side}, ls)
+        loss = GlobalBatchLoss(build_loss(name, **opts))({"last_hidden_state": embed(model, xs), **side}, ls)
         loss.backward()  # DDP averages the parameter gradients over the processes
         reported = loss.detach().clone()
         dist.all_reduce(reported)

@@ -140,8 +140,14 @@ class TeacherFiles:
         return sample
 
 
-def teacher_signal(samples: Iterable[Sample], loss_type: str, use_batch: bool, what: str) -> tuple[str, int | None]:
-    """Which teacher signal the training rows give for ``loss_type``: every row must carry it.
+def teacher_signal(samples: Iterable[Sample], accepted: Iterable[str], loss_type: str, what: str
+                   ) -> tuple[str, int | None]:
+    """Which teacher signal the training rows give: every row must carry it.
+
+    Args:
+        accepted: The signals the loss takes (its ``side.teacher``): ``"embeddings"``
+            and/or ``"scores"``.
+        loss_type: The loss's name, for messages.
 
     Returns:
         ``(attribute, width)``: ``"teacher_scores"`` or ``"teacher_embeddings"``, and the
@@ -150,7 +156,7 @@ def teacher_signal(samples: Iterable[Sample], loss_type: str, use_batch: bool, w
     Raises:
         DataError: the first row that lacks the signal, or embeddings of another width.
     """
-    scores_ok = loss_type == "distill_kl" and not use_batch
+    scores_ok = "scores" in set(accepted)
     first: dict[str, Any] = {}
     missing: dict[str, Sample] = {}
     width, width_row = None, None

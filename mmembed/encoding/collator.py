@@ -1,6 +1,7 @@
 """Samples -> a tokenized batch in ms-swift's row layout.
 
-Two layouts, chosen by the loss:
+Two layouts; the loss says which (its ``layout``, :class:`mmembed.losses.Layout`, whose
+values are these strings):
 
 - ``group`` (InfoNCE and other group losses): rows ``a0, p0, n0_0, ..., a1, p1, ...``;
   ``labels`` is float ``[N - B]``, 1.0 for each positive and 0.0 for each negative.
@@ -9,12 +10,14 @@ Two layouts, chosen by the loss:
   s2_1, ...``; ``labels`` holds one score per pair (the row's ``label``).
 
 Tokenization (and media loading) happens here, lazily, batch by batch, through
-``InputBuilder``.
+``InputBuilder``. What the loss takes beside the student's embeddings (its ``side``)
+is prepared here too, as a :class:`SideBatch` under ``batch["side"]``: the guide's and
+the teacher's model inputs for the same rows, or the teacher signals the data carries.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
 import torch
@@ -22,12 +25,6 @@ import torch
 from ..data.sample import DataError, Item, Sample
 from .inputs import InputBuilder
 from .templates import Template
-
-PAIR_LOSSES = ("cosine_similarity", "contrastive", "online_contrastive")
-
-
-def layout_for_loss(loss_type: str) -> str:
-    return "pair" if loss_type in PAIR_LOSSES else "group"
 
 
 def sample_items(sample: Sample, layout: str) -> tuple[list[Item], list[float]]:
@@ -50,30 +47,59 @@ def item_origins(sample: Sample, layout: str) -> list[tuple[str, int, str]]:
 
 
 @dataclass
+class SideBatch:
+    """The side inputs of one batch as the collator prepares them (what the loss's
+    ``side`` asks for); the trainer turns them into :class:`mmembed.losses.Side`.
+
+    Attributes:
+        guide_inputs: The guide model's inputs for the batch's rows (its own template
+            and tokenizer).
+        teacher_inputs: The teacher model's inputs for the batch's rows.
+        teacher_embeddings: ``[N, Dt]``: the data's teacher embeddings, one per row.
+        teacher_scores: ``[B, W]``: the data's teacher scores, per group, NaN-padded.
+    """
+
+    guide_inputs: dict[str, torch.Tensor] | None = None
+    teacher_inputs: dict[str, torch.Tensor] | None = None
+    teacher_embeddings: torch.Tensor | None = None
+    teacher_scores: torch.Tensor | None = None
+
+    def to(self, device, non_blocking: bool = False) -> SideBatch:
+        """A copy on ``device`` (the Trainer and accelerate call this to move a batch)."""
+        def move(v):
+            if isinstance(v, dict):
+                return {k: move(t) for k, t in v.items()}
+            return v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+
+        return SideBatch(**{f.name: move(getattr(self, f.name)) for f in fields(self)})
+
+
+@dataclass
 class EmbeddingCollator:
     """Collate ``Sample``s into the model's inputs (``input_ids``, ``attention_mask``, pixel
-    tensors for media rows, ...) plus ``labels``."""
+    tensors for media rows, ...) plus ``labels``, and ``side`` (a :class:`SideBatch`)
+    when the loss takes side inputs."""
 
     template: Template
     tokenizer: Any  # the tokenizer, or the processor for a multimodal template
-    layout: str = "group"
+    layout: str = "group"  # a mmembed.losses.Layout: "group" or "pair"
     max_length: int | None = None
     truncation_side: str = "right"
     truncate: bool = True
-    # other models that embed the same items (a GIST guide, a distillation teacher), each
-    # with its own template and tokenizer: batch["<name>_inputs"]
-    aux_builders: dict[str, InputBuilder] | None = None
-    # distillation from the data: the Sample attributes ("teacher_scores",
-    # "teacher_embeddings") collated into batch[<same name>]
-    teacher_keys: tuple[str, ...] = ()
+    # models that embed the same items (a GIST guide, a distillation teacher), each with
+    # its own template and tokenizer or processor
+    guide: InputBuilder | None = None
+    teacher: InputBuilder | None = None
+    # distillation from the data: "teacher_scores" or "teacher_embeddings" (the Sample
+    # attribute collated into SideBatch's field of the same name)
+    teacher_signal: str | None = None
 
     def __post_init__(self):
+        if self.layout not in ("group", "pair"):
+            raise ValueError(f"layout must be 'group' or 'pair', got {self.layout!r}")
         self.builder = InputBuilder(self.template, self.tokenizer, self.max_length, self.truncation_side, self.truncate)
 
-    def tokenize(self, items: Sequence[Item], origins=None) -> dict[str, torch.Tensor]:
-        return self.builder(items, origins)
-
-    def __call__(self, samples: Sequence[Sample]) -> dict[str, torch.Tensor]:
+    def __call__(self, samples: Sequence[Sample]) -> dict[str, Any]:
         items: list[Item] = []
         origins: list[tuple[str, int, str]] = []
         labels: list[float] = []
@@ -82,13 +108,15 @@ class EmbeddingCollator:
             items.extend(its)
             origins.extend(item_origins(s, self.layout))
             labels.extend(labs)
-        batch = self.builder(items, origins)
-        for name, builder in (self.aux_builders or {}).items():
-            batch[f"{name}_inputs"] = builder(items, origins)
-        for key in self.teacher_keys:
-            value = teacher_tensor(samples, key)
-            if value is not None:
-                batch[key] = value
+        batch: dict[str, Any] = self.builder(items, origins)
+        side = SideBatch(
+            guide_inputs=self.guide(items, origins) if self.guide is not None else None,
+            teacher_inputs=self.teacher(items, origins) if self.teacher is not None else None,
+        )
+        if self.teacher_signal is not None:
+            setattr(side, self.teacher_signal, teacher_tensor(samples, self.teacher_signal))
+        if any(getattr(side, f.name) is not None for f in fields(side)):
+            batch["side"] = side
         batch["labels"] = torch.tensor(labels, dtype=torch.float32)
         return batch
 

@@ -18,25 +18,30 @@ The teacher is a fixed target: its tensors are detached here, whatever the calle
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from .infonce import check_parts, split_groups
-
-_NEG_INF = float("-inf")
+from .base import (
+    NEG_INF,
+    TEACHER,
+    TEACHER_SCORES,
+    CrossProcess,
+    EmbeddingLoss,
+    Groups,
+    Setup,
+    SideNeeds,
+    as_groups,
+    check_side,
+    finite_number,
+    in_group_scores,
+)
+from .infonce import check_parts
 
 Distance = Literal["cosine", "mse"]
-
-
-def _finite(loss: str, name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{loss} option {name} must be a finite number, got {value!r}")
-    return float(value)
 
 
 def student_and_teacher(outputs: Mapping[str, Tensor], loss_name: str) -> tuple[Tensor, Tensor]:
@@ -48,7 +53,7 @@ def student_and_teacher(outputs: Mapping[str, Tensor], loss_name: str) -> tuple[
             same number of rows and the same width.
     """
     x = outputs["last_hidden_state"]
-    y = outputs.get("teacher_hidden_state")
+    y = outputs.get(TEACHER)
     if y is None:
         raise ValueError(
             f"{loss_name} needs outputs['teacher_hidden_state']: the teacher model's embeddings of the same rows"
@@ -77,22 +82,31 @@ def _mse_rows(x: Tensor, y: Tensor) -> Tensor:
     return (x - y).pow(2).mean(-1)
 
 
-class _EmbeddingDistill(nn.Module):
-    """Shared ``build`` for the embedding-distillation losses."""
+class _EmbeddingDistill(EmbeddingLoss):
+    """What the embedding-distillation losses share: a teacher's embeddings of the same
+    rows, of the student's width; each row's loss stands alone."""
 
+    name: str  # the loss's name, for error messages
     #: The Matryoshka wrapper truncates the first part of :meth:`split_parts` (if any).
     student_parts = 1
+    side = SideNeeds(teacher=frozenset({"embeddings"}))
+    cross_process = CrossProcess.LOCAL_ROWS
 
-    @classmethod
-    def build(cls, **options: Any) -> _EmbeddingDistill:
-        """Build from ``build_loss`` options (the constructor's arguments)."""
-        return cls(**options)
+    def targets(self, labels: Tensor, n_rows: int) -> Tensor:
+        """Labels are not used: rows pair with the teacher's rows by position."""
+        return labels
+
+    def check_setup(self, setup: Setup) -> None:
+        """The teacher's embeddings are compared with the student's row by row: one width."""
+        check_side(self.name, self.side, setup)
+        if setup.teacher_width is not None and setup.teacher_width != setup.width:
+            raise ValueError(f"{self.name} compares embeddings directly, but the teacher's width is "
+                             f"{setup.teacher_width} and the student's {setup.width}; use distill_kl (scores) instead")
 
 
 class _RowDistill(_EmbeddingDistill):
     """A per-row distance to the own teacher row, averaged: ``mean_i d(x_i, y_i)``."""
 
-    name: str  # the loss's name, for error messages
     distance: Callable[[Tensor, Tensor], Tensor]  # per row: [n, D], [n, D] -> [n]
 
     def forward(self, outputs: Mapping[str, Tensor], labels: Tensor | None = None) -> Tensor:
@@ -190,11 +204,13 @@ class DistillMarginalLoss(_EmbeddingDistill):
             loss = loss_fn({"last_hidden_state": student, "teacher_hidden_state": teacher}, labels)
     """
 
+    name = "distill_marginal"
+    #: each row is pushed away from the teacher rows of every process
+    cross_process = CrossProcess.ROW_PARTS
+
     def __init__(self, lam: float = 0.1, distance: Distance = "cosine") -> None:
         super().__init__()
-        self.lam = _finite("distill_marginal", "lam", lam)
-        if self.lam < 0:
-            raise ValueError(f"distill_marginal lam must be >= 0, got {lam!r}")
+        self.lam = finite_number("distill_marginal", "lam", lam, minimum=0)
         if distance not in ("cosine", "mse"):
             raise ValueError(f"distill_marginal distance must be 'cosine' or 'mse', got {distance!r}")
         self.distance = distance
@@ -251,7 +267,7 @@ class DistillMarginalLoss(_EmbeddingDistill):
         return (own - self.lam * others).mean()
 
 
-class DistillKLLoss(nn.Module):
+class DistillKLLoss(EmbeddingLoss):
     """Score distillation: KL divergence from the teacher's to the student's candidate softmax.
 
     The batch is an InfoNCE batch (rows ``a0, p0, n0_*, a1, p1, ...``, labels 1.0 / 0.0).
@@ -310,23 +326,13 @@ class DistillKLLoss(nn.Module):
         self, temperature: float = 0.1, teacher_temperature: float | None = None, use_batch: bool = True
     ) -> None:
         super().__init__()
-        self.temperature = _finite("distill_kl", "temperature", temperature)
+        self.temperature = finite_number("distill_kl", "temperature", temperature, above=0)
         if teacher_temperature is None:
             teacher_temperature = self.temperature
-        self.teacher_temperature = _finite("distill_kl", "teacher_temperature", teacher_temperature)
-        if self.temperature <= 0 or self.teacher_temperature <= 0:
-            raise ValueError(
-                f"distill_kl temperatures must be > 0, got temperature={temperature!r}, "
-                f"teacher_temperature={teacher_temperature!r}"
-            )
+        self.teacher_temperature = finite_number("distill_kl", "teacher_temperature", teacher_temperature, above=0)
         if not isinstance(use_batch, bool):
             raise ValueError(f"distill_kl option use_batch must be a bool, got {use_batch!r}")
         self.use_batch = use_batch
-
-    @classmethod
-    def build(cls, **options: Any) -> DistillKLLoss:
-        """Build from ``build_loss`` options (the constructor's arguments)."""
-        return cls(**options)
 
     def extra_repr(self) -> str:
         return (
@@ -334,16 +340,25 @@ class DistillKLLoss(nn.Module):
             f"use_batch={self.use_batch}"
         )
 
-    def forward(self, outputs: Mapping[str, Tensor], labels: Tensor) -> Tensor:
+    @property
+    def side(self) -> SideNeeds:
+        """The teacher's embeddings; per-group scores too when each group only sees itself."""
+        return SideNeeds(teacher=frozenset({"embeddings"} if self.use_batch else {"embeddings", "scores"}))
+
+    @property
+    def cross_process(self) -> CrossProcess:
+        return CrossProcess.GROUP_PARTS if self.use_batch else CrossProcess.LOCAL_GROUPS
+
+    def forward(self, outputs: Mapping[str, Tensor], labels: Tensor | Groups) -> Tensor:
         """Loss of one batch (see the class docstring).
 
         Returns:
             Scalar tensor: the mean over anchors of ``KL(teacher || student)``.
         """
-        scores = outputs.get("teacher_scores")
+        scores = outputs.get(TEACHER_SCORES)
         if scores is None:
             return self.forward_from_parts(*self.split_parts(outputs, labels))
-        if outputs.get("teacher_hidden_state") is not None:
+        if outputs.get(TEACHER) is not None:
             raise ValueError("distill_kl takes one teacher: give teacher_hidden_state or teacher_scores, not both")
         if self.use_batch:
             raise ValueError(
@@ -351,12 +366,12 @@ class DistillKLLoss(nn.Module):
                 "(or give teacher_hidden_state to score every document of the batch)"
             )
         anchors, positives, negatives, neg_group = _student_parts(outputs, labels, "distill_kl")
-        student, valid = _in_group_logits(anchors, positives, negatives, neg_group)
+        student, valid = in_group_scores(anchors, positives, negatives, neg_group)
         teacher = _teacher_score_logits(scores, valid)
         return _kl_rows(student / self.temperature, teacher.to(student.dtype) / self.teacher_temperature, valid).mean()
 
     def split_parts(
-        self, outputs: Mapping[str, Tensor], labels: Tensor
+        self, outputs: Mapping[str, Tensor], labels: Tensor | Groups
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         """The batch split into groups, for the student and the teacher's embeddings.
 
@@ -370,8 +385,9 @@ class DistillKLLoss(nn.Module):
                 parts: it needs ``use_batch=False``, where nothing crosses processes, so
                 call the loss itself), or malformed labels.
         """
-        anchors, positives, negatives, neg_group = _student_parts(outputs, labels, "distill_kl")
-        teacher = outputs.get("teacher_hidden_state")
+        groups = as_groups(labels, outputs["last_hidden_state"].shape[0], outputs["last_hidden_state"].device)
+        anchors, positives, negatives, neg_group = _student_parts(outputs, groups, "distill_kl")
+        teacher = outputs.get(TEACHER)
         if teacher is None:
             raise ValueError(
                 "distill_kl needs outputs['teacher_hidden_state'] (the teacher's embeddings of the same rows) "
@@ -384,10 +400,9 @@ class DistillKLLoss(nn.Module):
                 f"got shape {tuple(teacher.shape)}"
             )
         teacher = teacher.detach().to(anchors.device)
-        anchor_idx, pos_idx, neg_idx, _ = split_groups(labels.to(anchors.device), n_rows)
         return (
             anchors, positives, negatives, neg_group,
-            teacher[anchor_idx], teacher[pos_idx], teacher[neg_idx],
+            teacher[groups.anchor], teacher[groups.positive], teacher[groups.negative],
         )
 
     def forward_from_parts(
@@ -433,47 +448,24 @@ class DistillKLLoss(nn.Module):
                 teacher = t_a[sel] @ torch.cat([t_p, t_n]).T
             valid = None
         else:
-            student, valid = _in_group_logits(anchors, positives, negatives, neg_group)
+            student, valid = in_group_scores(anchors, positives, negatives, neg_group)
             with torch.no_grad():
-                teacher, _ = _in_group_logits(t_a, t_p, t_n, neg_group)
+                teacher, _ = in_group_scores(t_a, t_p, t_n, neg_group)
             student, teacher, valid = student[sel], teacher[sel], valid[sel]
         return _kl_rows(student / self.temperature, teacher / self.teacher_temperature, valid).mean()
 
 
 def _student_parts(
-    outputs: Mapping[str, Tensor], labels: Tensor, loss_name: str
+    outputs: Mapping[str, Tensor], labels: Tensor | Groups, loss_name: str
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(anchors, positives, negatives, neg_group)`` of an InfoNCE batch (student rows, with graph)."""
     emb = outputs["last_hidden_state"]
     if emb.dim() != 2:
         raise ValueError(f"{loss_name} expects last_hidden_state [N, D], got shape {tuple(emb.shape)}")
-    anchor_idx, pos_idx, neg_idx, neg_group = split_groups(labels.to(emb.device), emb.shape[0])
-    parts = emb.index_select(0, torch.cat([anchor_idx, pos_idx, neg_idx]))
-    anchors, positives, negatives = parts.split([anchor_idx.numel(), pos_idx.numel(), neg_idx.numel()])
-    return anchors, positives, negatives, neg_group
-
-
-def _in_group_logits(anchors: Tensor, positives: Tensor, negatives: Tensor, neg_group: Tensor) -> tuple[Tensor, Tensor]:
-    """Each anchor's similarities to [own positive, own negatives], padded with -inf.
-
-    Returns:
-        ``(scores [B, 1 + K], valid [B, 1 + K])`` with ``K`` the largest group's number of
-        negatives; a group's negatives keep their given order.
-    """
-    n_groups = anchors.shape[0]
-    pos = (anchors * positives).sum(-1, keepdim=True)
-    if negatives.shape[0] == 0:
-        return pos, torch.ones_like(pos, dtype=torch.bool)
-    counts = torch.bincount(neg_group, minlength=n_groups)
-    order = torch.argsort(neg_group, stable=True)
-    first = torch.cumsum(counts, 0) - counts
-    slot = torch.empty_like(neg_group)
-    slot[order] = torch.arange(neg_group.numel(), device=neg_group.device) - first[neg_group[order]]
-    neg = (anchors.index_select(0, neg_group) * negatives).sum(-1)
-    width = int(counts.max())
-    padded = pos.new_full((n_groups, width), _NEG_INF).index_put((neg_group, slot), neg)
-    valid = torch.arange(width, device=anchors.device)[None, :] < counts[:, None]
-    return torch.cat([pos, padded], dim=1), torch.cat([torch.ones_like(pos, dtype=torch.bool), valid], dim=1)
+    g = as_groups(labels, emb.shape[0], emb.device)
+    parts = emb.index_select(0, torch.cat([g.anchor, g.positive, g.negative]))
+    anchors, positives, negatives = parts.split([g.n_groups, g.n_groups, g.negative.numel()])
+    return anchors, positives, negatives, g.neg_group
 
 
 def _teacher_score_logits(scores: Tensor, valid: Tensor) -> Tensor:
@@ -493,7 +485,7 @@ def _teacher_score_logits(scores: Tensor, valid: Tensor) -> Tensor:
             f"teacher_scores[{g}, {slot}] (group {g}, {what}) is {scores[g, slot].item()}; "
             "every real candidate needs a finite score (only the padding past a group's candidates may be NaN/-inf)"
         )
-    return scores.masked_fill(~valid, _NEG_INF)
+    return scores.masked_fill(~valid, NEG_INF)
 
 
 def _kl_rows(student_logits: Tensor, teacher_logits: Tensor, valid: Tensor | None) -> Tensor:

@@ -16,18 +16,16 @@ embeddings of the same rows, in the same order, arrive in
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
+from .base import GUIDE, NEG_INF, CrossProcess, EmbeddingLoss, Groups, SideNeeds, as_groups, finite_number
 from .config import env_temperature
-from .infonce import check_parts, split_groups
-
-_NEG_INF = float("-inf")
+from .infonce import check_parts
 
 #: Temperature used when neither the ``temperature`` option nor ``INFONCE_TEMPERATURE``
 #: is given: the value of the GIST paper and of sentence-transformers' GIST loss.
@@ -43,13 +41,7 @@ def default_temperature(environ: Mapping[str, str] | None = None) -> float:
     return env_temperature(GIST_TEMPERATURE, environ)
 
 
-def _finite(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"GIST option {name} must be a finite number, got {value!r}")
-    return float(value)
-
-
-class GISTLoss(nn.Module):
+class GISTLoss(EmbeddingLoss):
     """Guided in-batch contrastive loss (GISTEmbed).
 
     For each anchor ``a_i`` with positive ``p_i``, the candidates are four blocks of
@@ -127,11 +119,11 @@ class GISTLoss(nn.Module):
             loss = loss_fn({"last_hidden_state": emb, "guide_hidden_state": guide}, labels)
     """
 
-    #: How many leading parts of :meth:`split_parts` are student embeddings (the
-    #: Matryoshka wrapper truncates those and passes the rest through).
-    student_parts = 3
     #: GIST always scores the anchors against the whole batch.
     use_batch = True
+    #: the guide's embeddings of the batch's rows
+    side = SideNeeds(guide=True)
+    cross_process = CrossProcess.GROUP_PARTS
 
     def __init__(
         self,
@@ -142,10 +134,8 @@ class GISTLoss(nn.Module):
         contrast_positives: bool = True,
     ) -> None:
         super().__init__()
-        self.temperature = _finite("temperature", temperature)
-        if self.temperature <= 0:
-            raise ValueError(f"GIST temperature must be > 0, got {temperature!r}")
-        self.margin = _finite("margin", margin)
+        self.temperature = finite_number("GIST", "temperature", temperature, above=0)
+        self.margin = finite_number("GIST", "margin", margin)
         if margin_strategy not in ("absolute", "relative"):
             raise ValueError(f"GIST margin_strategy must be 'absolute' or 'relative', got {margin_strategy!r}")
         self.margin_strategy = margin_strategy
@@ -169,7 +159,7 @@ class GISTLoss(nn.Module):
             f"contrast_anchors={self.contrast_anchors}, contrast_positives={self.contrast_positives}"
         )
 
-    def forward(self, outputs: Mapping[str, Tensor], labels: Tensor) -> Tensor:
+    def forward(self, outputs: Mapping[str, Tensor], labels: Tensor | Groups) -> Tensor:
         """Loss of one batch in ms-swift's layout (see the class docstring).
 
         Returns:
@@ -178,7 +168,7 @@ class GISTLoss(nn.Module):
         return self.forward_from_parts(*self.split_parts(outputs, labels))
 
     def split_parts(
-        self, outputs: Mapping[str, Tensor], labels: Tensor
+        self, outputs: Mapping[str, Tensor], labels: Tensor | Groups
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         """The batch split into groups, for the student and the guide.
 
@@ -196,7 +186,7 @@ class GISTLoss(nn.Module):
         emb = outputs["last_hidden_state"]
         if emb.dim() != 2:
             raise ValueError(f"GIST expects last_hidden_state [N, D], got shape {tuple(emb.shape)}")
-        guide = outputs.get("guide_hidden_state")
+        guide = outputs.get(GUIDE)
         if guide is None:
             raise ValueError(
                 "GIST needs outputs['guide_hidden_state']: the guide model's embeddings of the same rows "
@@ -207,9 +197,10 @@ class GISTLoss(nn.Module):
                 f"guide_hidden_state must be [N, Dg] with the N = {emb.shape[0]} rows of last_hidden_state, "
                 f"got shape {tuple(guide.shape)}"
             )
-        anchor_idx, pos_idx, neg_idx, neg_group = split_groups(labels.to(emb.device), emb.shape[0])
-        index = torch.cat([anchor_idx, pos_idx, neg_idx])
-        sizes = [anchor_idx.numel(), pos_idx.numel(), neg_idx.numel()]
+        groups = as_groups(labels, emb.shape[0], emb.device)
+        neg_group = groups.neg_group
+        index = torch.cat([groups.anchor, groups.positive, groups.negative])
+        sizes = [groups.n_groups, groups.n_groups, groups.negative.numel()]
         anchors, positives, negatives = emb.index_select(0, index).split(sizes)
         g_anchors, g_positives, g_negatives = guide.detach().to(emb.device).index_select(0, index).split(sizes)
         return anchors, positives, negatives, neg_group, g_anchors, g_positives, g_negatives
@@ -285,14 +276,14 @@ class GISTLoss(nn.Module):
                 threshold = g_pos * (1 - self.margin)
             drop_qd = (g_qd > threshold).to(device) & ~own
 
-        blocks = [(anchors[sel] @ docs.T).masked_fill(drop_qd, _NEG_INF)]
+        blocks = [(anchors[sel] @ docs.T).masked_fill(drop_qd, NEG_INF)]
         if self.contrast_anchors:
             with torch.no_grad():
                 drop_qq = (g_anchors[sel] @ g_anchors.T > threshold).to(device) | self_col
-            blocks.append((anchors[sel] @ anchors.T).masked_fill(drop_qq, _NEG_INF))
+            blocks.append((anchors[sel] @ anchors.T).masked_fill(drop_qq, NEG_INF))
         if self.contrast_positives:
             with torch.no_grad():
                 drop_pp = (g_positives[sel] @ g_positives.T > threshold).to(device) | self_col
-            blocks.append((positives[sel] @ positives.T).masked_fill(drop_pp, _NEG_INF))
+            blocks.append((positives[sel] @ positives.T).masked_fill(drop_pp, NEG_INF))
         logits = torch.cat(blocks, dim=1) / self.temperature
         return F.cross_entropy(logits, target, reduction="none")

@@ -20,11 +20,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
+from .base import NEG_INF, CrossProcess, EmbeddingLoss, Groups, as_groups, in_group_scores
 from .config import InfoNCEConfig
-
-_NEG_INF = float("-inf")
 
 
 def split_groups(labels: Tensor, n_rows: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -166,7 +165,7 @@ def check_parts(anchors: Tensor, positives: Tensor, negatives: Tensor, neg_group
     return rows
 
 
-class InfoNCELoss(nn.Module):
+class InfoNCELoss(EmbeddingLoss):
     """Contrastive InfoNCE loss over groups of anchor, positive and hard negatives.
 
     For each anchor the logits are its similarities (dot products; the embeddings are
@@ -269,12 +268,19 @@ class InfoNCELoss(nn.Module):
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v!r}" for k, v in asdict(self.config).items())
 
-    def forward(self, outputs: Mapping[str, Tensor], labels: Tensor) -> Tensor:
+    @property
+    def cross_process(self) -> CrossProcess:
+        """In-batch candidates come from every process; with ``use_batch`` off each group
+        only sees itself."""
+        return CrossProcess.GROUP_PARTS if self.config.use_batch else CrossProcess.LOCAL_GROUPS
+
+    def forward(self, outputs: Mapping[str, Tensor], labels: Tensor | Groups) -> Tensor:
         """Loss of one batch in ms-swift's layout.
 
         Args:
             outputs: ``{"last_hidden_state": [N, D]}``, L2-normalized, in group order.
-            labels: ``[N - B]`` float, 1.0 for each positive and 0.0 for each negative.
+            labels: ``[N - B]`` float, 1.0 for each positive and 0.0 for each negative
+                (or those labels already split into :class:`Groups`).
 
         Returns:
             Scalar tensor: the mean over anchors of the cross-entropy.
@@ -282,21 +288,22 @@ class InfoNCELoss(nn.Module):
         anchors, positives, negatives, neg_group, docs = self._parts(outputs, labels)
         return self._loss(anchors, positives, negatives, neg_group, range(anchors.shape[0]), docs=docs)
 
-    def split_parts(self, outputs: Mapping[str, Tensor], labels: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def split_parts(self, outputs: Mapping[str, Tensor], labels: Tensor | Groups) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The batch's ``(anchors [B, D], positives [B, D], negatives [M, D], neg_group [M])``,
         after ``hard_negatives`` selection: what :meth:`forward_from_parts` takes, and what a
         process contributes to a cross-device batch."""
         return self._parts(outputs, labels)[:4]
 
-    def _parts(self, outputs: Mapping[str, Tensor], labels: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    def _parts(self, outputs: Mapping[str, Tensor], labels: Tensor | Groups) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         emb = outputs["last_hidden_state"]
         if emb.dim() != 2:
             raise ValueError(f"InfoNCE expects last_hidden_state [N, D], got shape {tuple(emb.shape)}")
-        anchor_idx, pos_idx, neg_idx, neg_group = split_groups(labels.to(emb.device), emb.shape[0])
-        n_groups = anchor_idx.numel()
+        groups = as_groups(labels, emb.shape[0], emb.device)
+        anchor_idx, pos_idx, neg_idx, neg_group = groups.anchor, groups.positive, groups.negative, groups.neg_group
+        n_groups = groups.n_groups
         hard = self.config.hard_negatives
         if hard is not None:
-            counts = torch.bincount(neg_group, minlength=n_groups)
+            counts = groups.counts()
             picks = select_hard_negatives(counts, hard, self.generator)
             first = torch.cumsum(counts, 0) - counts  # neg_idx is in group order
             neg_idx = neg_idx[(first[:, None] + picks).reshape(-1)]
@@ -363,22 +370,8 @@ class InfoNCELoss(nn.Module):
 
     def _in_group_losses(self, anchors: Tensor, positives: Tensor, negatives: Tensor, neg_group: Tensor) -> Tensor:
         """Per-anchor loss over [own positive, own negatives], padded to the largest group."""
-        n_groups = anchors.shape[0]
-        pos_scores = (anchors * positives).sum(-1, keepdim=True)  # [B, 1]
-        if negatives.shape[0] == 0:
-            logits = pos_scores
-        else:
-            # slot of each negative within its group's row (its rank there, in given order)
-            order = torch.argsort(neg_group, stable=True)
-            counts = torch.bincount(neg_group, minlength=n_groups)
-            first = torch.cumsum(counts, 0) - counts
-            slot = torch.empty_like(neg_group)
-            slot[order] = torch.arange(neg_group.numel(), device=neg_group.device) - first[neg_group[order]]
-            neg_scores = (anchors.index_select(0, neg_group) * negatives).sum(-1)  # [M]
-            padded = pos_scores.new_full((n_groups, int(counts.max())), _NEG_INF)
-            padded = padded.index_put((neg_group, slot), neg_scores)  # -inf where a group is short
-            logits = torch.cat([pos_scores, padded], dim=1)
-        target = torch.zeros(n_groups, dtype=torch.long, device=anchors.device)
+        logits, _ = in_group_scores(anchors, positives, negatives, neg_group)  # -inf where a group is short
+        target = torch.zeros(anchors.shape[0], dtype=torch.long, device=anchors.device)
         return F.cross_entropy(logits / self.config.temperature, target, reduction="none")
 
     def _in_batch_losses(self, anchors: Tensor, positives: Tensor, docs: Tensor, rows: range) -> Tensor:
@@ -396,17 +389,17 @@ class InfoNCELoss(nn.Module):
         blocks = [qd]
         qq = None
         if cfg.include_qq:
-            qq = (queries @ anchors.T).masked_fill(own[:, : anchors.shape[0]], _NEG_INF)  # drop self
+            qq = (queries @ anchors.T).masked_fill(own[:, : anchors.shape[0]], NEG_INF)  # drop self
         if cfg.mask_fake_negative:
             # compared before the temperature, as ms-swift does; the positive always stays
             threshold = qd.gather(1, target[:, None]).detach() + cfg.fake_neg_margin
-            blocks[0] = qd.masked_fill((qd > threshold) & ~own, _NEG_INF)
+            blocks[0] = qd.masked_fill((qd > threshold) & ~own, NEG_INF)
             if qq is not None:
-                qq = qq.masked_fill(qq > threshold, _NEG_INF)
+                qq = qq.masked_fill(qq > threshold, NEG_INF)
         if qq is not None:
             blocks.append(qq)
         if cfg.include_dd:
             dd = (positives if every_row else positives[rows.start : rows.stop]) @ docs.T
-            blocks.append(dd.masked_fill(own, _NEG_INF))  # a positive is not its own candidate
+            blocks.append(dd.masked_fill(own, NEG_INF))  # a positive is not its own candidate
         logits = torch.cat(blocks, dim=1) / cfg.temperature
         return F.cross_entropy(logits, target, reduction="none")

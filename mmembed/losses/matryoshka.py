@@ -24,6 +24,8 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .base import CrossProcess, EmbeddingLoss, Layout, Setup, SideNeeds
+
 
 def parse_dims(dims: Mapping[int | str, float] | str) -> dict[int, float]:
     """``{width: weight}`` from a mapping or its JSON text (ms-swift's ``--mrl_dims``).
@@ -66,7 +68,7 @@ def truncate(embeddings: Tensor, width: int) -> Tensor:
     return F.normalize(embeddings[..., :width], p=2, dim=-1)
 
 
-class MatryoshkaLoss(nn.Module):
+class MatryoshkaLoss(EmbeddingLoss):
     """Wrap a loss so that it trains every listed prefix width of the embedding.
 
     ``loss = sum_d w_d * inner({**outputs, "last_hidden_state": normalize(emb[:, :d])}, labels)``
@@ -106,7 +108,8 @@ class MatryoshkaLoss(nn.Module):
         self.dims = parse_dims(dims)
 
     @classmethod
-    def build(cls, dims: Mapping[int | str, float] | str, inner: str | nn.Module = "infonce", **inner_options: Any):
+    def build(cls, dims: Mapping[int | str, float] | str | None = None, inner: str | nn.Module = "infonce",
+              **inner_options: Any):
         """Build from ``build_loss`` options.
 
         Args:
@@ -115,6 +118,9 @@ class MatryoshkaLoss(nn.Module):
                 ``infonce`` reads ``INFONCE_*``) or a loss module.
             **inner_options: Options of the inner loss (only with a name).
         """
+        if dims is None:
+            raise ValueError("matryoshka needs its widths: --mrl_dims '{\"64\": 1.0, \"256\": 1.0}' "
+                             "(or dims in --loss_kwargs), around --loss_type infonce or another loss")
         if isinstance(inner, str):
             if inner == "matryoshka":
                 raise ValueError("matryoshka cannot wrap itself; give the inner loss's name, e.g. inner='infonce'")
@@ -127,6 +133,34 @@ class MatryoshkaLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dims={self.dims}"
+
+    # ---- the declarations are the inner loss's ------------------------------------------
+
+    @property
+    def layout(self) -> Layout:  # type: ignore[override]
+        return getattr(self.inner, "layout", Layout.GROUP)
+
+    @property
+    def side(self) -> SideNeeds:
+        return getattr(self.inner, "side", SideNeeds())
+
+    @property
+    def cross_process(self) -> CrossProcess:
+        return getattr(self.inner, "cross_process", CrossProcess.WHOLE_BATCH)
+
+    @property
+    def student_parts(self) -> int:  # type: ignore[override]
+        return getattr(self.inner, "student_parts", 3)
+
+    def targets(self, labels: Tensor, n_rows: int):
+        inner_targets = getattr(self.inner, "targets", None)
+        return inner_targets(labels, n_rows) if inner_targets is not None else labels
+
+    def check_setup(self, setup: Setup) -> None:
+        """Every width fits the model's, and the inner loss's own checks."""
+        self.check_dims(setup.width)
+        if hasattr(self.inner, "check_setup"):
+            self.inner.check_setup(setup)
 
     def check_dims(self, width: int) -> None:
         """Raise ``ValueError`` if a listed width exceeds the embedding's ``width``.
@@ -154,21 +188,9 @@ class MatryoshkaLoss(nn.Module):
     # ---- the cross-device seam, when the inner loss has one ----------------------------
 
     @property
-    def use_batch(self) -> bool:
-        """The inner loss's ``use_batch`` (``infonce``: ``config.use_batch``)."""
-        inner = self.inner
-        if hasattr(inner, "use_batch"):
-            return inner.use_batch
-        return inner.config.use_batch  # AttributeError for losses without one
-
-    @property
     def config(self):
         """The inner loss's ``config`` (``infonce``), so code written for InfoNCE works on the wrapper."""
         return self.inner.config
-
-    def _student_parts(self) -> int:
-        # infonce (no attribute) has three: anchors, positives, negatives
-        return getattr(self.inner, "student_parts", 3)
 
     def split_parts(self, outputs: Mapping[str, Tensor], labels: Tensor) -> tuple:
         """The inner loss's parts at full width (cut per width in :meth:`forward_from_parts`).
@@ -190,7 +212,7 @@ class MatryoshkaLoss(nn.Module):
         Cutting after a cross-device gather equals cutting before it (it acts row by
         row), so the wrapper's parts are gathered exactly as the inner loss's.
         """
-        n_student = self._student_parts()
+        n_student = self.student_parts
         self.check_dims(parts[0].shape[-1])
         total = None
         for width, weight in self.dims.items():

@@ -7,13 +7,13 @@ pair. All three use the cosine of the two embeddings of a pair.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
+
+from .base import CrossProcess, EmbeddingLoss, Layout, finite_number
 
 
 def split_pairs(outputs: Mapping[str, Tensor], labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -50,17 +50,11 @@ def _binary(labels: Tensor, loss_name: str) -> None:
         raise ValueError(f"{loss_name} labels must be 0 or 1; label {i} is {labels[i].item()}")
 
 
-def _check_margin(margin: float) -> float:
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin < 0:
-        raise ValueError(f"margin must be a finite number >= 0, got {margin!r}")
-    return float(margin)
+class _PairLoss(EmbeddingLoss):
+    """Pairs ``s1, s2`` with one score each; a pair's loss involves only its own pair."""
 
-
-class _PairLoss(nn.Module):
-    @classmethod
-    def build(cls, **options: Any) -> _PairLoss:
-        """Build from ``build_loss`` options (the constructor's arguments)."""
-        return cls(**options)
+    layout = Layout.PAIR
+    cross_process = CrossProcess.LOCAL_PAIRS
 
 
 class _MarginPairLoss(_PairLoss):
@@ -68,7 +62,7 @@ class _MarginPairLoss(_PairLoss):
 
     def __init__(self, margin: float = 0.5) -> None:
         super().__init__()
-        self.margin = _check_margin(margin)
+        self.margin = finite_number(type(self).__name__, "margin", margin, minimum=0)
 
     def extra_repr(self) -> str:
         return f"margin={self.margin}"
@@ -174,6 +168,9 @@ class OnlineContrastiveLoss(_MarginPairLoss):
             loss_fn = build_loss("online_contrastive")
             loss = loss_fn({"last_hidden_state": emb}, torch.tensor([1.0, 0.0]))
     """
+
+    #: which pairs count depends on statistics of the whole batch
+    cross_process = CrossProcess.WHOLE_BATCH
 
     def forward(self, outputs: Mapping[str, Tensor], labels: Tensor) -> Tensor:
         """Scalar loss; see the class docstring for the layout."""

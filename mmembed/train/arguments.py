@@ -158,18 +158,14 @@ class SftArguments(TrainingArguments):
 
 
 def _check_loss_args(args: "SftArguments") -> None:
+    """What can be checked of the loss flags before anything loads; what depends on the
+    loss's declarations is checked by :func:`check_side_flags` once it is built."""
     import json
 
-    from ..losses import LOSSES
+    from ..losses import loss_class
 
-    if args.loss_type not in LOSSES or args.loss_type == "matryoshka":
-        names = ", ".join(n for n in LOSSES if n != "matryoshka")
-        raise ValueError(f"--loss_type {args.loss_type!r}: known losses are {names} (Matryoshka: --mrl_dims)")
-    if args.loss_type == "gist" and not args.guide_model:
-        raise ValueError("--loss_type gist needs --guide_model (the model whose similarities filter the negatives)")
+    loss_class(args.loss_type)  # an unknown name, or a module:Class that does not import
     files = [f for f in ("teacher_scores_file", "teacher_embeddings_file") if getattr(args, f)]
-    if files and not args.loss_type.startswith("distill_"):
-        raise ValueError(f"--{files[0]} feeds the distillation losses, but --loss_type is {args.loss_type}")
     if files and args.teacher_model:
         raise ValueError(f"--teacher_model and --{files[0]} both give the teacher; keep one")
     if args.loss_kwargs is not None:
@@ -183,6 +179,25 @@ def _check_loss_args(args: "SftArguments") -> None:
         from ..losses.matryoshka import parse_dims
 
         parse_dims(args.mrl_dims)  # the parser the loss uses: its errors, at start
+
+
+def check_side_flags(args: "SftArguments", side) -> None:
+    """The side-input flags against what the loss takes (its ``side``, a
+    :class:`mmembed.losses.SideNeeds`), before any model loads."""
+    name = args.loss_type
+    if side.guide and not args.guide_model:
+        raise UsageError(f"--loss_type {name} needs --guide_model (the model whose similarities filter the negatives)")
+    if args.guide_model and not side.guide:
+        raise UsageError(f"--guide_model is for losses that take a guide (gist), but --loss_type {name} takes none")
+    files = [f for f in ("teacher_scores_file", "teacher_embeddings_file") if getattr(args, f)]
+    if (files or args.teacher_model) and not side.teacher:
+        flag = files[0] if files else "teacher_model"
+        raise UsageError(f"--{flag} feeds the distillation losses (those that take a teacher), "
+                         f"but --loss_type {name} takes none")
+    if args.teacher_scores_file and "scores" not in side.teacher:
+        raise UsageError(f"--teacher_scores_file: --loss_type {name} takes the teacher's "
+                         f"{' or '.join(sorted(side.teacher))}, not scores (distill_kl takes scores with "
+                         "--loss_kwargs '{\"use_batch\": false}')")
 
 
 def _honour_optimizer_under_offload(deepspeed, optim: str):

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from ..losses.base import GUIDE, TEACHER, TEACHER_SCORES, CrossProcess, Groups, Layout, as_groups
+
 
 def world() -> tuple[int, int]:
     """``(rank, world_size)``; ``(0, 1)`` when no process group is running."""
@@ -91,82 +93,123 @@ def all_gather_no_grad(x: Tensor) -> Tensor:
 class GlobalBatchLoss(nn.Module):
     """Wrap a loss so that, over W processes, averaged gradients equal the global-batch gradient.
 
-    - ``infonce``: local parts (after ``hard_negatives`` selection) are gathered with
-      gradient; each process computes the mean loss of its own anchors against the global
-      batch (``forward_from_parts``) and reports it scaled by ``B_r * W / B``. With
-      ``use_batch=false`` nothing crosses processes, only the scaling applies.
-    - mean pair losses (``cosine_similarity``, ``contrastive``): pairs do not interact, so
-      the local mean is scaled by ``P_r * W / P``.
-    - ``online_contrastive`` picks its hard pairs from statistics of the whole batch: every
-      process computes it on the gathered global batch (the gather's backward sums the W
-      identical gradients, the average divides them again).
+    The loss says how (its :attr:`~mmembed.losses.EmbeddingLoss.cross_process`):
 
-    With one process the wrapped loss is called unchanged.
+    - ``GROUP_PARTS`` (``infonce``, ``gist``, ``distill_kl`` with ``use_batch``): local parts
+      (after ``hard_negatives`` selection) are gathered with gradient; each process
+      computes the mean loss of its own anchors against the global batch
+      (``forward_from_parts``) and reports it scaled by ``B_r * W / B``.
+    - ``ROW_PARTS`` (``distill_marginal``): the same over rows.
+    - ``LOCAL_GROUPS`` / ``LOCAL_PAIRS`` / ``LOCAL_ROWS``: nothing crosses processes; the
+      local mean is scaled by its share of the groups, pairs or rows.
+    - ``WHOLE_BATCH`` (``online_contrastive``, and any loss that declares nothing): every
+      process computes the loss on the gathered global batch (the gather's backward sums
+      the W identical gradients, the average divides them again).
+
+    The labels are turned into what the loss takes (:meth:`~mmembed.losses.EmbeddingLoss.targets`:
+    groups split once) here, once per batch. With one process the loss is called on them
+    unchanged.
     """
 
-    def __init__(self, loss: nn.Module, loss_type: str):
+    def __init__(self, loss: nn.Module):
         super().__init__()
         self.loss = loss
-        self.loss_type = loss_type
 
     def forward(self, outputs: Mapping[str, Tensor], labels: Tensor) -> Tensor:
         rank, w = world()
-        if w == 1:
-            return self.loss(outputs, labels)
+        strategy = getattr(self.loss, "cross_process", CrossProcess.WHOLE_BATCH)
+        if w > 1 and strategy is CrossProcess.WHOLE_BATCH:
+            outputs, labels = _gather_batch(outputs, labels, getattr(self.loss, "layout", Layout.GROUP))
+        targets = self._targets(outputs, labels)
+        if w == 1 or strategy is CrossProcess.WHOLE_BATCH:
+            return self.loss(outputs, targets)
+        return _STRATEGIES[strategy](self.loss, outputs, targets, rank, w)
+
+    def _targets(self, outputs: Mapping[str, Tensor], labels: Tensor):
+        to_targets = getattr(self.loss, "targets", None)
+        if to_targets is None:
+            return labels
         emb = outputs["last_hidden_state"]
-        if self.loss_type in ("infonce", "gist", "distill_kl"):
-            return self._groups(outputs, labels, rank, w)
-        if self.loss_type == "distill_marginal":
-            student, teacher = self.loss.split_parts(outputs, labels)
-            sizes = gather_sizes(student.shape[0], emb.device)
-            offset = sum(sizes[:rank])
-            loss = self.loss.forward_from_parts(all_gather_with_grad(student, sizes), _gather_padded(teacher.detach(), sizes),
-                                                query_rows=slice(offset, offset + sizes[rank]))
-            return loss * (sizes[rank] * w / sum(sizes))
-        if self.loss_type in ("distill_cosine", "distill_mse"):  # per-row means: rows do not interact
-            sizes = gather_sizes(emb.shape[0], emb.device)
-            return self.loss(outputs, labels) * (sizes[rank] * w / sum(sizes))
-        if self.loss_type == "online_contrastive":
-            sizes = gather_sizes(emb.shape[0], emb.device)
-            glob = all_gather_with_grad(emb, sizes)
-            return self.loss({"last_hidden_state": glob}, all_gather_no_grad(labels))
-        n_local = labels.shape[0]
-        n_total = sum(gather_sizes(n_local, emb.device))
-        return self.loss(outputs, labels) * (n_local * w / n_total)
+        targets = to_targets(labels.to(emb.device), emb.shape[0])
+        return targets
 
-    def _groups(self, outputs, labels, rank: int, w: int) -> Tensor:
-        """Group losses (infonce, gist, distill_kl, and matryoshka around them): each process
-        scores its own anchors against the documents of all processes."""
+
+def _scaled_local(units):
+    """The local mean scaled by this process's share of the ``units(outputs, targets)``."""
+
+    def run(loss, outputs, targets, rank: int, w: int) -> Tensor:
         emb = outputs["last_hidden_state"]
-        n_groups = emb.shape[0] - labels.shape[0]  # one label per positive and per negative
-        if not uses_whole_batch(self.loss):  # nothing crosses processes (distill_kl may take per-group teacher_scores)
-            groups = gather_sizes(n_groups, emb.device)
-            return self.loss(outputs, labels) * (groups[rank] * w / sum(groups))
-        parts = self.loss.split_parts(outputs, labels)
-        anchors, positives, negatives, neg_group = parts[:4]
-        # one exchange of the per-process sizes: groups and negatives
-        local = torch.tensor([anchors.shape[0], negatives.shape[0]], dtype=torch.long, device=anchors.device)
-        table = [torch.zeros_like(local) for _ in range(w)]
-        dist.all_gather(table, local)
-        groups = [int(t[0]) for t in table]
-        negs = [int(t[1]) for t in table]
-        total = sum(groups)
-        offset = sum(groups[:rank])
-        g_anchors = all_gather_with_grad(anchors, groups)
-        g_positives = all_gather_with_grad(positives, groups)
-        g_negatives = all_gather_with_grad(negatives, negs)
-        g_neg_group = _gather_padded(neg_group + offset, negs)
-        # a guide's or teacher's embeddings of the same parts (gist, distill_kl): no gradient
-        side = [_gather_padded(t.detach(), n) for t, n in zip(parts[4:], (groups, groups, negs))]
-        loss = self.loss.forward_from_parts(
-            g_anchors, g_positives, g_negatives, g_neg_group, *side, query_rows=slice(offset, offset + groups[rank])
-        )
-        return loss * (groups[rank] * w / total)
+        sizes = gather_sizes(units(outputs, targets), emb.device)
+        return loss(outputs, targets) * (sizes[rank] * w / sum(sizes))
+
+    return run
 
 
-def uses_whole_batch(loss: nn.Module) -> bool:
-    """Whether a group loss scores against the whole batch (gist always does)."""
-    config = getattr(loss, "config", None)
-    if config is not None and hasattr(config, "use_batch"):
-        return bool(config.use_batch)
-    return bool(getattr(loss, "use_batch", True))
+def _group_parts(loss, outputs, groups: Groups, rank: int, w: int) -> Tensor:
+    """Each process scores its own anchors against the documents of all processes."""
+    parts = loss.split_parts(outputs, groups)
+    anchors, positives, negatives, neg_group = parts[:4]
+    # one exchange of the per-process sizes: groups and negatives
+    local = torch.tensor([anchors.shape[0], negatives.shape[0]], dtype=torch.long, device=anchors.device)
+    table = [torch.zeros_like(local) for _ in range(w)]
+    dist.all_gather(table, local)
+    counts = [int(t[0]) for t in table]
+    negs = [int(t[1]) for t in table]
+    offset = sum(counts[:rank])
+    g_anchors = all_gather_with_grad(anchors, counts)
+    g_positives = all_gather_with_grad(positives, counts)
+    g_negatives = all_gather_with_grad(negatives, negs)
+    g_neg_group = _gather_padded(neg_group + offset, negs)
+    # a guide's or teacher's embeddings of the same parts (gist, distill_kl): no gradient
+    side = [_gather_padded(t.detach(), n) for t, n in zip(parts[4:], (counts, counts, negs))]
+    result = loss.forward_from_parts(
+        g_anchors, g_positives, g_negatives, g_neg_group, *side, query_rows=slice(offset, offset + counts[rank])
+    )
+    return result * (counts[rank] * w / sum(counts))
+
+
+def _row_parts(loss, outputs, targets, rank: int, w: int) -> Tensor:
+    """Each process's rows against the (side) rows of all processes."""
+    student, *side = loss.split_parts(outputs, targets)
+    sizes = gather_sizes(student.shape[0], student.device)
+    offset = sum(sizes[:rank])
+    result = loss.forward_from_parts(all_gather_with_grad(student, sizes),
+                                     *(_gather_padded(t.detach(), sizes) for t in side),
+                                     query_rows=slice(offset, offset + sizes[rank]))
+    return result * (sizes[rank] * w / sum(sizes))
+
+
+def _gather_batch(outputs: Mapping[str, Tensor], labels: Tensor, layout: Layout) -> tuple[dict[str, Tensor], Tensor]:
+    """The whole global batch on every process: the embeddings with gradient, the side
+    inputs and labels without. Each process holds whole groups (or pairs), so the
+    concatenation in rank order is a valid batch of the same layout; per-group side
+    inputs (``teacher_scores``) are padded with NaN to the widest."""
+    emb = outputs["last_hidden_state"]
+    sizes = gather_sizes(emb.shape[0], emb.device)
+    gathered = {"last_hidden_state": all_gather_with_grad(emb, sizes)}
+    for key, value in outputs.items():
+        if key == "last_hidden_state" or value is None:
+            continue
+        if key == TEACHER_SCORES:
+            width = torch.tensor([value.shape[1]], device=value.device)
+            dist.all_reduce(width, op=dist.ReduceOp.MAX)
+            padded = value.new_full((value.shape[0], int(width)), float("nan"))
+            padded[:, : value.shape[1]] = value
+            value = all_gather_no_grad(padded)
+        elif key in (GUIDE, TEACHER):  # per row: a guide's / teacher's embeddings
+            value = _gather_padded(value.detach(), sizes)
+        else:
+            raise ValueError(f"cannot gather outputs[{key!r}] across processes (known: {GUIDE}, {TEACHER}, "
+                             f"{TEACHER_SCORES})")
+        gathered[key] = value
+    return gathered, all_gather_no_grad(labels)
+
+
+_STRATEGIES = {
+    CrossProcess.GROUP_PARTS: _group_parts,
+    CrossProcess.ROW_PARTS: _row_parts,
+    CrossProcess.LOCAL_GROUPS: _scaled_local(lambda outputs, groups: as_groups(
+        groups, outputs["last_hidden_state"].shape[0]).n_groups),
+    CrossProcess.LOCAL_PAIRS: _scaled_local(lambda outputs, scores: scores.shape[0]),
+    CrossProcess.LOCAL_ROWS: _scaled_local(lambda outputs, labels: outputs["last_hidden_state"].shape[0]),
+}

@@ -11,12 +11,13 @@ from typing import Any
 from torch import nn
 
 from ..data import EmbeddingDataset, load_samples, split_dataset
-from ..data.sample import Sample
-from ..data.teacher import TeacherFiles, teacher_signal
-from ..encoding.collator import EmbeddingCollator, layout_for_loss, token_lengths
+from ..data.sample import DataError, Sample
+from ..data.teacher import SIGNALS, TeacherFiles, teacher_signal
+from ..encoding.collator import EmbeddingCollator, token_lengths
 from ..encoding.inputs import InputBuilder
 from ..encoding.templates import Template, get_template
-from ..losses import build_loss
+from ..eval.tasks import HeldOutTasks
+from ..losses import EmbeddingLoss, Setup, build_loss
 from ..model.embedding import (
     MULTIMODAL_PARTS,
     EmbeddingModel,
@@ -27,8 +28,7 @@ from ..model.embedding import (
     module_part,
     require_local_model,
 )
-from .arguments import SftArguments, UsageError
-from .distributed import GlobalBatchLoss, uses_whole_batch
+from .arguments import SftArguments, UsageError, check_side_flags
 from .trainer import EmbeddingTrainer, check_complete, find_last_complete_checkpoint
 
 logger = logging.getLogger("mmembed")
@@ -125,7 +125,7 @@ def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_p
     return ds
 
 
-def make_loss(args: SftArguments) -> nn.Module:
+def make_loss(args: SftArguments) -> EmbeddingLoss:
     """The loss named by ``--loss_type`` with ``--loss_kwargs``, wrapped in Matryoshka when
     ``--mrl_dims`` is given."""
     options = json.loads(args.loss_kwargs) if args.loss_kwargs else {}
@@ -134,80 +134,75 @@ def make_loss(args: SftArguments) -> nn.Module:
     return build_loss(args.loss_type, **options)
 
 
-def load_aux_models(args: SftArguments) -> tuple[dict[str, EmbeddingModel], dict[str, InputBuilder]]:
-    """The guide (``--guide_model``, GIST) and the teacher (``--teacher_model``, distillation):
-    frozen embedders, each with its own template and tokenizer or processor, that embed the
-    same items as the student (rendered from the items, not decoded from the student's ids)."""
-    from ..model.embedder import load_embedding_model
+@dataclasses.dataclass
+class SideModels:
+    """The frozen embedders behind the loss's side inputs: the guide (``--guide_model``,
+    GIST) and the teacher (``--teacher_model``, distillation), each with its own template
+    and tokenizer or processor, embedding the same items as the student (rendered from the
+    items, not decoded from the student's ids)."""
 
-    models: dict[str, EmbeddingModel] = {}
-    builders: dict[str, InputBuilder] = {}
-    for name, path in (("guide", args.guide_model), ("teacher", args.teacher_model)):
-        if not path:
-            continue
-        model, processing, template, info = load_embedding_model(path, args.torch_dtype)
-        model.requires_grad_(False)
-        models[name] = model.eval()
-        builders[name] = InputBuilder(template, processing, info["max_length"], truncate=True)
-    return models, builders
+    models: dict[str, EmbeddingModel]
+    builders: dict[str, InputBuilder]
+
+    @classmethod
+    def load(cls, args: SftArguments) -> SideModels:
+        from ..model.embedder import load_embedding_model
+
+        models, builders = {}, {}
+        for name, path in (("guide", args.guide_model), ("teacher", args.teacher_model)):
+            if not path:
+                continue
+            model, processing, template, info = load_embedding_model(path, args.torch_dtype)
+            model.requires_grad_(False)
+            models[name] = model.eval()
+            builders[name] = InputBuilder(template, processing, info["max_length"], truncate=True)
+        return cls(models, builders)
+
+    def width(self, name: str) -> int | None:
+        return hidden_size(self.models[name].config) if name in self.models else None
 
 
-def data_teacher(args: SftArguments, loss: nn.Module, train: EmbeddingDataset) -> dict[str, int | None]:
+def data_teacher(args: SftArguments, loss: EmbeddingLoss, train: EmbeddingDataset) -> tuple[str | None, int | None]:
     """Distillation without ``--teacher_model``: the teacher signal every training row must
     carry (row fields or ``--teacher_*_file``), checked on every row before training.
 
     Returns:
-        ``{"teacher_scores": None}`` or ``{"teacher_embeddings": width}`` (what the
-        collator puts in each batch); ``{}`` when the data gives no teacher.
+        ``("teacher_scores", None)``, ``("teacher_embeddings", width)``, or ``(None, None)``
+        when the loss takes no teacher or the teacher is a model.
     """
-    if not args.loss_type.startswith("distill_"):
-        return {}
+    accepted = loss.side.teacher
+    if not accepted:
+        return None, None
     if args.teacher_model:
         first = train[0] if len(train) else None
         if first is not None and (first.teacher_scores is not None or first.teacher_embeddings is not None):
             logger.warning("the rows carry teacher scores or embeddings; --teacher_model is the teacher, so they are unused")
-        return {}
-    key, width = teacher_signal((train[i] for i in range(len(train))), args.loss_type, uses_whole_batch(loss), "training")
+        return None, None
+    key, width = teacher_signal((train[i] for i in range(len(train))), accepted, args.loss_type, "training")
     logger.info("teacher from the data: %s%s", key, f" (width {width})" if width else "")
-    return {key: width}
+    return key, width
 
 
-def load_eval_tasks(args: SftArguments) -> dict[str, Any]:
-    """``--eval_beir`` and ``--eval_sts``, read and checked before training (a bad file fails
-    now, not at the first evaluation)."""
-    tasks: dict[str, Any] = {}
-    if args.eval_beir:
-        from ..eval.beir import load_beir
-
-        try:
-            tasks["beir"] = load_beir(args.eval_beir, args.eval_beir_split)
-        except ValueError as e:
-            raise UsageError(f"--eval_beir: {e}") from None
-    if args.eval_sts:
-        from ..eval.sts import read_pairs
-
-        tasks["sts"] = read_pairs(args.eval_sts)
-    return tasks
+def check_every_row(dataset: EmbeddingDataset) -> None:
+    """Read every row with its teacher signals now: a ``.npy`` that does not fit an eval row
+    fails before training (eval rows may go without a teacher, but what they carry must fit)."""
+    for i in range(len(dataset)):
+        dataset[i]
 
 
-def check_widths(args: SftArguments, loss: nn.Module, width: int, aux_models: dict[str, EmbeddingModel],
-                 data_teacher_keys: dict[str, int | None] | None = None) -> None:
-    """Width errors at start, not mid-run: Matryoshka widths above the model's, and a
-    teacher (model or data) of another width for the embedding distillation losses."""
-    if hasattr(loss, "check_dims"):
-        try:
-            loss.check_dims(width)
-        except ValueError as e:
-            raise UsageError(f"--mrl_dims: {e}") from None
-    teacher_width = None
-    if "teacher" in aux_models:
-        teacher_width = hidden_size(aux_models["teacher"].config)
-    elif data_teacher_keys:
-        teacher_width = data_teacher_keys.get("teacher_embeddings")
-    if args.loss_type in ("distill_cosine", "distill_mse", "distill_marginal") and teacher_width is not None:
-        if teacher_width != width:
-            raise UsageError(f"--loss_type {args.loss_type} compares embeddings directly, but the teacher's width is "
-                             f"{teacher_width} and the student's {width}; use distill_kl (scores) instead")
+def check_loss_setup(args: SftArguments, loss: EmbeddingLoss, width: int, side_models: SideModels,
+                     teacher_key: str | None, teacher_width: int | None) -> None:
+    """The loss's start-up checks (widths, side inputs), as usage errors before training."""
+    if "teacher" in side_models.models:
+        signal, teacher_width = "embeddings", side_models.width("teacher")
+    else:
+        signal = SIGNALS.get(teacher_key) if teacher_key else None
+    setup = Setup(width=width, guide="guide" in side_models.models, teacher_signal=signal, teacher_width=teacher_width)
+    try:
+        loss.check_setup(setup)
+    except ValueError as e:
+        flag = "--mrl_dims" if args.mrl_dims and "mrl_dims" in str(e) else f"--loss_type {args.loss_type}"
+        raise UsageError(f"{flag}: {e}") from None
 
 
 def _init_deepspeed_comm() -> None:
@@ -230,88 +225,130 @@ def build_model(args: SftArguments, pooling: str) -> EmbeddingModel:
     return EmbeddingModel(backbone, pooling, length_chunks=args.length_chunks)
 
 
-def run_sft(args: SftArguments) -> dict[str, Any]:
-    """Train as ``args`` say; returns the final metrics and the last checkpoint path."""
-    from transformers import set_seed
+@dataclasses.dataclass
+class Encoding:
+    """How rows become the student's inputs: template, tokenizer or processor, pooling, length."""
 
-    set_seed(args.seed)
-    require_local_model(args.model)  # the tokenizer loads before the model does
-    template = resolve_template(args.model, args.template, args.model_type, args.system)
-    if args.padding_side:
-        template = dataclasses.replace(template, padding_side=args.padding_side)
-    processing = load_processing(args.model, template)
-    tokenizer = getattr(processing, "tokenizer", None) or processing
-    pooling = args.pooling or template.resolve_pooling(args.model)
-    max_length = args.max_length or default_max_length(args.model, tokenizer)
-    layout = layout_for_loss(args.loss_type)
-    loss_fn = GlobalBatchLoss(make_loss(args), args.loss_type)
-    aux_models, aux_builders = load_aux_models(args)
+    template: Template
+    processing: Any
+    pooling: str
+    max_length: int
 
-    load_opts = dict(strict=args.strict, seed=args.seed, num_proc=args.dataset_num_proc,
-                     load_from_cache_file=args.load_from_cache_file)
-    loaded = load_samples(args.dataset, **load_opts)
-    train = loaded.dataset
-    try:
-        teacher_files = TeacherFiles.open(loaded.files, loaded.records, args.teacher_scores_file,
-                                          args.teacher_embeddings_file)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if args.val_dataset:
-        val = load_samples(args.val_dataset, **load_opts).dataset
-    else:
-        train, val = split_dataset(train, args.split_dataset_ratio, args.seed)
-    if args.truncation_strategy == "delete":
-        builder = InputBuilder(template, processing, max_length, truncate=False)
-        train = drop_overlong(train, builder, layout, max_length, args.dataset_num_proc, "train")
-        if val is not None:
-            val = drop_overlong(val, builder, layout, max_length, args.dataset_num_proc, "val")
-    if len(train) == 0:
-        raise ValueError("no training rows left after loading " + ", ".join(args.dataset))
+    @classmethod
+    def resolve(cls, args: SftArguments) -> Encoding:
+        require_local_model(args.model)  # the tokenizer loads before the model does
+        template = resolve_template(args.model, args.template, args.model_type, args.system)
+        if args.padding_side:
+            template = dataclasses.replace(template, padding_side=args.padding_side)
+        processing = load_processing(args.model, template)
+        tokenizer = getattr(processing, "tokenizer", None) or processing
+        pooling = args.pooling or template.resolve_pooling(args.model)
+        return cls(template, processing, pooling, args.max_length or default_max_length(args.model, tokenizer))
 
-    teacher_keys = data_teacher(args, loss_fn.loss, EmbeddingDataset(train, teacher_files))
-    if teacher_keys and val is not None:  # eval rows may go without, but what they carry must fit
-        val_rows = EmbeddingDataset(val, teacher_files)
-        for i in range(len(val_rows)):
-            val_rows[i]
-    eval_tasks = load_eval_tasks(args)
 
+@dataclasses.dataclass
+class TrainingData:
+    """The training and eval rows, with their teacher signals."""
+
+    train: EmbeddingDataset
+    val: EmbeddingDataset | None
+    teacher_key: str | None = None  # the data's teacher signal the collator passes on
+    teacher_width: int | None = None
+
+    @classmethod
+    def load(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss) -> TrainingData:
+        load_opts = dict(strict=args.strict, seed=args.seed, num_proc=args.dataset_num_proc,
+                         load_from_cache_file=args.load_from_cache_file)
+        loaded = load_samples(args.dataset, **load_opts)
+        train = loaded.dataset
+        try:
+            teacher_files = TeacherFiles.open(loaded.files, loaded.records, args.teacher_scores_file,
+                                              args.teacher_embeddings_file)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        if args.val_dataset:
+            val = load_samples(args.val_dataset, **load_opts).dataset
+        else:
+            train, val = split_dataset(train, args.split_dataset_ratio, args.seed)
+        if args.truncation_strategy == "delete":
+            builder = InputBuilder(encoding.template, encoding.processing, encoding.max_length, truncate=False)
+            train = drop_overlong(train, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "train")
+            if val is not None:
+                val = drop_overlong(val, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "val")
+        if len(train) == 0:
+            raise ValueError("no training rows left after loading " + ", ".join(args.dataset))
+        data = cls(EmbeddingDataset(train, teacher_files), EmbeddingDataset(val, teacher_files) if val is not None else None)
+        data.teacher_key, data.teacher_width = data_teacher(args, loss, data.train)
+        if data.teacher_key and data.val is not None:
+            check_every_row(data.val)
+        return data
+
+
+def build_trainer(args: SftArguments) -> EmbeddingTrainer:
+    """Everything ``mmembed sft`` trains with, checked before the model loads where it can be:
+    the loss, the encoding, the data, the side models and held-out tasks, then the model."""
+    from transformers import AutoConfig
+
+    loss = make_loss(args)
+    check_side_flags(args, loss.side)
+    encoding = Encoding.resolve(args)
+    side_models = SideModels.load(args)
+    data = TrainingData.load(args, encoding, loss)
+    eval_tasks = load_eval_tasks(args, encoding)
+    width = hidden_size(AutoConfig.from_pretrained(args.model))
+    check_loss_setup(args, loss, width, side_models, data.teacher_key, data.teacher_width)
     if args.deepspeed:
         _init_deepspeed_comm()
-    model = build_model(args, pooling)
-    check_widths(args, loss_fn.loss, hidden_size(model.config), aux_models, teacher_keys)
+    model = build_model(args, encoding.pooling)
     collator = EmbeddingCollator(
-        template, processing, layout, max_length,
+        encoding.template, encoding.processing, loss.layout, encoding.max_length,
         truncation_side="left" if args.truncation_strategy == "left" else "right",
         truncate=args.truncation_strategy != "delete",
-        aux_builders=aux_builders,
-        teacher_keys=tuple(teacher_keys),
+        guide=side_models.builders.get("guide"),
+        teacher=side_models.builders.get("teacher"),
+        teacher_signal=data.teacher_key,
     )
     mmembed_config = {
         "base_model": os.path.abspath(args.model),
-        "template": template.name,
-        "default_system": template.default_system,
-        "padding_side": template.padding_side,
-        "pooling": pooling,
-        "media": sorted(template.media),
+        "template": encoding.template.name,
+        "default_system": encoding.template.default_system,
+        "padding_side": encoding.template.padding_side,
+        "pooling": encoding.pooling,
+        "media": sorted(encoding.template.media),
         "normalize": True,
-        "max_length": max_length,
+        "max_length": encoding.max_length,
         "tuner_type": args.tuner_type,
         "loss_type": args.loss_type,
     }
-    trainer = EmbeddingTrainer(
+    return EmbeddingTrainer(
         model=model,
         args=args,
-        train_dataset=EmbeddingDataset(train, teacher_files),
-        eval_dataset=EmbeddingDataset(val, teacher_files) if val is not None else None,
+        train_dataset=data.train,
+        eval_dataset=data.val,
         data_collator=collator,
-        processing_class=processing,
-        loss_fn=loss_fn,
-        loss_type=args.loss_type,
-        mmembed_config=mmembed_config,
-        gradcache_mini_batch_size=args.gradcache_mini_batch_size,
-        aux_models=aux_models,
+        processing_class=encoding.processing,
+        loss=loss,
+        side_models=side_models.models,
         eval_tasks=eval_tasks,
+        mmembed_config=mmembed_config,
     )
+
+
+def load_eval_tasks(args: SftArguments, encoding: Encoding) -> HeldOutTasks | None:
+    """``--eval_beir`` and ``--eval_sts``, read and checked before training."""
+    if not (args.eval_beir or args.eval_sts):
+        return None
+    try:
+        return HeldOutTasks.load(encoding.template, encoding.max_length or 512, beir=args.eval_beir,
+                                 beir_split=args.eval_beir_split, sts=args.eval_sts)
+    except ValueError as e:
+        if isinstance(e, DataError):
+            raise
+        raise UsageError(str(e)) from None
+
+
+def resume_checkpoint(args: SftArguments) -> str | None:
+    """``--resume_from_checkpoint``: a folder, or ``true``/``last`` for the newest complete one."""
     resume = args.resume_from_checkpoint
     if isinstance(resume, str) and resume.lower() in ("true", "last"):
         resume = find_last_complete_checkpoint(args.output_dir)
@@ -321,12 +358,19 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
         resume = None
     if resume:
         check_complete(resume)  # before the Trainer's own loaders (DeepSpeed's included) read it
-    result = trainer.train(resume_from_checkpoint=resume)
+    return resume
+
+
+def run_sft(args: SftArguments) -> dict[str, Any]:
+    """Train as ``args`` say; returns the final metrics and the last checkpoint path."""
+    from transformers import set_seed
+
+    set_seed(args.seed)
+    trainer = build_trainer(args)
+    result = trainer.train(resume_from_checkpoint=resume_checkpoint(args))
     final = os.path.join(args.output_dir, f"checkpoint-{trainer.state.global_step}")
-    if not os.path.isdir(final):
-        trainer._save_checkpoint(trainer.model, trial=None)
     metrics: dict[str, Any] = dict(result.metrics)
-    if val is not None or eval_tasks:
+    if trainer.eval_dataset is not None or trainer.eval_tasks:
         metrics.update(trainer.evaluate())
     metrics["last_checkpoint"] = final
     if args.should_save:
@@ -337,4 +381,3 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
             logger.info("best checkpoint: %s (%s %s)%s", trainer.state.best_model_checkpoint, args.metric_for_best_model,
                         trainer.state.best_metric, ", loaded at the end" if args.load_best_model_at_end else "")
     return metrics
-

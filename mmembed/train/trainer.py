@@ -20,14 +20,14 @@ import re
 from typing import Any
 
 import torch
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 
-from ..encoding.collator import layout_for_loss
 from ..encoding.inputs import select_rows, split_rows
 from ..eval.metrics import embedding_eval_metrics, pair_metrics
 from ..model.embedding import EmbeddingModel, hidden_size
 from ..model.io import write_mmembed_config, write_sentence_transformers_config
-from .distributed import all_gather_no_grad, gather_sizes, world
+from ..losses import Layout, Side, build_loss
+from .distributed import GlobalBatchLoss, all_gather_no_grad, gather_sizes, world
 from .gradcache import GradCache
 
 COMPLETE_MARKER = "mmembed_complete"
@@ -56,10 +56,34 @@ def check_complete(checkpoint: str) -> None:
         )
 
 
+class _SaveLastStep(TrainerCallback):
+    """The last step is always saved as a checkpoint (the run's result), whatever
+    ``--save_steps`` / ``--save_strategy`` say about the steps before it."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.max_steps and state.global_step >= state.max_steps:
+            control.should_save = True
+        return control
+
+
 class EmbeddingTrainer(Trainer):
-    def __init__(self, *args, loss_fn, loss_type: str, mmembed_config: dict[str, Any], gradcache_mini_batch_size: int = 0,
-                 aux_models: dict[str, EmbeddingModel] | None = None, eval_tasks: dict[str, Any] | None = None,
-                 **kwargs):
+    """The transformers Trainer for embedders. Beside the Trainer's own arguments:
+
+    Args:
+        loss: The loss (an :class:`~mmembed.losses.EmbeddingLoss`; default ``infonce`` as
+            the ``INFONCE_*`` variables set it). It is wrapped for several processes here.
+        side_models: Frozen models that embed the same rows for the loss's side inputs:
+            ``{"guide": model}`` (GIST) and/or ``{"teacher": model}`` (distillation).
+        eval_tasks: ``--eval_beir`` / ``--eval_sts`` (:class:`~mmembed.eval.tasks.HeldOutTasks`).
+        mmembed_config: What ``mmembed.json`` in each checkpoint holds (template, pooling,
+            ...); default: the model's pooling.
+
+    ``args`` may be plain ``TrainingArguments``; ``args.gradcache_mini_batch_size`` (mmembed's
+    ``SftArguments``) turns the gradient cache on.
+    """
+
+    def __init__(self, *args, loss=None, side_models: dict[str, EmbeddingModel] | None = None, eval_tasks=None,
+                 mmembed_config: dict[str, Any] | None = None, **kwargs):
         # the Trainer refuses an eval strategy without an eval set; --eval_beir / --eval_sts
         # are something to evaluate too, so it gets a stand-in that evaluate() never reads
         tasks_only = kwargs.get("eval_dataset") is None and bool(eval_tasks)
@@ -68,47 +92,53 @@ class EmbeddingTrainer(Trainer):
         super().__init__(*args, **kwargs)
         if tasks_only:
             self.eval_dataset = None
-        # evaluations beside the eval set, loaded (and checked) before training:
-        # "beir": a BeirData (--eval_beir), "sts": (queries, responses, labels) (--eval_sts)
-        self.eval_tasks = eval_tasks or {}
-        # frozen models that embed the same rows (a GIST guide, a distillation teacher); their
-        # embeddings reach the loss as outputs["<name>_hidden_state"]
-        self.aux_models = {name: m.to(self.args.device) for name, m in (aux_models or {}).items()}
+        self.eval_tasks = eval_tasks
+        loss = loss if loss is not None else build_loss("infonce")
+        self.loss_fn = loss if isinstance(loss, GlobalBatchLoss) else GlobalBatchLoss(loss)
+        self.loss = self.loss_fn.loss
+        layout = getattr(self.data_collator, "layout", None)
+        if layout is not None and layout != self.loss.layout:
+            raise ValueError(f"the collator lays batches out as {layout!r} but the loss takes {self.loss.layout.value!r}")
+        self.side_models = {name: m.to(self.args.device) for name, m in (side_models or {}).items()}
         # EmbeddingModel.forward takes **inputs, from which the Trainer concludes that the
         # model normalizes its loss by num_items_in_batch and skips dividing the loss by
         # gradient_accumulation_steps; compute_loss does no such thing, so the Trainer must
         # divide (otherwise a step's gradient is the sum, not the mean, of its micro-batches')
         self.model_accepts_loss_kwargs = False
-        self.gradcache_mini_batch_size = gradcache_mini_batch_size
-        self.loss_fn = loss_fn
-        self.loss_type = loss_type
-        self.layout = layout_for_loss(loss_type)
+        self.gradcache_mini_batch_size = getattr(self.args, "gradcache_mini_batch_size", 0) or 0
+        if mmembed_config is None:
+            mmembed_config = {"pooling": self.accelerator.unwrap_model(self.model).pooling, "normalize": True}
         self.mmembed_config = mmembed_config
+        self.add_callback(_SaveLastStep())
 
     # ---- training -------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         labels = inputs.pop("labels")
-        aux = self._side_outputs(inputs)
-        outputs = {**model(**inputs), **aux}
+        side = self._side(inputs.pop("side", None))
+        outputs = {**model(**inputs), **side.outputs()}
         loss = self._checked(self.loss_fn(outputs, labels))
         return (loss, outputs) if return_outputs else loss
 
     @torch.no_grad()
-    def _side_outputs(self, inputs: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """What the loss takes beside the student's embeddings, popped from the batch: the
-        guide's / teacher's embeddings of the same rows (their inputs embedded here, without
-        gradient), or the teacher's scores / embeddings the data gave."""
-        out = {}
-        if "teacher_scores" in inputs:
-            out["teacher_scores"] = inputs.pop("teacher_scores")
-        if "teacher_embeddings" in inputs:
-            out["teacher_hidden_state"] = inputs.pop("teacher_embeddings")
-        for key in [k for k in inputs if k.endswith("_inputs")]:
-            name = key[: -len("_inputs")]
-            batch = inputs.pop(key)
-            if name in self.aux_models:
-                out[f"{name}_hidden_state"] = self.aux_models[name](**batch)["last_hidden_state"]
-        return out
+    def _side(self, batch) -> Side:
+        """The loss's side inputs for a batch (a :class:`~mmembed.encoding.collator.SideBatch`):
+        the guide's / teacher's embeddings of the same rows (their inputs embedded here,
+        without gradient), or the teacher's scores / embeddings the data gave."""
+        if batch is None:
+            return Side()
+        batch = batch.to(self.args.device)
+
+        def embed(name: str, inputs):
+            if inputs is None:
+                return None
+            if name not in self.side_models:
+                raise ValueError(f"the batch holds inputs for a {name} model, but the trainer has none")
+            return self.side_models[name](**inputs)["last_hidden_state"]
+
+        teacher = embed("teacher", batch.teacher_inputs)
+        return Side(guide=embed("guide", batch.guide_inputs),
+                    teacher=teacher if teacher is not None else batch.teacher_embeddings,
+                    teacher_scores=batch.teacher_scores)
 
     def _checked(self, loss: torch.Tensor) -> torch.Tensor:
         if not torch.isfinite(loss.detach()).all():
@@ -130,7 +160,7 @@ class EmbeddingTrainer(Trainer):
         model.train()
         inputs = self._prepare_inputs(inputs)
         labels = inputs.pop("labels")
-        aux = self._side_outputs(inputs)  # a guide's / teacher's embeddings: whole batch, no gradient
+        side = self._side(inputs.pop("side", None)).outputs()  # whole batch, no gradient
         scale = 1.0 / self.current_gradient_accumulation_steps
         # mini-batches of rows of similar length carry little padding; the loss sees the
         # embeddings back in the batch's order. Rows move with their own images, videos
@@ -140,7 +170,7 @@ class EmbeddingTrainer(Trainer):
         inputs = select_rows(inputs, order)
 
         def loss_in_batch_order(outputs, lab):
-            return self.loss_fn({"last_hidden_state": outputs["last_hidden_state"][restore], **aux}, lab)
+            return self.loss_fn({"last_hidden_state": outputs["last_hidden_state"][restore], **side}, lab)
 
         if self.is_deepspeed_enabled:
             # every process runs as many chunk passes (see _deepspeed_chunk_backward)
@@ -227,7 +257,7 @@ class EmbeddingTrainer(Trainer):
         was_training = model.training
         model.eval()
         device = self.args.device
-        loss_fn = getattr(self.loss_fn, "loss", self.loss_fn)  # per-batch loss, no cross-process scaling
+        loss_fn, needs = self.loss, self.loss.side  # per-batch loss, no cross-process scaling
         embs, labels = [], []
         loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of batch loss * rows, rows)
         loader = self._eval_loader(dataset)
@@ -240,18 +270,20 @@ class EmbeddingTrainer(Trainer):
         for batch in loader:
             batch = self._prepare_inputs(batch)
             lab = batch.pop("labels")
-            aux = self._side_outputs(batch)
-            out = {**model(**batch), **aux}
-            if not self.loss_type.startswith("distill_") or aux:  # eval rows may lack the data's teacher
-                loss_sum += torch.tensor([loss_fn(out, lab).item() * len(lab), len(lab)], dtype=torch.float64,
+            side = self._side(batch.pop("side", None))
+            out = {**model(**batch), **side.outputs()}
+            # eval rows may lack the data's teacher: then no eval loss, the metrics still
+            if needs.met_by(side):
+                targets = loss_fn.targets(lab.to(device), out["last_hidden_state"].shape[0])
+                loss_sum += torch.tensor([loss_fn(out, targets).item() * len(lab), len(lab)], dtype=torch.float64,
                                          device=device)
             embs.append(out["last_hidden_state"].float())
             labels.append(lab.float())
         for _ in range(int(rounds.item()) - len(loader)):
             if batch is None:
-                batch = self._prepare_inputs(self.data_collator([loader.dataset.dataset[0]]))
+                batch = self._prepare_inputs(self.data_collator([dataset[0]]))
                 batch.pop("labels")
-                self._side_outputs(batch)  # only pops the side models' inputs
+                batch.pop("side", None)
             model(**batch)
         if was_training:
             model.train()
@@ -267,7 +299,7 @@ class EmbeddingTrainer(Trainer):
         metrics: dict[str, float] = {}
         if loss_sum[1] > 0:
             metrics["loss"] = float(loss_sum[0] / loss_sum[1])
-        if self.layout == "pair":
+        if self.loss.layout is Layout.PAIR:
             metrics.update(pair_metrics(emb[0::2], emb[1::2], lab))
         else:
             # each batch is a whole set of groups, so concatenating keeps the layout valid
@@ -276,32 +308,17 @@ class EmbeddingTrainer(Trainer):
 
     def _task_metrics(self) -> dict[str, float]:
         """``--eval_beir`` (``beir_*``) and ``--eval_sts`` (``sts_*``): the model as it is
-        now, through the same Embedder as ``mmembed eval``. Every process runs the same
-        forwards (ZeRO-3 gathers parameters in each)."""
+        now. Every process runs the same forwards (ZeRO-3 gathers parameters in each)."""
         if not self.eval_tasks:
             return {}
-        from ..eval.beir import evaluate_beir
-        from ..eval.sts import evaluate_pairs
-        from ..model.embedder import Embedder
-
         model = self.accelerator.unwrap_model(self.model)
         was_training = model.training
         model.eval()
-        collator = self.data_collator
-        embedder = Embedder(model, self.processing_class, collator.template, collator.max_length or 512,
-                            device=str(self.args.device))
-        batch_size = self.args.per_device_eval_batch_size
-        out: dict[str, float] = {}
         try:
-            if "beir" in self.eval_tasks:
-                beir = evaluate_beir(embedder, self.eval_tasks["beir"], batch_size=batch_size)
-                out.update({f"beir_{k}": v for k, v in beir.items()})
-            if "sts" in self.eval_tasks:
-                sts = evaluate_pairs(lambda texts: embedder.encode(texts, batch_size=batch_size), *self.eval_tasks["sts"])
-                out.update({f"sts_{k}": v for k, v in sts.items()})
+            return self.eval_tasks.evaluate(model, self.processing_class, str(self.args.device),
+                                            self.args.per_device_eval_batch_size)
         finally:
             model.train(was_training)
-        return out
 
     def _embedding_dim(self, embs: list[torch.Tensor]) -> int:
         if embs:

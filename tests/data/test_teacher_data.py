@@ -198,25 +198,27 @@ def test_collator_pads_scores_and_lines_up_embeddings_with_the_batch_rows(minilm
         r["teacher_embeddings"] = [[float(k), float(j)] for j in range(2 + k)]
     samples = read_file(_write_jsonl(tmp_path / "d.jsonl", rows))
     template = resolve_template(minilm_path, None, None, None)
-    collator = EmbeddingCollator(template, load_processing(minilm_path, template), "group", 32,
-                                 teacher_keys=("teacher_scores", "teacher_embeddings"))
+    processing = load_processing(minilm_path, template)
+    batch = EmbeddingCollator(template, processing, "group", 32, teacher_signal="teacher_scores")(samples)
+    nan = float("nan")
+    torch.testing.assert_close(batch["side"].teacher_scores, torch.tensor(
+        [[20.0, 21.0, 22.0], [0.0, nan, nan], [10.0, 11.0, nan]]), equal_nan=True)
+    assert batch["side"].teacher_embeddings is None
+    collator = EmbeddingCollator(template, processing, "group", 32, teacher_signal="teacher_embeddings")
     batch = collator(samples)
     n = batch["input_ids"].shape[0]
-    nan = float("nan")
-    torch.testing.assert_close(batch["teacher_scores"], torch.tensor(
-        [[20.0, 21.0, 22.0], [0.0, nan, nan], [10.0, 11.0, nan]]), equal_nan=True)
-    emb = batch["teacher_embeddings"]
+    emb = batch["side"].teacher_embeddings
     assert emb.shape == (n, 2) == (2 + 2 + 2 + 0 + 2 + 1, 2)
     assert emb[:, 0].tolist() == [2, 2, 2, 2, 0, 0, 1, 1, 1]  # a0 p0 n00 n01 | a1 p1 | a2 p2 n20
     assert emb[:, 1].tolist() == [0, 1, 2, 3, 0, 1, 0, 1, 2]
 
-    samples[1].teacher_scores = None
-    with pytest.raises(DataError, match="teacher_scores.*missing") as e:
+    samples[1].teacher_embeddings = None
+    with pytest.raises(DataError, match="teacher_embeddings.*missing") as e:
         collator(samples)
     assert e.value.line == 2
     for s in samples:
         s.teacher_scores = s.teacher_embeddings = None
-    assert "teacher_scores" not in collator(samples)  # eval rows without a teacher: no key, no loss
+    assert "side" not in collator(samples)  # eval rows without a teacher: no side inputs, no loss
 
 
 # ---- training: the data's teacher gives the run the teacher model gives ----------------

@@ -589,7 +589,7 @@ def test_distill_kl_errors():
         group_only({"last_hidden_state": emb, "teacher_scores": holes}, labels)
     with pytest.raises(ValueError, match="teacher_hidden_state"):
         DistillKLLoss()({"last_hidden_state": emb}, labels)
-    with pytest.raises(ValueError, match="temperatures"):
+    with pytest.raises(ValueError, match="temperature must be > 0"):
         DistillKLLoss(teacher_temperature=0.0)
     with pytest.raises(ValueError, match="use_batch"):
         DistillKLLoss(use_batch="false")
@@ -716,12 +716,18 @@ def test_matryoshka_parts_equal_forward(name, extra):
     torch.testing.assert_close(whole, (first + (n - 1) * rest) / n, **TOL)
 
 
-def test_matryoshka_passes_use_batch_and_config_through():
-    assert MatryoshkaLoss(InfoNCELoss(use_batch=False), {4: 1.0}).use_batch is False
+def test_matryoshka_passes_the_inner_declarations_and_config_through():
+    from mmembed.losses.base import CrossProcess, Layout
+
+    assert MatryoshkaLoss(InfoNCELoss(use_batch=False), {4: 1.0}).cross_process is CrossProcess.LOCAL_GROUPS
+    assert MatryoshkaLoss(InfoNCELoss(), {4: 1.0}).cross_process is CrossProcess.GROUP_PARTS
     assert MatryoshkaLoss(InfoNCELoss(), {4: 1.0}).config == InfoNCELoss().config
-    assert MatryoshkaLoss(DistillKLLoss(use_batch=False), {4: 1.0}).use_batch is False
-    assert MatryoshkaLoss(GISTLoss(), {4: 1.0}).use_batch is True
+    assert MatryoshkaLoss(DistillKLLoss(use_batch=False), {4: 1.0}).side.teacher == {"embeddings", "scores"}
+    assert MatryoshkaLoss(DistillKLLoss(), {4: 1.0}).side.teacher == {"embeddings"}
+    assert MatryoshkaLoss(GISTLoss(), {4: 1.0}).side.guide is True
+    assert MatryoshkaLoss(build_loss("distill_marginal"), {4: 1.0}).student_parts == 1
     pair = MatryoshkaLoss(build_loss("contrastive"), {4: 1.0})
+    assert pair.layout is Layout.PAIR and pair.cross_process is CrossProcess.LOCAL_PAIRS
     assert not hasattr(pair, "config")
     with pytest.raises(TypeError, match="no split_parts"):
         pair.split_parts({"last_hidden_state": torch.zeros(2, 4)}, torch.ones(1))

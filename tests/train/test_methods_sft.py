@@ -31,20 +31,21 @@ def test_guide_and_teacher_embed_the_same_rows_as_the_student(minilm_path, tiny_
     from mmembed.encoding.collator import EmbeddingCollator, sample_items
     from mmembed.losses import build_loss
     from mmembed.train.arguments import parse_sft_args
-    from mmembed.train.sft import build_model, load_aux_models, load_processing, make_loss, resolve_template
+    from mmembed.train.sft import SideModels, build_model, load_processing, make_loss, resolve_template
 
     guide_dir = tiny_model("qwen2")
     args = parse_sft_args(["--model", minilm_path, "--dataset", TRAIN, "--loss_type", "gist", "--guide_model", guide_dir,
                            "--loss_kwargs", '{"margin": 0.05, "temperature": 0.05}', "--tuner_type", "full"])
     template = resolve_template(minilm_path, None, None, None)
-    aux_models, aux_builders = load_aux_models(args)
-    collator = EmbeddingCollator(template, load_processing(minilm_path, template), "group", 128, aux_builders=aux_builders)
+    side_models = SideModels.load(args)
+    collator = EmbeddingCollator(template, load_processing(minilm_path, template), "group", 128,
+                                 guide=side_models.builders["guide"])
     samples = read_file(TRAIN)[:5]
     batch = collator(samples)
     labels = batch.pop("labels")
     model = build_model(args, template.resolve_pooling(minilm_path)).eval()
     with torch.no_grad():
-        guide = aux_models["guide"](**batch.pop("guide_inputs"))["last_hidden_state"]
+        guide = side_models.models["guide"](**batch.pop("side").guide_inputs)["last_hidden_state"]
         student = model(**batch)["last_hidden_state"]
         loss = make_loss(args)({"last_hidden_state": student, "guide_hidden_state": guide}, labels)
 

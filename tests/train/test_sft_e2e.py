@@ -139,13 +139,13 @@ def test_resume_after_kill_matches_an_uninterrupted_run(minilm_path, group_data,
 
 def test_non_finite_loss_stops_the_run(minilm_path, group_data, tmp_path, monkeypatch):
     import mmembed.train.sft as sft
+    from mmembed.losses import EmbeddingLoss
 
-    def nan_loss(name):
-        def loss(outputs, labels):
+    class NanLoss(EmbeddingLoss):
+        def forward(self, outputs, labels):
             return outputs["last_hidden_state"].sum() * float("nan")
-        return loss
 
-    monkeypatch.setattr(sft, "build_loss", nan_loss)
+    monkeypatch.setattr(sft, "build_loss", lambda name, **options: NanLoss())
     with pytest.raises(NonFiniteLossError, match="loss is nan at step 0"):
         run_sft(_args(minilm_path, group_data, tmp_path / "run", "--max_steps", "2", "--eval_strategy", "no"))
     assert find_last_complete_checkpoint(str(tmp_path / "run")) is None

@@ -1,0 +1,65 @@
+"""Held-out evaluations beside the eval set: ``--eval_beir`` and ``--eval_sts``.
+
+Read and checked when training starts (a bad file fails then, not at the first
+evaluation); run on the model as it is at each evaluation, through the same
+:class:`~mmembed.model.embedder.Embedder` that ``mmembed eval`` uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..encoding.templates import Template
+
+
+@dataclass
+class HeldOutTasks:
+    """``beir``: a :class:`~mmembed.eval.beir.BeirData`; ``sts``: ``(queries, responses,
+    labels)``; ``template`` / ``max_length``: how the model renders text."""
+
+    template: Template
+    max_length: int
+    beir: Any = None
+    sts: tuple[list[str], list[str], list[float]] | None = None
+
+    @classmethod
+    def load(cls, template: Template, max_length: int, beir: str | None = None, beir_split: str = "test",
+             sts: str | None = None) -> HeldOutTasks:
+        """Read the files now.
+
+        Raises:
+            ValueError: a BEIR folder that cannot be used (the message names it).
+            DataError: a bad STS row (file, line and field).
+        """
+        tasks = cls(template, max_length)
+        if beir:
+            from .beir import load_beir
+
+            try:
+                tasks.beir = load_beir(beir, beir_split)
+            except ValueError as e:
+                raise ValueError(f"--eval_beir: {e}") from None
+        if sts:
+            from .sts import read_pairs
+
+            tasks.sts = read_pairs(sts)
+        return tasks
+
+    def __bool__(self) -> bool:
+        return self.beir is not None or self.sts is not None
+
+    def evaluate(self, model, processing, device: str, batch_size: int) -> dict[str, float]:
+        """``beir_*`` and ``sts_*`` metrics of ``model`` (an ``EmbeddingModel``, left in eval mode)."""
+        from ..model.embedder import Embedder
+        from .beir import evaluate_beir
+        from .sts import evaluate_pairs
+
+        embedder = Embedder(model, processing, self.template, self.max_length, device=device)
+        out: dict[str, float] = {}
+        if self.beir is not None:
+            out.update({f"beir_{k}": v for k, v in evaluate_beir(embedder, self.beir, batch_size=batch_size).items()})
+        if self.sts is not None:
+            sts = evaluate_pairs(lambda texts: embedder.encode(texts, batch_size=batch_size), *self.sts)
+            out.update({f"sts_{k}": v for k, v in sts.items()})
+        return out

@@ -1,0 +1,294 @@
+"""What a loss declares, so that the rest of mmembed asks the loss instead of its name.
+
+Every loss is an :class:`EmbeddingLoss` (an ``nn.Module`` called as
+``loss(outputs, labels) -> scalar``) and states, as class attributes or properties:
+
+- :attr:`~EmbeddingLoss.layout`: how the collator lays out a batch
+  (:class:`Layout`: groups ``a0, p0, n0_*, a1, ...`` with 1.0 / 0.0 labels, or pairs
+  ``s1_0, s2_0, ...`` with one score per pair);
+- :attr:`~EmbeddingLoss.side`: what it takes beside the student's embeddings
+  (:class:`SideNeeds`: a guide model's embeddings of the same rows, a teacher's
+  embeddings or scores);
+- :attr:`~EmbeddingLoss.cross_process`: how a batch spread over several processes is
+  combined (:class:`CrossProcess`; ``mmembed.train.distributed`` carries each one out);
+- :meth:`~EmbeddingLoss.check_setup`: start-up checks against the model and the side
+  inputs (:class:`Setup`), run before the first step.
+
+The side inputs reach the loss in ``outputs`` under the keys of :class:`Side`
+(``guide_hidden_state``, ``teacher_hidden_state``, ``teacher_scores``); the trainer
+builds them from a :class:`Side`, never from key names of its own. Group losses take
+their labels already split into :class:`Groups` (done once per batch, by
+:meth:`EmbeddingLoss.targets`); given the raw 1.0 / 0.0 labels, they split them
+themselves, so the public call ``loss({"last_hidden_state": emb}, labels)`` keeps working.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+NEG_INF = float("-inf")
+
+
+class Layout(str, enum.Enum):
+    """The row layout of a batch (ms-swift's two)."""
+
+    #: rows ``a0, p0, n0_0, ..., a1, p1, ...``; labels ``[N - B]``: 1.0 per positive, 0.0 per negative
+    GROUP = "group"
+    #: rows ``s1_0, s2_0, s1_1, s2_1, ...``; labels ``[P]``: one score per pair
+    PAIR = "pair"
+
+
+class CrossProcess(str, enum.Enum):
+    """How a loss is combined over W processes so that the averaged gradients equal one
+    process's gradient on the whole global batch (``mmembed.train.distributed``)."""
+
+    #: each group's loss involves only its own group: the local mean, scaled by B_r * W / B
+    LOCAL_GROUPS = "local_groups"
+    #: each pair's loss involves only its own pair: the local mean, scaled by P_r * W / P
+    LOCAL_PAIRS = "local_pairs"
+    #: each row's loss involves only its own row: the local mean, scaled by N_r * W / N
+    LOCAL_ROWS = "local_rows"
+    #: anchors score against the documents of every process: the loss's ``split_parts``
+    #: (anchors, positives, negatives, neg_group, then side rows aligned with those three)
+    #: are gathered, with gradient for the student's, and ``forward_from_parts`` scores
+    #: this process's anchors (``query_rows``)
+    GROUP_PARTS = "group_parts"
+    #: rows compare with the rows of every process: ``split_parts`` gives
+    #: ``(student [n, D], side [n, ...])``, gathered the same way, ``forward_from_parts``
+    #: averages over this process's rows
+    ROW_PARTS = "row_parts"
+    #: anything else: every process computes the loss on the whole gathered batch
+    #: (correct for any loss; each process repeats the same work)
+    WHOLE_BATCH = "whole_batch"
+
+
+@dataclass(frozen=True)
+class SideNeeds:
+    """What a loss takes beside the student's embeddings.
+
+    Attributes:
+        guide: A guide model's embeddings of the same rows (``--guide_model``).
+        teacher: The teacher signals the loss accepts: ``"embeddings"`` (a teacher's
+            embeddings of the same rows: ``--teacher_model``, or the data's
+            ``teacher_embeddings``) and/or ``"scores"`` (the data's ``teacher_scores``
+            of each group's own candidates). Empty: no teacher.
+    """
+
+    guide: bool = False
+    teacher: frozenset[str] = frozenset()
+
+    def met_by(self, side: Side) -> bool:
+        """Whether a batch's side inputs hold everything asked for."""
+        guide_ok = side.guide is not None or not self.guide
+        teacher_ok = not self.teacher or side.teacher_signal() in self.teacher
+        return guide_ok and teacher_ok
+
+    def __post_init__(self) -> None:
+        unknown = set(self.teacher) - {"embeddings", "scores"}
+        if unknown:
+            raise ValueError(f"SideNeeds.teacher takes 'embeddings' and 'scores', not {sorted(unknown)}")
+
+
+@dataclass
+class Side:
+    """The side inputs of one batch, on the loss's device.
+
+    Attributes:
+        guide: ``[N, Dg]``: the guide's embeddings of the batch's rows.
+        teacher: ``[N, Dt]``: the teacher's embeddings of the batch's rows.
+        teacher_scores: ``[B, W]``: per group, the teacher's scores of its own positive
+            and negatives, NaN past them.
+    """
+
+    guide: Tensor | None = None
+    teacher: Tensor | None = None
+    teacher_scores: Tensor | None = None
+
+    #: the ``outputs`` key each field travels under (the losses' documented names)
+    KEYS: ClassVar[dict[str, str]] = {
+        "guide": "guide_hidden_state",
+        "teacher": "teacher_hidden_state",
+        "teacher_scores": "teacher_scores",
+    }
+
+    def outputs(self) -> dict[str, Tensor]:
+        """The fields that are set, under their ``outputs`` keys."""
+        return {self.KEYS[f.name]: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_outputs(cls, outputs: Mapping[str, Tensor]) -> Side:
+        return cls(**{name: outputs.get(key) for name, key in cls.KEYS.items()})
+
+    def teacher_signal(self) -> str | None:
+        """``"embeddings"``, ``"scores"`` or None: which teacher signal the batch carries."""
+        if self.teacher is not None:
+            return "embeddings"
+        if self.teacher_scores is not None:
+            return "scores"
+        return None
+
+
+GUIDE = Side.KEYS["guide"]
+TEACHER = Side.KEYS["teacher"]
+TEACHER_SCORES = Side.KEYS["teacher_scores"]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a loss is checked against at start (:meth:`EmbeddingLoss.check_setup`).
+
+    Attributes:
+        width: The student's embedding width.
+        guide: Whether a guide model is given.
+        teacher_signal: ``"embeddings"`` (a teacher model, or the data's embeddings),
+            ``"scores"`` (the data's scores) or None.
+        teacher_width: The teacher's embedding width, when it gives embeddings.
+    """
+
+    width: int
+    guide: bool = False
+    teacher_signal: str | None = None
+    teacher_width: int | None = None
+
+
+@dataclass(frozen=True)
+class Groups:
+    """The rows of a group batch: ``anchor [B]``, ``positive [B]`` (row indices),
+    ``negative [M]`` (row indices, in group order) and ``neg_group [M]`` (the group of each
+    negative, non-decreasing); long tensors on one device."""
+
+    anchor: Tensor
+    positive: Tensor
+    negative: Tensor
+    neg_group: Tensor
+
+    @classmethod
+    def from_labels(cls, labels: Tensor, n_rows: int) -> Groups:
+        """Split ms-swift's labels (see :func:`mmembed.losses.infonce.split_groups`)."""
+        from .infonce import split_groups
+
+        return cls(*split_groups(labels, n_rows))
+
+    @property
+    def n_groups(self) -> int:
+        return self.anchor.numel()
+
+    def counts(self) -> Tensor:
+        """``[B]``: the number of negatives of each group."""
+        return torch.bincount(self.neg_group, minlength=self.n_groups)
+
+    def to(self, device: torch.device | str) -> Groups:
+        return Groups(*(t.to(device) for t in (self.anchor, self.positive, self.negative, self.neg_group)))
+
+
+def as_groups(labels: Tensor | Groups, n_rows: int, device: torch.device | None = None) -> Groups:
+    """``labels`` as :class:`Groups` (split now when given as 1.0 / 0.0 labels)."""
+    if isinstance(labels, Groups):
+        return labels if device is None else labels.to(device)
+    if device is not None:
+        labels = labels.to(device)
+    return Groups.from_labels(labels, n_rows)
+
+
+def finite_number(owner: str, name: str, value: Any, *, minimum: float | None = None, above: float | None = None) -> float:
+    """``value`` as a float, or a ValueError naming ``owner``'s option ``name``: it must be a
+    finite number (not a bool), ``>= minimum`` and ``> above`` when given."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{owner} option {name} must be a finite number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{owner} option {name} must be >= {minimum}, got {value!r}")
+    if above is not None and value <= above:
+        raise ValueError(f"{owner} option {name} must be > {above}, got {value!r}")
+    return float(value)
+
+
+def in_group_scores(anchors: Tensor, positives: Tensor, negatives: Tensor, neg_group: Tensor) -> tuple[Tensor, Tensor]:
+    """Each anchor's similarities to ``[own positive, own negatives]``, padded with -inf.
+
+    Returns:
+        ``(scores [B, 1 + K], valid [B, 1 + K])``, ``K`` the largest group's number of
+        negatives; a group's negatives keep their given order.
+    """
+    n_groups = anchors.shape[0]
+    pos = (anchors * positives).sum(-1, keepdim=True)  # [B, 1]
+    if negatives.shape[0] == 0:
+        return pos, torch.ones_like(pos, dtype=torch.bool)
+    counts = torch.bincount(neg_group, minlength=n_groups)
+    # slot of each negative within its group's row (its rank there, in given order)
+    order = torch.argsort(neg_group, stable=True)
+    first = torch.cumsum(counts, 0) - counts
+    slot = torch.empty_like(neg_group)
+    slot[order] = torch.arange(neg_group.numel(), device=neg_group.device) - first[neg_group[order]]
+    neg = (anchors.index_select(0, neg_group) * negatives).sum(-1)  # [M]
+    width = int(counts.max())
+    padded = pos.new_full((n_groups, width), NEG_INF).index_put((neg_group, slot), neg)
+    valid = torch.arange(width, device=anchors.device)[None, :] < counts[:, None]
+    return torch.cat([pos, padded], dim=1), torch.cat([torch.ones_like(pos, dtype=torch.bool), valid], dim=1)
+
+
+class EmbeddingLoss(nn.Module):
+    """Base class of every loss: the declarations above, with the defaults of a plain group
+    loss that needs nothing beside the embeddings and is computed on the whole gathered
+    batch under several processes. A subclass overrides what differs and ``forward``.
+
+    A user's own loss subclasses this and is named on the command line as
+    ``--loss_type package.module:ClassName`` or registered with
+    :func:`mmembed.losses.register_loss`.
+    """
+
+    #: the batch layout the collator builds for this loss
+    layout: ClassVar[Layout] = Layout.GROUP
+
+    @property
+    def side(self) -> SideNeeds:
+        """What the loss takes beside the student's embeddings (default: nothing)."""
+        return SideNeeds()
+
+    @property
+    def cross_process(self) -> CrossProcess:
+        """How the loss is combined over several processes (default: on the whole gathered batch)."""
+        return CrossProcess.WHOLE_BATCH
+
+    #: for GROUP_PARTS / ROW_PARTS: how many leading parts of ``split_parts`` are student
+    #: embeddings (the Matryoshka wrapper truncates those and passes the rest through)
+    student_parts: ClassVar[int] = 3
+
+    @classmethod
+    def build(cls, **options: Any) -> EmbeddingLoss:
+        """Build from ``build_loss`` options (by default the constructor's arguments)."""
+        return cls(**options)
+
+    def targets(self, labels: Tensor, n_rows: int) -> Tensor | Groups:
+        """The batch's labels as the loss takes them: :class:`Groups` for the group layout
+        (split once here), the scores as given for the pair layout."""
+        if self.layout is Layout.GROUP:
+            return Groups.from_labels(labels, n_rows)
+        return labels
+
+    def check_setup(self, setup: Setup) -> None:
+        """Start-up checks (before the first step); raise ``ValueError`` with a message a
+        user can act on. The default checks the side inputs against :attr:`side`."""
+        check_side(type(self).__name__, self.side, setup)
+
+
+def check_side(loss_name: str, side: SideNeeds, setup: Setup) -> None:
+    """The side inputs ``setup`` provides are the ones ``side`` asks for."""
+    if side.guide and not setup.guide:
+        raise ValueError(f"{loss_name} needs a guide model (--guide_model): its similarities decide the candidates")
+    if not side.guide and setup.guide:
+        raise ValueError(f"{loss_name} takes no guide model; drop --guide_model")
+    if side.teacher and setup.teacher_signal is None:
+        raise ValueError(f"{loss_name} needs a teacher: --teacher_model, or teacher signals in the data "
+                         "(teacher_scores / teacher_embeddings row fields or --teacher_*_file)")
+    if not side.teacher and setup.teacher_signal is not None:
+        raise ValueError(f"{loss_name} takes no teacher; drop --teacher_model / --teacher_*_file")
+    if setup.teacher_signal is not None and setup.teacher_signal not in side.teacher:
+        raise ValueError(f"{loss_name} takes the teacher's {' or '.join(sorted(side.teacher))}, "
+                         f"not its {setup.teacher_signal}")
