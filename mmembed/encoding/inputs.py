@@ -28,17 +28,14 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from ..data.sample import DataError, Item
+from ..data.sample import DataError, Item, Origin
 from .templates import Template
-
-# where an item came from, for error messages: (data file, line, field)
-Origin = tuple[str, int, str]
 
 # [N, 3] images, videos, audios per row of a media batch: which pixel / feature rows belong
 # to which input row (select_rows). The model wrapper drops it before the backbone.
 MEDIA_COUNTS = "media_counts"
 # per-medium tensors of a processor's output, by medium: (patch rows, per-medium rows)
-_MEDIA_KEYS = (
+MEDIA_TENSORS = (
     ("pixel_values", ("image_grid_thw",)),
     ("pixel_values_videos", ("video_grid_thw", "second_per_grid_ts")),
     (None, ("input_features", "feature_attention_mask")),
@@ -210,7 +207,7 @@ def select_rows(batch: dict[str, Any], rows: torch.Tensor | Sequence[int]) -> di
     rows = torch.as_tensor(rows, dtype=torch.long)
     n = batch["input_ids"].shape[0]
     counts = batch.get(MEDIA_COUNTS)
-    media_keys = {k for patch, per in _MEDIA_KEYS for k in (patch, *per) if k}
+    media_keys = {k for patch, per in MEDIA_TENSORS for k in (patch, *per) if k}
     out: dict[str, Any] = {}
     for key, value in batch.items():
         if key == "labels" or key in media_keys:
@@ -218,7 +215,7 @@ def select_rows(batch: dict[str, Any], rows: torch.Tensor | Sequence[int]) -> di
         out[key] = value[rows.to(value.device)] if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == n else value
     if counts is None:
         return out
-    for kind, (patch_key, per_keys) in enumerate(_MEDIA_KEYS):
+    for kind, (patch_key, per_keys) in enumerate(MEDIA_TENSORS):
         c = counts[:, kind].cpu()
         if int(c.sum()) == 0:
             continue

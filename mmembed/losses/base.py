@@ -10,7 +10,7 @@ Every loss is an :class:`EmbeddingLoss` (an ``nn.Module`` called as
   (:class:`SideNeeds`: a guide model's embeddings of the same rows, a teacher's
   embeddings or scores);
 - :attr:`~EmbeddingLoss.cross_process`: how a batch spread over several processes is
-  combined (:class:`CrossProcess`; ``mmembed.train.distributed`` carries each one out);
+  combined (:class:`CrossProcess`; ``mmembed.training.distributed`` carries each one out);
 - :meth:`~EmbeddingLoss.check_setup`: start-up checks against the model and the side
   inputs (:class:`Setup`), run before the first step.
 
@@ -47,7 +47,7 @@ class Layout(str, enum.Enum):
 
 class CrossProcess(str, enum.Enum):
     """How a loss is combined over W processes so that the averaged gradients equal one
-    process's gradient on the whole global batch (``mmembed.train.distributed``)."""
+    process's gradient on the whole global batch (``mmembed.training.distributed``)."""
 
     #: each group's loss involves only its own group: the local mean, scaled by B_r * W / B
     LOCAL_GROUPS = "local_groups"

@@ -51,8 +51,8 @@ def train(**options: Any) -> dict[str, Any]:
         ValueError: a bad option (the message names the flag), or bad data
             (:class:`mmembed.data.DataError`, naming file, line and field).
     """
-    from ..train.arguments import parse_sft_args
-    from ..train.sft import run_sft
+    from ..training.arguments import parse_sft_args
+    from ..training.sft import run_sft
 
     argv = to_argv(options)
     try:

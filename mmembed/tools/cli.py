@@ -48,16 +48,16 @@ def cmd_sft(argv: list[str]) -> int:
     code = _maybe_relaunch(["sft", *argv])
     if code is not None:
         return code
-    from ..train.arguments import parse_sft_args
-    from ..train.sft import run_sft
+    from ..training.arguments import parse_sft_args
+    from ..training.sft import run_sft
 
     try:
         args = parse_sft_args(argv)
     except ValueError as e:  # our own argument checks
         raise SystemExit(f"mmembed sft: {e}")
     from ..data import DataError, SpecError
-    from ..train.arguments import UsageError
-    from ..train.trainer import NonFiniteLossError
+    from ..training.arguments import UsageError
+    from ..training.trainer import NonFiniteLossError
 
     try:
         metrics = run_sft(args)

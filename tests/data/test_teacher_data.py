@@ -190,7 +190,7 @@ def test_a_row_field_and_an_array_for_the_same_signal_conflict(tmp_path):
 def test_collator_pads_scores_and_lines_up_embeddings_with_the_batch_rows(minilm_path, tmp_path):
     from mmembed.data import DataError, read_file
     from mmembed.encoding.collator import EmbeddingCollator
-    from mmembed.train.sft import load_processing, resolve_template
+    from mmembed.training.sft import load_processing, resolve_template
 
     rows = _rows()
     for r, k in zip(rows, (2, 0, 1)):
@@ -255,8 +255,8 @@ def test_teacher_from_the_data_trains_like_the_teacher_model(minilm_no_dropout, 
     """Two steps of distill_kl (dropout off, so every run draws the same nothing) with the teacher's embeddings (use_batch) or its own-group
     scores (use_batch false) read from a .npy end with the weights of the same two steps with
     --teacher_model computing them on the fly; the row-field form gives the same again."""
-    from mmembed.train.arguments import parse_sft_args
-    from mmembed.train.sft import run_sft
+    from mmembed.training.arguments import parse_sft_args
+    from mmembed.training.sft import run_sft
 
     n = 8
     data = _write_jsonl(tmp_path / "train.jsonl", [json.loads(line) for line in open(TRAIN)][:n])
@@ -314,8 +314,8 @@ def test_teacher_from_the_data_trains_like_the_teacher_model(minilm_no_dropout, 
 ], ids=lambda v: v if isinstance(v, str) and " " not in v else None)
 def test_a_data_teacher_that_cannot_serve_fails_before_training(minilm_path, tmp_path, case, message):
     from mmembed.data import DataError
-    from mmembed.train.arguments import UsageError, parse_sft_args
-    from mmembed.train.sft import run_sft
+    from mmembed.training.arguments import UsageError, parse_sft_args
+    from mmembed.training.sft import run_sft
 
     rows = _rows()
     loss = ["--loss_type", "distill_cosine"]
@@ -349,7 +349,7 @@ def test_python_api_takes_the_flags_as_keywords(minilm_path, tmp_path):
 
     import mmembed
     from mmembed.tools.api import to_argv
-    from mmembed.train.arguments import parse_sft_args
+    from mmembed.training.arguments import parse_sft_args
 
     data = _write_jsonl(tmp_path / "d.jsonl", _rows())
     scores = _scores_npy(tmp_path / "s.npy", [[5, 4, 3], [2], [1, 0]], 3)
@@ -376,8 +376,8 @@ def test_python_api_takes_the_flags_as_keywords(minilm_path, tmp_path):
 
 def test_a_bad_array_row_in_the_split_off_eval_rows_fails_before_training(minilm_path, tmp_path):
     from mmembed.data import DataError, load_samples, split_dataset
-    from mmembed.train.arguments import parse_sft_args
-    from mmembed.train.sft import run_sft
+    from mmembed.training.arguments import parse_sft_args
+    from mmembed.training.sft import run_sft
 
     rows = [dict(r, rejected_response=[f"n{i}"]) for i, r in enumerate(_rows(2) * 4)]
     data = _write_jsonl(tmp_path / "d.jsonl", rows)

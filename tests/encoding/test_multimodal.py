@@ -105,7 +105,7 @@ def test_ms_swift_model_types_pick_their_templates(model_type, name):
 @pytest.mark.parametrize("kind,name", [("qwen2_vl", "qwen2_gme"), ("qwen2_5_vl", "qwen2_5_vl"), ("qwen3_vl", "qwen3_vl_emb"),
                                        ("qwen2", "gte_qwen2"), ("qwen3", "qwen3_emb"), ("qwen2_audio", "qwen2_audio")])
 def test_template_is_detected_from_the_model_config(tiny_model, kind, name):
-    from mmembed.train.sft import resolve_template
+    from mmembed.training.sft import resolve_template
 
     assert resolve_template(tiny_model(kind), None, None, None).name == name
 
@@ -272,7 +272,7 @@ def test_media_row_over_max_length_is_never_cut(tiny_model):
 ])
 def test_lora_all_linear_covers_only_the_parts_not_frozen(tiny_model, freeze_vit, freeze_aligner, expect):
     from mmembed.model.embedding import frozen_parts, load_backbone, module_part
-    from mmembed.train.sft import lora_target_modules
+    from mmembed.training.sft import lora_target_modules
 
     backbone = load_backbone(tiny_model("qwen2_vl"))
     names = lora_target_modules(backbone, ["all-linear"], frozen_parts(freeze_vit, freeze_aligner, False))

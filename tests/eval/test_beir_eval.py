@@ -197,8 +197,8 @@ def test_cli_end_to_end_with_minilm(minilm_path, tmp_path, capsys):
 def test_training_evaluates_beir_and_sts_as_mmembed_eval_does(minilm_path, tmp_path, with_val):
     """--eval_beir and --eval_sts during training (with or without an eval set) report the
     numbers `mmembed eval` gives for the checkpoint saved at that step."""
-    from mmembed.train.arguments import parse_sft_args
-    from mmembed.train.sft import run_sft
+    from mmembed.training.arguments import parse_sft_args
+    from mmembed.training.sft import run_sft
 
     folder = _stsb_beir(tmp_path / "stsb_beir")
     sts = tmp_path / "sts.jsonl"
@@ -221,8 +221,8 @@ def test_training_evaluates_beir_and_sts_as_mmembed_eval_does(minilm_path, tmp_p
 
 def test_a_bad_eval_task_fails_before_training(minilm_path, tmp_path):
     from mmembed.data import DataError
-    from mmembed.train.arguments import parse_sft_args
-    from mmembed.train.sft import run_sft
+    from mmembed.training.arguments import parse_sft_args
+    from mmembed.training.sft import run_sft
 
     sts = tmp_path / "sts.jsonl"
     sts.write_text('{"query": "a", "response": "b", "label": 0.5}\n{"query": "c", "response": "d"}\n')
@@ -237,8 +237,8 @@ def test_best_checkpoint_by_a_task_metric_is_loaded_at_the_end(minilm_path, tmp_
     """--metric_for_best_model on a held-out task's metric with --load_best_model_at_end: the
     checkpoint picked is the one whose logged metric is best, and the final evaluation
     (after training) repeats that checkpoint's numbers, not the last step's."""
-    from mmembed.train.arguments import parse_sft_args
-    from mmembed.train.sft import run_sft
+    from mmembed.training.arguments import parse_sft_args
+    from mmembed.training.sft import run_sft
 
     sts = tmp_path / "sts.jsonl"
     with open(os.path.join(DATA, "stsb_test_scored.jsonl"), encoding="utf-8") as f:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from conftest import DATA
 
-from mmembed.train.arguments import parse_sft_args
-from mmembed.train.sft import run_sft
+from mmembed.training.arguments import parse_sft_args
+from mmembed.training.sft import run_sft
 
 TEXTS = ["A man is playing a flute.", "Two dogs run through the snow after a red ball.", "The stock market fell today."]
 ST_FILES = ("modules.json", "sentence_bert_config.json", os.path.join("1_Pooling", "config.json"))

@@ -30,8 +30,8 @@ def test_guide_and_teacher_embed_the_same_rows_as_the_student(minilm_path, tiny_
     from mmembed.data import read_file
     from mmembed.encoding.collator import EmbeddingCollator, sample_items
     from mmembed.losses import build_loss
-    from mmembed.train.arguments import parse_sft_args
-    from mmembed.train.sft import SideModels, build_model, load_processing, make_loss, resolve_template
+    from mmembed.training.arguments import parse_sft_args
+    from mmembed.training.sft import SideModels, build_model, load_processing, make_loss, resolve_template
 
     guide_dir = tiny_model("qwen2")
     args = parse_sft_args(["--model", minilm_path, "--dataset", TRAIN, "--loss_type", "gist", "--guide_model", guide_dir,
@@ -82,8 +82,8 @@ def test_method_trains_from_flags(minilm_path, tmp_path, flags):
     (["--mrl_dims", '{"64": 1.0, "x": 1.0}'], "mrl_dims width 'x' must be an integer"),
 ], ids=["mrl-too-wide", "gist-no-guide", "teacher-width", "bad-json", "matryoshka-name", "mrl-bad-width"])
 def test_method_misconfiguration_fails_before_training(minilm_path, tiny_model, tmp_path, flags, message):
-    from mmembed.train.arguments import UsageError, parse_sft_args
-    from mmembed.train.sft import run_sft
+    from mmembed.training.arguments import UsageError, parse_sft_args
+    from mmembed.training.sft import run_sft
 
     flags = [f.replace("{qwen2}", tiny_model("qwen2")) for f in flags]
     argv = ["--model", minilm_path, "--dataset", f"{TRAIN}#8", "--output_dir", str(tmp_path / "out"), "--report_to", "none", *flags]

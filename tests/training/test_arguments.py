@@ -6,7 +6,7 @@ import sys
 import pytest
 from conftest import REPO
 
-from mmembed.train.arguments import default_gradient_accumulation, parse_sft_args
+from mmembed.training.arguments import default_gradient_accumulation, parse_sft_args
 
 BASE = ["--model", "/m", "--dataset", "d.jsonl", "--output_dir", "/tmp/mmembed-args-test"]
 
@@ -83,10 +83,10 @@ def test_offloaded_optimizer_keeps_a_non_adam_choice():
     AdamW (same algorithm), switched off for any other --optim (which would be ignored)."""
     from importlib.resources import files
 
-    from mmembed.train.arguments import _honour_optimizer_under_offload
+    from mmembed.training.arguments import _honour_optimizer_under_offload
 
-    offload = str(files("mmembed.train").joinpath("ds_configs", "zero3_offload.json"))
-    plain = str(files("mmembed.train").joinpath("ds_configs", "zero3.json"))
+    offload = str(files("mmembed.training").joinpath("ds_configs", "zero3_offload.json"))
+    plain = str(files("mmembed.training").joinpath("ds_configs", "zero3.json"))
     assert _honour_optimizer_under_offload(offload, "adamw_torch") == offload
     assert _honour_optimizer_under_offload(plain, "sgd") == plain
     config = _honour_optimizer_under_offload(offload, "sgd")

@@ -24,9 +24,9 @@ from transformers import Trainer, TrainerCallback
 
 from ..encoding.inputs import select_rows, split_rows
 from ..eval.metrics import embedding_eval_metrics, pair_metrics
+from ..losses import Layout, Side, build_loss
 from ..model.embedding import EmbeddingModel, hidden_size
 from ..model.io import write_mmembed_config, write_sentence_transformers_config
-from ..losses import Layout, Side, build_loss
 from .distributed import GlobalBatchLoss, all_gather_no_grad, gather_sizes, world
 from .gradcache import GradCache
 

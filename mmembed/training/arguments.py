@@ -143,7 +143,7 @@ class SftArguments(TrainingArguments):
         self.gradient_checkpointing = self.gradient_checkpointing_kwargs = None
         if isinstance(self.deepspeed, str) and self.deepspeed in DEEPSPEED_CONFIGS:
             # ms-swift's names for the bundled configs; their "auto" values are filled from these flags
-            self.deepspeed = str(files("mmembed.train").joinpath("ds_configs", f"{self.deepspeed}.json"))
+            self.deepspeed = str(files("mmembed.training").joinpath("ds_configs", f"{self.deepspeed}.json"))
         elif isinstance(self.deepspeed, str) and not self.deepspeed.lstrip().startswith("{") and not os.path.isfile(self.deepspeed):
             raise ValueError(f"--deepspeed {self.deepspeed!r}: not one of {DEEPSPEED_CONFIGS} and not a JSON file")
         self.deepspeed = _honour_optimizer_under_offload(self.deepspeed, str(getattr(self.optim, "value", self.optim)))

@@ -12,9 +12,9 @@ import pytest
 import torch
 from conftest import DATA, REPO
 
-from mmembed.train.arguments import parse_sft_args
-from mmembed.train.sft import run_sft
-from mmembed.train.trainer import COMPLETE_MARKER, NonFiniteLossError, find_last_complete_checkpoint
+from mmembed.training.arguments import parse_sft_args
+from mmembed.training.sft import run_sft
+from mmembed.training.trainer import COMPLETE_MARKER, NonFiniteLossError, find_last_complete_checkpoint
 
 TEXTS = ["A man is playing a flute.", "Two dogs run through the snow after a red ball.", "The stock market fell today."]
 
@@ -138,7 +138,7 @@ def test_resume_after_kill_matches_an_uninterrupted_run(minilm_path, group_data,
 
 
 def test_non_finite_loss_stops_the_run(minilm_path, group_data, tmp_path, monkeypatch):
-    import mmembed.train.sft as sft
+    import mmembed.training.sft as sft
     from mmembed.losses import EmbeddingLoss
 
     class NanLoss(EmbeddingLoss):

@@ -30,7 +30,7 @@ that is the plain whole-batch step itself, since rows do not interact.
 Example:
     ::
 
-        from mmembed.train.gradcache import GradCache
+        from mmembed.training.gradcache import GradCache
 
         cache = GradCache(model, loss_fn, mini_batch_size=32)
         loss = cache.step(batch, batch["labels"])  # parameter .grad now filled

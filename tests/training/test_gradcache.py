@@ -1,6 +1,6 @@
 """GradCache against the plain, uncached step on the real all-MiniLM-L6-v2.
 
-The reference is written out here, independently of ``mmembed.train.gradcache``: embed the batch
+The reference is written out here, independently of ``mmembed.training.gradcache``: embed the batch
 with graph (the whole batch at once, or the same row chunks one after another so that
 dropout draws from the RNG in the same order), concatenate, compute the loss, call
 ``loss.backward()``. The cached step must give the same loss and the same gradient for
@@ -23,10 +23,10 @@ import pytest
 import torch
 from conftest import DATA
 
-import mmembed.train.gradcache as gradcache
+import mmembed.training.gradcache as gradcache
 from mmembed.losses import build_loss
 from mmembed.model.embedding import EmbeddingModel, load_backbone
-from mmembed.train.gradcache import GradCache, RandContext, split_batch
+from mmembed.training.gradcache import GradCache, RandContext, split_batch
 
 ATOL = 1e-5
 RTOL = 1e-5  # |cached - plain| <= ATOL + RTOL * |plain|: relative where gradients are large
