@@ -3,14 +3,18 @@ each process holding its share of one global batch; also the one-process referen
 
 import argparse
 import json
+import os
+import sys
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mmembed.losses import build_loss
-from mmembed.training.distributed import GlobalBatchLoss
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+
+from mmembed.losses import build_loss  # noqa: E402
+from mmembed.training.distributed import GlobalBatchLoss  # noqa: E402
 
 D_IN, D = 6, 5
 NEG_COUNTS = [2, 0, 1, 3, 1, 2, 0, 1]  # 8 groups, unequal negatives

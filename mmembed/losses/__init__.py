@@ -10,7 +10,7 @@ the ``matryoshka`` wrapper (ms-swift's ``--mrl_dims``).
 
 from __future__ import annotations
 
-from .base import CrossProcess, EmbeddingLoss, Groups, Layout, Setup, Side, SideNeeds
+from .base import CrossProcess, EmbeddingLoss, Groups, Layout, Setup, Side, SideNeeds, as_groups
 from .config import InfoNCEConfig
 from .distill import DistillCosineLoss, DistillKLLoss, DistillMarginalLoss, DistillMSELoss
 from .gist import GISTLoss
@@ -39,6 +39,7 @@ __all__ = [
     "Setup",
     "Side",
     "SideNeeds",
+    "as_groups",
     "build_loss",
     "loss_class",
     "register_loss",

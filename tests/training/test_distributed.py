@@ -44,6 +44,7 @@ CONFIGS = [
     ("distill_mse", {}),
     ("matryoshka", {"dims": {"3": 1.0, "5": 0.5}, "inner": "infonce", "include_qq": True}),
     ("matryoshka", {"dims": {"2": 0.5, "5": 1.0}, "inner": "gist"}),
+    ("custom_loss:SymmetricInfoNCE", {}),  # a user's loss declaring nothing: the whole gathered batch
 ]
 
 
