@@ -23,11 +23,12 @@ string counts as unset.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+
+from .base import finite_number
 
 ENV_VARS: dict[str, str] = {
     "temperature": "INFONCE_TEMPERATURE",
@@ -85,9 +86,7 @@ class InfoNCEConfig:
             if not isinstance(value, bool):
                 raise ValueError(f"InfoNCE option {name} must be a bool, got {value!r}")
         for name in ("temperature", "fake_neg_margin"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"InfoNCE option {name} must be a finite number, got {value!r}")
+            finite_number("InfoNCE", name, getattr(self, name))
         if self.temperature <= 0:
             raise ValueError(f"InfoNCE temperature must be > 0, got {self.temperature!r}")
         hn = self.hard_negatives

@@ -22,9 +22,6 @@ TUNER_TYPES = ("lora", "full")
 DEEPSPEED_CONFIGS = ("zero2", "zero2_offload", "zero3", "zero3_offload")
 TRUNCATION_STRATEGIES = ("delete", "left", "right")
 
-# flags accepted for script compatibility that change nothing here (listed in the README)
-NO_EFFECT_FLAGS = ("lazy_tokenize", "padding_free", "use_chat_template")
-
 
 class UsageError(ValueError):
     """Flags that cannot work together, found once the model is known (e.g. a Matryoshka width

@@ -99,14 +99,15 @@ def test_load_samples_columns_and_torch_dataset(tmp_path, cache):
     assert [len(torch_ds[i].negatives) for i in range(1, 4)] == [0, 1, 2]
 
 
-def test_stored_json_is_exactly_sample_to_json(tmp_path):
-    from mmembed.data.dataset import _sample_json
+def test_stored_json_is_exactly_the_dataclass_as_json(tmp_path):
+    import dataclasses
+
     from mmembed.data.reader import read_file
 
     Image.new("RGB", (8, 8)).save(tmp_path / "dog.png")
     row = {"system": "s", "query": "<image>", "response": "r", "images": ["dog.png"], "negatives": ["n"], "label": 1}
     [sample] = read_file(write_jsonl(tmp_path / "d.jsonl", [row]))
-    assert _sample_json(sample) == sample.to_json()
+    assert sample.to_json() == json.dumps(dataclasses.asdict(sample), ensure_ascii=False)
 
 
 @pytest.mark.parametrize("num_proc", [1, 2])
