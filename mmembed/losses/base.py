@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -121,10 +120,6 @@ class Side:
     def outputs(self) -> dict[str, Tensor]:
         """The fields that are set, under their ``outputs`` keys."""
         return {self.KEYS[f.name]: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
-
-    @classmethod
-    def from_outputs(cls, outputs: Mapping[str, Tensor]) -> Side:
-        return cls(**{name: outputs.get(key) for name, key in cls.KEYS.items()})
 
     def teacher_signal(self) -> str | None:
         """``"embeddings"``, ``"scores"`` or None: which teacher signal the batch carries."""

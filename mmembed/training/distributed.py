@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..losses.base import GUIDE, TEACHER, TEACHER_SCORES, CrossProcess, Groups, Layout, as_groups
+from ..losses.base import GUIDE, TEACHER, TEACHER_SCORES, CrossProcess, Groups, as_groups
 
 
 def world() -> tuple[int, int]:
@@ -119,7 +119,7 @@ class GlobalBatchLoss(nn.Module):
         rank, w = world()
         strategy = getattr(self.loss, "cross_process", CrossProcess.WHOLE_BATCH)
         if w > 1 and strategy is CrossProcess.WHOLE_BATCH:
-            outputs, labels = _gather_batch(outputs, labels, getattr(self.loss, "layout", Layout.GROUP))
+            outputs, labels = _gather_batch(outputs, labels)
         targets = self._targets(outputs, labels)
         if w == 1 or strategy is CrossProcess.WHOLE_BATCH:
             return self.loss(outputs, targets)
@@ -130,8 +130,7 @@ class GlobalBatchLoss(nn.Module):
         if to_targets is None:
             return labels
         emb = outputs["last_hidden_state"]
-        targets = to_targets(labels.to(emb.device), emb.shape[0])
-        return targets
+        return to_targets(labels.to(emb.device), emb.shape[0])
 
 
 def _scaled_local(units):
@@ -179,7 +178,7 @@ def _row_parts(loss, outputs, targets, rank: int, w: int) -> Tensor:
     return result * (sizes[rank] * w / sum(sizes))
 
 
-def _gather_batch(outputs: Mapping[str, Tensor], labels: Tensor, layout: Layout) -> tuple[dict[str, Tensor], Tensor]:
+def _gather_batch(outputs: Mapping[str, Tensor], labels: Tensor) -> tuple[dict[str, Tensor], Tensor]:
     """The whole global batch on every process: the embeddings with gradient, the side
     inputs and labels without. Each process holds whole groups (or pairs), so the
     concatenation in rank order is a valid batch of the same layout; per-group side

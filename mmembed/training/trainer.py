@@ -95,7 +95,6 @@ class EmbeddingTrainer(Trainer):
         self.eval_tasks = eval_tasks
         loss = loss if loss is not None else build_loss("infonce")
         self.loss_fn = loss if isinstance(loss, GlobalBatchLoss) else GlobalBatchLoss(loss)
-        self.loss = self.loss_fn.loss
         layout = getattr(self.data_collator, "layout", None)
         if layout is not None and layout != self.loss.layout:
             raise ValueError(f"the collator lays batches out as {layout!r} but the loss takes {self.loss.layout.value!r}")
@@ -110,6 +109,11 @@ class EmbeddingTrainer(Trainer):
             mmembed_config = {"pooling": self.accelerator.unwrap_model(self.model).pooling, "normalize": True}
         self.mmembed_config = mmembed_config
         self.add_callback(_SaveLastStep())
+
+    @property
+    def loss(self):
+        """The loss itself (``loss_fn`` is it wrapped for several processes)."""
+        return self.loss_fn.loss
 
     # ---- training -------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
