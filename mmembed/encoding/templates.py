@@ -14,14 +14,25 @@ A template is a declarative TOML file in ``templates/`` (shipped inside the whee
   sentence-transformers pooling config; ``default_pooling``, else mean, when there is none).
 - ``padding_side``: the tokenizer's padding side used in training.
 - ``[media]``: placeholder text per media kind (``image``, ``video``, ``audio``).
+- ``tower``: the media tower a multimodal model runs (``vision`` or ``audio``); the model
+  runs it on every forward, on a dummy input when a batch has no media.
+- ``[parts]``: the model's parts as prefixes of the module names of the model ``AutoModel``
+  loads: ``vit`` (the vision or audio tower), ``aligner`` (the projector into the LLM,
+  inside or beside the tower) and ``llm``. ms-swift's ``--freeze_vit``, ``--freeze_aligner``
+  and ``--freeze_llm`` and LoRA's ``all-linear`` act on these.
+
+A new model family is one such file. ``--template path/to/file.toml`` takes a user's own;
+a checkpoint trained with it keeps the whole template in its ``mmembed.json``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
 from importlib import resources
+from typing import Any
 
 import tomllib
 
@@ -29,6 +40,8 @@ from ..data.sample import Item
 
 POOLINGS = ("last", "mean", "cls", "max")
 MEDIA_TAGS = {"image": "<image>", "video": "<video>", "audio": "<audio>"}
+TOWERS = {"image": "vision", "video": "vision", "audio": "audio"}  # the tower each media kind needs
+PARTS = ("aligner", "vit", "llm")  # in the order names are matched: the aligner sits inside the tower
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,16 @@ class Template:
     default_pooling: str = "mean"
     padding_side: str = "right"
     media: dict[str, str] = field(default_factory=dict)
+    tower: str | None = None
+    parts: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def module_part(self, name: str) -> str | None:
+        """``aligner``, ``vit`` or ``llm`` for a module or parameter name of the model
+        (``None`` for a text template, or a name in none of the parts)."""
+        for part in PARTS:
+            if any(name == p or name.startswith(p + ".") for p in self.parts.get(part, ())):
+                return part
+        return None
 
     def render(self, item: Item) -> str:
         """The exact string fed to the tokenizer for ``item``."""
@@ -74,14 +97,44 @@ def _template_files() -> dict[str, str]:
 
 
 def _parse(name: str, text: str) -> Template:
-    raw = tomllib.loads(text)
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"template '{name}': not valid TOML: {e}") from None
+    raw.setdefault("name", name)
+    return _from_fields(name, raw)
+
+
+def _from_fields(where: str, raw: dict[str, Any]) -> Template:
+    """A template from its fields (a TOML file's, or those kept in a checkpoint's mmembed.json), checked."""
+    raw = dict(raw)
     unknown = set(raw) - set(Template.__dataclass_fields__)
     if unknown:
-        raise ValueError(f"template '{name}': unknown fields {sorted(unknown)}")
+        raise ValueError(f"template '{where}': unknown fields {sorted(unknown)}")
+    for key in ("name", "format"):
+        if not isinstance(raw.get(key), str):
+            raise ValueError(f"template '{where}': '{key}' must be a string")
     raw["model_types"] = tuple(raw.get("model_types", ()))
     pooling = raw.get("pooling", "auto")
     if pooling != "auto" and pooling not in POOLINGS:
-        raise ValueError(f"template '{name}': pooling must be auto or one of {POOLINGS}, got {pooling!r}")
+        raise ValueError(f"template '{where}': pooling must be auto or one of {POOLINGS}, got {pooling!r}")
+    media = raw.get("media", {})
+    if set(media) - set(MEDIA_TAGS):
+        raise ValueError(f"template '{where}': [media] keys must be among {sorted(MEDIA_TAGS)}, got {sorted(media)}")
+    towers = {TOWERS[kind] for kind in media}
+    if len(towers) > 1:
+        raise ValueError(f"template '{where}': one template takes vision or audio media, not both")
+    tower = raw.get("tower")
+    if towers and tower not in towers:
+        raise ValueError(f"template '{where}': its [media] need tower = \"{next(iter(towers))}\", got {tower!r}")
+    if not towers and tower is not None:
+        raise ValueError(f"template '{where}': tower = {tower!r} but no [media] placeholders")
+    parts = raw.get("parts", {})
+    if set(parts) - set(PARTS) or not all(isinstance(v, (list, tuple)) and all(isinstance(p, str) for p in v) for v in parts.values()):
+        raise ValueError(f"template '{where}': [parts] maps {', '.join(PARTS)} to lists of module-name prefixes")
+    if tower and not {"vit", "llm"} <= set(parts):
+        raise ValueError(f"template '{where}': a template with a media tower names its [parts] vit and llm (aligner too if any)")
+    raw["parts"] = {k: tuple(v) for k, v in parts.items()}
     return Template(**raw)
 
 
@@ -89,10 +142,51 @@ def list_templates() -> list[str]:
     return sorted(_template_files())
 
 
+def is_template_file(name: str) -> bool:
+    return name.endswith(".toml") or os.sep in name or "/" in name
+
+
+def read_template_file(path: str) -> Template:
+    """A user's own template (``--template path.toml``)."""
+    if not os.path.isfile(path):
+        raise ValueError(f"--template {path!r}: no such file")
+    with open(path, encoding="utf-8") as f:
+        return _parse(os.path.basename(path)[: -len(".toml")] if path.endswith(".toml") else os.path.basename(path), f.read())
+
+
+def builtin_templates() -> dict[str, Template]:
+    return {n: _parse(n, t) for n, t in _template_files().items()}
+
+
+def template_config(template: Template) -> str | dict[str, Any]:
+    """How ``mmembed.json`` names ``template``: a shipped template by its name, any other
+    (a user's file, or a shipped name with other fields) by all its fields, so the folder
+    loads without the file. ``default_system`` and ``padding_side`` (``--system``,
+    ``--padding_side``) are kept beside it in ``mmembed.json`` and do not count."""
+    shipped = builtin_templates().get(template.name)
+    if shipped is not None and dataclasses.replace(
+        template, default_system=shipped.default_system, padding_side=shipped.padding_side
+    ) == shipped:
+        return template.name
+    fields = dataclasses.asdict(template)
+    fields["model_types"] = list(fields["model_types"])
+    fields["parts"] = {k: list(v) for k, v in fields["parts"].items()}
+    return fields
+
+
+def template_from_config(value: str | dict[str, Any]) -> Template:
+    """The template ``mmembed.json`` names (see ``template_config``)."""
+    if isinstance(value, dict):
+        return _from_fields(str(value.get("name", "mmembed.json")), value)
+    return get_template(value)
+
+
 def get_template(name: str | None = None, model_type: str | None = None, config_model_type: str | None = None) -> Template:
-    """Find a template by name, else by ms-swift ``--model_type``, else by the model config's ``model_type``."""
-    files = _template_files()
-    templates = {n: _parse(n, t) for n, t in files.items()}
+    """Find a template by name or TOML file path, else by ms-swift ``--model_type``, else by
+    the model config's ``model_type``."""
+    if name and is_template_file(name):
+        return read_template_file(name)
+    templates = builtin_templates()
     if name:
         if name not in templates:
             raise ValueError(f"unknown template '{name}'; available: {', '.join(sorted(templates))}")

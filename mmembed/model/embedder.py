@@ -16,7 +16,7 @@ import torch
 
 from ..data.sample import Item
 from ..encoding.inputs import InputBuilder, tokenizer_of
-from ..encoding.templates import Template, get_template
+from ..encoding.templates import Template, get_template, template_from_config
 from .embedding import EmbeddingModel, default_max_length, load_backbone, require_local_model
 from .io import read_mmembed_config
 
@@ -53,7 +53,7 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
             backbone = backbone.merge_and_unload()
     tok_dir = path if os.path.isfile(os.path.join(path, "tokenizer_config.json")) else base
     if cfg.get("template"):
-        template = get_template(cfg["template"])
+        template = template_from_config(cfg["template"])
     else:
         template = get_template(config_model_type=AutoConfig.from_pretrained(base).model_type)
     if cfg.get("default_system") is not None:
@@ -66,7 +66,7 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
         max_length = int(cfg["max_length"])
     else:
         max_length = default_max_length(base, tokenizer_of(tokenizer))
-    model = EmbeddingModel(backbone, pooling, normalize=cfg.get("normalize", True))
+    model = EmbeddingModel(backbone, pooling, normalize=cfg.get("normalize", True), tower=template.tower)
     model.eval()
     info = {"pooling": pooling, "max_length": max_length, "base_model": base, "is_adapter": is_adapter}
     return model, tokenizer, template, info

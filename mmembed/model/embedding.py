@@ -51,16 +51,22 @@ class EmbeddingModel(nn.Module):
         backbone: a transformers model (or PEFT model) whose output has ``last_hidden_state``.
         pooling: one of ``last``, ``mean``, ``cls``, ``max``.
         normalize: L2-normalize the pooled vectors (every shipped template does).
+        tower: the media tower the model runs on every forward (the template's ``tower``:
+            ``vision``, ``audio`` or ``None`` for a text model).
         length_chunks: embed a text-only batch in up to this many chunks of rows sorted by
             length, each padded only to its own longest row (1: one padded call). Rows do not
             interact inside the encoder, so the embeddings and gradients are the same; the
             padding, often most of a batch of short texts, is not computed.
     """
 
-    def __init__(self, backbone: nn.Module, pooling: str, normalize: bool = True, length_chunks: int = 4):
+    def __init__(self, backbone: nn.Module, pooling: str, normalize: bool = True, length_chunks: int = 4,
+                 tower: str | None = None):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+        if tower not in (None, "vision", "audio"):
+            raise ValueError(f"tower must be vision, audio or None, got {tower!r}")
+        self.tower = tower
         if length_chunks < 1:
             raise ValueError(f"length_chunks must be >= 1, got {length_chunks}")
         self.backbone = backbone
@@ -103,10 +109,9 @@ class EmbeddingModel(nn.Module):
         return get() if callable(get) else self.backbone
 
     def _run_media_towers(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], torch.Tensor | None]:
-        kind = MEDIA_TOWERS.get(getattr(self.config, "model_type", ""))
-        if kind == "vision":
+        if self.tower == "vision":
             return self._vision_once(inputs)
-        if kind == "audio" and inputs.get("input_features") is None:
+        if self.tower == "audio" and inputs.get("input_features") is None:
             return inputs, self._dummy_audio()
         return inputs, None
 
@@ -182,21 +187,6 @@ class EmbeddingModel(nn.Module):
         return bool(getattr(self.backbone, "is_activation_checkpointing", False))
 
 
-# The parts of multimodal models, by config model_type, as prefixes of the module names
-# of the model AutoModel loads: ms-swift's --freeze_vit (the vision or audio tower, without
-# its aligner), --freeze_aligner (the projector into the LLM) and --freeze_llm act on these.
-MULTIMODAL_PARTS: dict[str, dict[str, tuple[str, ...]]] = {
-    "qwen2_vl": {"aligner": ("visual.merger",), "vit": ("visual",), "llm": ("language_model",)},
-    "qwen2_5_vl": {"aligner": ("visual.merger",), "vit": ("visual",), "llm": ("language_model",)},
-    "qwen3_vl": {"aligner": ("visual.merger", "visual.deepstack_merger_list"), "vit": ("visual",), "llm": ("language_model",)},
-    "qwen2_audio": {"aligner": ("multi_modal_projector",), "vit": ("audio_tower",), "llm": ("language_model",)},
-}
-
-
-# which media tower a multimodal model runs (see EmbeddingModel._run_media_towers)
-MEDIA_TOWERS = {"qwen2_vl": "vision", "qwen2_5_vl": "vision", "qwen3_vl": "vision", "qwen2_audio": "audio"}
-
-
 def _take(out: Any, start: int, stop: int | None) -> Any:
     """Images ``start:stop`` of a vision tower output split per image (pooled features and,
     for Qwen3-VL, the deepstack features)."""
@@ -213,18 +203,6 @@ def _zero_sum(out: Any) -> torch.Tensor:
     for f in getattr(out, "deepstack_features", None) or []:
         tensors.extend(f)
     return sum(t.float().sum() for t in tensors) * 0.0
-
-
-def module_part(name: str, model_type: str) -> str | None:
-    """``aligner``, ``vit`` or ``llm`` for a module or parameter name of a multimodal model
-    (``None`` for a text model, or a name in none of the parts)."""
-    parts = MULTIMODAL_PARTS.get(model_type)
-    if not parts:
-        return None
-    for part in ("aligner", "vit", "llm"):  # the aligner sits inside the vision tower: test it first
-        if any(name == p or name.startswith(p + ".") for p in parts[part]):
-            return part
-    return None
 
 
 def frozen_parts(freeze_vit: bool, freeze_aligner: bool, freeze_llm: bool) -> set[str]:

@@ -38,13 +38,13 @@ def writes_sentence_transformers(config: dict[str, Any]) -> bool:
     Templates that append a token (``<|endoftext|>``) or write a chat format the tokenizer
     does not add itself get no files; their folders load with ``mmembed.Embedder``.
     """
-    from ..encoding.templates import get_template
+    from ..encoding.templates import template_from_config
 
     if config.get("tuner_type") != "full" or config.get("media") or not config.get("normalize", True):
         return False
     if not config.get("template"):
         return False
-    template = get_template(config["template"])
+    template = template_from_config(config["template"])
     system = config.get("default_system", template.default_system)
     return template.add_special_tokens and template.format == "{content}" and not system and not template.media
 

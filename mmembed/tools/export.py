@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 
+from ..encoding.templates import template_config
 from ..model.embedder import load_embedding_model
 from ..model.embedding import hidden_size
 from ..model.io import (
@@ -43,7 +44,7 @@ def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora
         tokenizer.save_pretrained(tmp)
         cfg = dict(read_mmembed_config(checkpoint) or {})
         cfg.update(
-            template=template.name,
+            template=template_config(template),
             default_system=template.default_system,
             pooling=info["pooling"],
             max_length=info["max_length"],

@@ -15,17 +15,15 @@ from ..data.sample import DataError, Sample
 from ..data.teacher import SIGNALS, TeacherFiles, teacher_signal
 from ..encoding.collator import EmbeddingCollator, token_lengths
 from ..encoding.inputs import InputBuilder
-from ..encoding.templates import Template, get_template
+from ..encoding.templates import Template, get_template, template_config
 from ..eval.tasks import HeldOutTasks
 from ..losses import EmbeddingLoss, Setup, build_loss
 from ..model.embedding import (
-    MULTIMODAL_PARTS,
     EmbeddingModel,
     default_max_length,
     frozen_parts,
     hidden_size,
     load_backbone,
-    module_part,
     require_local_model,
 )
 from .arguments import SftArguments, UsageError, check_side_flags
@@ -54,7 +52,8 @@ def resolve_template(model_dir: str, name: str | None, model_type: str | None, s
     return template
 
 
-def lora_target_modules(model: nn.Module, target_modules: list[str], frozen: set[str] = frozenset()) -> str | list[str]:
+def lora_target_modules(model: nn.Module, target_modules: list[str], template: Template,
+                        frozen: set[str] = frozenset()) -> str | list[str]:
     """``all-linear`` as ms-swift means it: every linear layer of the transformer, but not
     heads or the (unused) BERT pooler; in a multimodal model only the parts not frozen
     (by default the LLM: ``--freeze_vit`` and ``--freeze_aligner`` are on). Other names
@@ -62,14 +61,13 @@ def lora_target_modules(model: nn.Module, target_modules: list[str], frozen: set
     if target_modules != ["all-linear"]:
         return target_modules
     skip = ("lm_head", "pooler", "score", "classifier")
-    model_type = getattr(model.config, "model_type", "")
     linear = [
         name for name, mod in model.named_modules()
         if isinstance(mod, nn.Linear) and not any(s in name.split(".") for s in skip)
     ]
-    if model_type in MULTIMODAL_PARTS:
+    if template.parts:
         # full names: a suffix such as "qkv" or "fc1" would also match inside frozen parts
-        names = sorted(n for n in linear if module_part(n, model_type) not in frozen and module_part(n, model_type))
+        names = sorted(n for n in linear if template.module_part(n) not in frozen and template.module_part(n))
     else:
         names = sorted({n.rsplit(".", 1)[-1] for n in linear})
     if not names:
@@ -77,7 +75,7 @@ def lora_target_modules(model: nn.Module, target_modules: list[str], frozen: set
     return names
 
 
-def apply_lora(backbone: nn.Module, args: SftArguments) -> nn.Module:
+def apply_lora(backbone: nn.Module, args: SftArguments, template: Template) -> nn.Module:
     from peft import LoraConfig, TaskType, get_peft_model
 
     config = LoraConfig(
@@ -85,18 +83,17 @@ def apply_lora(backbone: nn.Module, args: SftArguments) -> nn.Module:
         r=args.lora_rank,
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
-        target_modules=lora_target_modules(backbone, list(args.target_modules), _frozen(args)),
+        target_modules=lora_target_modules(backbone, list(args.target_modules), template, _frozen(args)),
     )
     return get_peft_model(backbone, config)
 
 
-def freeze_parts(backbone: nn.Module, frozen: set[str]) -> int:
+def freeze_parts(backbone: nn.Module, template: Template, frozen: set[str]) -> int:
     """Full training of a multimodal model: parameters of the frozen parts keep their
     values. Returns how many parameter tensors were frozen."""
-    model_type = getattr(backbone.config, "model_type", "")
     count = 0
     for name, p in backbone.named_parameters():
-        if module_part(name, model_type) in frozen:
+        if template.module_part(name) in frozen:
             p.requires_grad_(False)
             count += 1
     return count
@@ -216,13 +213,13 @@ def _init_deepspeed_comm() -> None:
         deepspeed.init_distributed(dist_backend=dist.get_backend())
 
 
-def build_model(args: SftArguments, pooling: str) -> EmbeddingModel:
+def build_model(args: SftArguments, template: Template, pooling: str) -> EmbeddingModel:
     backbone = load_backbone(args.model, args.torch_dtype, args.attn_impl)
     if args.tuner_type == "lora":
-        backbone = apply_lora(backbone, args)
-    elif freeze_parts(backbone, _frozen(args)):
+        backbone = apply_lora(backbone, args, template)
+    elif freeze_parts(backbone, template, _frozen(args)):
         logger.info("full training with frozen parts: %s", ", ".join(sorted(_frozen(args))))
-    return EmbeddingModel(backbone, pooling, length_chunks=args.length_chunks)
+    return EmbeddingModel(backbone, pooling, length_chunks=args.length_chunks, tower=template.tower)
 
 
 @dataclasses.dataclass
@@ -299,7 +296,7 @@ def build_trainer(args: SftArguments) -> EmbeddingTrainer:
     check_loss_setup(args, loss, width, side_models, data.teacher_key, data.teacher_width)
     if args.deepspeed:
         _init_deepspeed_comm()
-    model = build_model(args, encoding.pooling)
+    model = build_model(args, encoding.template, encoding.pooling)
     collator = EmbeddingCollator(
         encoding.template, encoding.processing, loss.layout, encoding.max_length,
         truncation_side="left" if args.truncation_strategy == "left" else "right",
@@ -310,7 +307,7 @@ def build_trainer(args: SftArguments) -> EmbeddingTrainer:
     )
     mmembed_config = {
         "base_model": os.path.abspath(args.model),
-        "template": encoding.template.name,
+        "template": template_config(encoding.template),
         "default_system": encoding.template.default_system,
         "padding_side": encoding.template.padding_side,
         "pooling": encoding.pooling,

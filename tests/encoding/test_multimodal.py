@@ -53,7 +53,7 @@ def processing(folder: str):
 def load_model(folder: str, template):
     from mmembed.model.embedding import EmbeddingModel, load_backbone
 
-    return EmbeddingModel(load_backbone(folder), template.resolve_pooling(folder)).eval()
+    return EmbeddingModel(load_backbone(folder), template.resolve_pooling(folder), tower=template.tower).eval()
 
 
 # ---- templates: the exact text and ids ----------------------------------------------------
@@ -271,14 +271,15 @@ def test_media_row_over_max_length_is_never_cut(tiny_model):
     (True, True, {"llm"}), (False, True, {"llm", "vit"}), (True, False, {"llm", "aligner"}), (False, False, {"llm", "vit", "aligner"}),
 ])
 def test_lora_all_linear_covers_only_the_parts_not_frozen(tiny_model, freeze_vit, freeze_aligner, expect):
-    from mmembed.model.embedding import frozen_parts, load_backbone, module_part
+    from mmembed.model.embedding import frozen_parts, load_backbone
     from mmembed.training.sft import lora_target_modules
 
     backbone = load_backbone(tiny_model("qwen2_vl"))
-    names = lora_target_modules(backbone, ["all-linear"], frozen_parts(freeze_vit, freeze_aligner, False))
-    assert {module_part(n, "qwen2_vl") for n in names} == expect
+    template = get_template("qwen2_gme")
+    names = lora_target_modules(backbone, ["all-linear"], template, frozen_parts(freeze_vit, freeze_aligner, False))
+    assert {template.module_part(n) for n in names} == expect
     linear = {n for n, m in backbone.named_modules() if isinstance(m, torch.nn.Linear)}
-    assert set(names) == {n for n in linear if module_part(n, "qwen2_vl") in expect}
+    assert set(names) == {n for n in linear if template.module_part(n) in expect}
     assert any(n.startswith("visual.merger.") for n in names) == ("aligner" in expect)
 
 
@@ -306,6 +307,75 @@ def test_full_training_keeps_frozen_parts_and_moves_the_rest(tiny_model, tmp_pat
 
     assert changed("visual.") == []  # vision tower and aligner frozen by default
     assert changed("language_model.")
+
+
+def test_a_users_template_file_trains_and_loads_like_the_shipped_one(tiny_model, tmp_path):
+    """A new model family is one TOML file: a renamed copy of qwen2_gme.toml, passed as
+    --template path.toml, trains the same LoRA adapter (same targets, same weights) and its
+    checkpoint embeds an image row as the shipped template's does, after the file is gone."""
+    from safetensors.torch import load_file
+
+    from mmembed import Embedder
+
+    text = open(os.path.join(REPO, "templates", "qwen2_gme.toml"), encoding="utf-8").read()
+    text = text.replace('name = "qwen2_gme"', 'name = "my_family"').replace('model_types = ["qwen2_gme", "qwen2_vl"]', "")
+    user_file = tmp_path / "my_family.toml"
+    user_file.write_text(text, encoding="utf-8")
+    common = ["--model", tiny_model("qwen2_vl"), "--dataset", os.path.join(MM, "gme_train.jsonl"), "--max_steps", "1",
+              "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1", "--learning_rate", "1e-2",
+              "--freeze_aligner", "false", "--report_to", "none"]
+    ckpts = {}
+    for name, template in (("shipped", "qwen2_gme"), ("user", str(user_file))):
+        r = sft(common + ["--template", template, "--output_dir", str(tmp_path / name)])
+        assert r.returncode == 0, r.stderr[-3000:]
+        ckpts[name] = str(tmp_path / name / "checkpoint-1")
+    user_file.unlink()
+    saved = json.load(open(os.path.join(ckpts["user"], "mmembed.json")))["template"]
+    assert saved["name"] == "my_family" and saved["parts"]["aligner"] == ["visual.merger"]
+    assert json.load(open(os.path.join(ckpts["shipped"], "mmembed.json")))["template"] == "qwen2_gme"
+    configs = [json.load(open(os.path.join(c, "adapter_config.json"))) for c in ckpts.values()]
+    assert sorted(configs[0]["target_modules"]) == sorted(configs[1]["target_modules"])
+    assert any("visual.merger" in t for t in configs[1]["target_modules"])  # the aligner is trained: its part is known
+    weights = [load_file(os.path.join(c, "adapter_model.safetensors")) for c in ckpts.values()]
+    assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    inputs = ["a red circle", {"query": "<image>", "images": [os.path.join(MM, "red_circle.png")]}]
+    shipped, user = (Embedder.from_pretrained(c) for c in ckpts.values())
+    assert user.template.name == "my_family" and user.template.tower == "vision"
+    np.testing.assert_allclose(user.encode(inputs), shipped.encode(inputs), atol=1e-6)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda t: t.replace('tower = "vision"', ""), "need tower"),
+    (lambda t: t.replace('tower = "vision"', 'tower = "audio"'), "need tower"),
+    (lambda t: t[: t.index("[parts]")], "names its [parts] vit and llm"),
+    (lambda t: t.replace("vit = ", "encoder = "), "[parts] maps"),
+    (lambda t: t.replace('pooling = "last"', 'pooling = "median"'), "pooling must be"),
+    (lambda t: "layers = 3\n" + t, "unknown fields ['layers']"),
+    (lambda t: t.replace("name = ", "name = = "), "not valid TOML"),
+])
+def test_a_broken_template_file_is_refused_by_name(tmp_path, edit, message):
+    from mmembed.encoding.templates import get_template
+
+    text = open(os.path.join(REPO, "templates", "qwen2_gme.toml"), encoding="utf-8").read()
+    path = tmp_path / "broken.toml"
+    path.write_text(edit(text), encoding="utf-8")
+    with pytest.raises(ValueError, match=re.escape(message)) as e:
+        get_template(str(path))
+    assert "broken" in str(e.value)
+    with pytest.raises(ValueError, match="no such file"):
+        get_template(str(tmp_path / "missing.toml"))
+
+
+def test_module_parts_come_from_the_template():
+    for name, aligner_name in (("qwen2_gme", "visual.merger.mlp.0"), ("qwen3_vl_emb", "visual.deepstack_merger_list.1.norm"),
+                               ("qwen2_audio", "multi_modal_projector.linear")):
+        t = get_template(name)
+        assert t.module_part(aligner_name) == "aligner"
+        assert t.module_part("language_model.layers.0.mlp") == "llm"
+    assert get_template("qwen2_gme").module_part("visual.blocks.0.attn.qkv") == "vit"
+    assert get_template("qwen2_audio").module_part("audio_tower.layers.0.fc1") == "vit"
+    assert get_template("qwen2_gme").module_part("visualizer.x") is None  # prefixes match whole name parts
+    assert get_template("qwen3_emb").module_part("layers.0.mlp") is None and get_template("qwen3_emb").tower is None
 
 
 def _original_key(key: str, original: dict) -> str:

@@ -43,7 +43,7 @@ def test_guide_and_teacher_embed_the_same_rows_as_the_student(minilm_path, tiny_
     samples = read_file(TRAIN)[:5]
     batch = collator(samples)
     labels = batch.pop("labels")
-    model = build_model(args, template.resolve_pooling(minilm_path)).eval()
+    model = build_model(args, template, template.resolve_pooling(minilm_path)).eval()
     with torch.no_grad():
         guide = side_models.models["guide"](**batch.pop("side").guide_inputs)["last_hidden_state"]
         student = model(**batch)["last_hidden_state"]
