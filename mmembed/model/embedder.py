@@ -44,6 +44,11 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
     cfg = read_mmembed_config(path) or {}
     is_adapter = os.path.isfile(os.path.join(path, "adapter_config.json"))
     base = _base_model_of(path, cfg) if is_adapter else path
+    if cfg.get("template"):
+        template = template_from_config(cfg["template"])
+    else:
+        template = get_template(config_model_type=AutoConfig.from_pretrained(base).model_type)
+    template.check_installed()
     backbone = load_backbone(base, torch_dtype)
     if is_adapter:
         from peft import PeftModel
@@ -52,10 +57,6 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
         if merge:
             backbone = backbone.merge_and_unload()
     tok_dir = path if os.path.isfile(os.path.join(path, "tokenizer_config.json")) else base
-    if cfg.get("template"):
-        template = template_from_config(cfg["template"])
-    else:
-        template = get_template(config_model_type=AutoConfig.from_pretrained(base).model_type)
     if cfg.get("default_system") is not None:
         import dataclasses
 

@@ -175,16 +175,28 @@ class EmbeddingModel(nn.Module):
         emb = torch.cat([call(idx) for idx in order.chunk(chunks)])
         return emb[torch.argsort(order)]  # back to the batch's row order
 
-    # the Trainer calls these on its model
+    # The Trainer calls these on its model: transformers >= 5.23 by the activation_* names,
+    # older 5.x by the gradient_* names; the backbone has one spelling or both.
+    def _backbone_method(self, new: str, old: str):
+        return getattr(self.backbone, new, None) or getattr(self.backbone, old)
+
     def activation_checkpointing_enable(self, **kwargs: Any) -> None:
-        self.backbone.activation_checkpointing_enable(**kwargs)
+        self._backbone_method("activation_checkpointing_enable", "gradient_checkpointing_enable")(**kwargs)
 
     def activation_checkpointing_disable(self) -> None:
-        self.backbone.activation_checkpointing_disable()
+        self._backbone_method("activation_checkpointing_disable", "gradient_checkpointing_disable")()
 
     @property
     def is_activation_checkpointing(self) -> bool:
-        return bool(getattr(self.backbone, "is_activation_checkpointing", False))
+        for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+            value = getattr(self.backbone, name, None)
+            if value is not None:
+                return bool(value)
+        return False
+
+    gradient_checkpointing_enable = activation_checkpointing_enable
+    gradient_checkpointing_disable = activation_checkpointing_disable
+    is_gradient_checkpointing = is_activation_checkpointing
 
 
 def _take(out: Any, start: int, stop: int | None) -> Any:

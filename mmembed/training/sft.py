@@ -47,6 +47,7 @@ def resolve_template(model_dir: str, name: str | None, model_type: str | None, s
 
     config = AutoConfig.from_pretrained(model_dir)
     template = get_template(name, model_type, getattr(config, "model_type", None))
+    template.check_installed()
     if system is not None:
         template = dataclasses.replace(template, default_system=system)
     return template
