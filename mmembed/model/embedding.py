@@ -180,8 +180,34 @@ class EmbeddingModel(nn.Module):
     def _backbone_method(self, new: str, old: str):
         return getattr(self.backbone, new, None) or getattr(self.backbone, old)
 
-    def activation_checkpointing_enable(self, **kwargs: Any) -> None:
-        self._backbone_method("activation_checkpointing_enable", "gradient_checkpointing_enable")(**kwargs)
+    def activation_checkpointing_enable(self, *args: Any, **kwargs: Any) -> None:
+        self._backbone_method("activation_checkpointing_enable", "gradient_checkpointing_enable")(*args, **kwargs)
+        self._untrack_frozen_towers()
+
+    def _untrack_frozen_towers(self) -> None:
+        """Enabling checkpointing makes the output of every sub-model's input embeddings require
+        grad (transformers' ``enable_input_require_grads``), the vision or audio tower's patch
+        embedding included. For a tower with no trainable parameter (``--freeze_vit`` and
+        ``--freeze_aligner``, ms-swift's defaults) that records, recomputes and back-propagates
+        the whole tower for nothing: its output gets no gradient either way. Those hooks are
+        removed; the language model's stays."""
+        from transformers import PreTrainedModel
+
+        base = self._base()
+        hooks = getattr(base, "_require_grads_hooks", None) or []
+        if not hooks:
+            return
+        for sub in base.modules():
+            if sub is base or not isinstance(sub, PreTrainedModel) or any(p.requires_grad for p in sub.parameters()):
+                continue
+            try:
+                embeddings = sub.get_input_embeddings()
+            except (NotImplementedError, AttributeError):
+                continue
+            registered = getattr(embeddings, "_forward_hooks", {})
+            for hook in [h for h in hooks if h.id in registered]:
+                hook.remove()
+                hooks.remove(hook)
 
     def activation_checkpointing_disable(self) -> None:
         self._backbone_method("activation_checkpointing_disable", "gradient_checkpointing_disable")()
