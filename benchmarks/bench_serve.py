@@ -33,6 +33,18 @@ def sentences(n: int) -> list[str]:
     return [pool[i % len(pool)] for i in range(n)]
 
 
+def http_client():
+    """The HTTP client the openai package is built on: httpx2 in openai 3.x, httpx before."""
+    try:
+        import httpx2
+
+        return httpx2
+    except ImportError:
+        import httpx
+
+        return httpx
+
+
 def free_port() -> int:
     import socket
 
@@ -45,7 +57,7 @@ class Server:
     """``mmembed serve`` in a subprocess, up once /health answers."""
 
     def __init__(self, model: str, name: str, flags: list[str]):
-        import httpx2 as httpx
+        httpx = http_client()
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -77,7 +89,7 @@ async def load(url: str, name: str, texts: list[str], clients: int) -> tuple[flo
     """Send ``texts`` one per request from ``clients`` concurrent clients; returns the wall
     time, each request's latency in seconds and the server's request and encode-call counts
     over the run. Every answer is checked."""
-    import httpx2 as httpx
+    httpx = http_client()
 
     queue: asyncio.Queue[str] = asyncio.Queue()
     for t in texts:

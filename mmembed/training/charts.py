@@ -4,11 +4,11 @@
   ``train_loss.png``, ``learning_rate.png``, ``grad_norm.png`` and every eval metric
   (``eval_loss.png``, ``eval_margin.png``, ``eval_recall_at_1.png``, ...); written at each
   save and at the end of training;
-- ``similarity_histogram.png``: the cosine similarity of each eval query with its positive
-  and with its negatives, before and after training (groups: anchor-positive against
-  anchor-negative; pair losses: pairs labelled above 0.5 against the others), over the
-  first :data:`HISTOGRAM_SAMPLES` eval samples. Without an eval set it is skipped, and the
-  log says so.
+- ``similarity_histogram.png``: the cosine similarity of each eval query with its positive,
+  with its hard negatives and with the other eval documents (pair losses: pairs labelled
+  above 0.5 against the others), before and after training, over the first
+  :data:`HISTOGRAM_SAMPLES` eval samples. Without an eval set it is skipped, and the log
+  says so.
 
 Drawn with matplotlib's Agg canvas (no display, no pyplot state). :class:`TrainingCharts`
 is the ``TrainerCallback``; :func:`chart_series` and :func:`draw_series` are usable alone.
@@ -17,7 +17,6 @@ is the ``TrainerCallback``; :func:`chart_series` and :func:`draw_series` are usa
 from __future__ import annotations
 
 import logging
-import math
 import os
 from typing import Any, Callable, Sequence
 
@@ -68,10 +67,13 @@ def _figure(width: float = 6.4, height: float = 4.0):
 
 def plot_series(name: str, steps: Sequence[int], values: Sequence[float]):
     """A matplotlib ``Figure``: ``values`` over ``steps`` (its one line holds exactly them)."""
+    from matplotlib.ticker import MaxNLocator
+
     fig = _figure()
     ax = fig.subplots()
     ax.plot(steps, values, marker="o" if len(steps) <= 30 else None, markersize=3, linewidth=1.5)
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(name)
     ax.set_title(name)
     ax.grid(True, alpha=0.3)
@@ -91,45 +93,57 @@ def draw_series(log_history: Sequence[dict[str, Any]], folder: str) -> list[str]
     return written
 
 
-def plot_histogram(before: tuple[np.ndarray, np.ndarray], after: tuple[np.ndarray, np.ndarray] | None,
-                   after_label: str = "after training"):
-    """Positive and negative cosine similarities, one panel per moment (before, after)."""
+Similarities = dict[str, np.ndarray]  # kind ("positive", "hard negative", ...) -> cosines
+
+
+def plot_histogram(before: Similarities, after: Similarities | None, after_label: str = "after training"):
+    """The cosine similarities of each kind, one panel per moment (before, after)."""
+    from matplotlib.ticker import MaxNLocator
+
     panels = [("before training", before)] + ([(after_label, after)] if after is not None else [])
-    fig = _figure(5.0 * len(panels), 4.0)
+    fig = _figure(5.5 * len(panels), 4.0)
     axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
-    everything = np.concatenate([np.concatenate(p) for _, p in panels])
-    lo, hi = (float(everything.min()), float(everything.max())) if everything.size else (-1.0, 1.0)
-    bins = np.linspace(min(lo, 0.0) - 1e-6, max(hi, 0.0) + 1e-6, 41)
-    for ax, (title, (pos, neg)) in zip(axes, panels):
-        for values, label, color in ((pos, "query-positive", "tab:green"), (neg, "query-negative", "tab:red")):
+    bins = np.linspace(-1.0, 1.0, 81)
+    colors = {"positive": "tab:green", "hard negative": "tab:red", "negative": "tab:red", "other documents": "tab:gray"}
+    for ax, (title, sims) in zip(axes, panels):
+        for kind, values in sims.items():
             if len(values):
-                ax.hist(values, bins=bins, alpha=0.55, color=color,
-                        label=f"{label} (n={len(values)}, mean {np.mean(values):.3f})")
-        gap = np.mean(pos) - np.mean(neg) if len(pos) and len(neg) else math.nan
-        ax.set_title(f"{title}: mean gap {gap:.3f}")
+                # densities: the kinds differ in count by orders of magnitude (in-batch documents)
+                ax.hist(values, bins=bins, density=True, alpha=0.5, color=colors.get(kind),
+                        label=f"query-{kind} (n={len(values)}, mean {np.mean(values):.3f})")
+        ax.set_title(title)
         ax.set_xlabel("cosine similarity")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7, loc="upper left")
         ax.grid(True, alpha=0.3)
-    axes[0].set_ylabel("count")
+    axes[0].set_ylabel("density")
+    axes[0].yaxis.set_major_locator(MaxNLocator(nbins=6))
     return fig
 
 
-def pair_similarities(emb: np.ndarray, labels: np.ndarray, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
-    """Cosine similarities ``(positive, negative)`` of one batch in the loss's layout:
-    groups (``a0, p0, n0_*, a1, ...`` with 1.0/0.0 labels): each anchor with its positive,
-    each anchor with each of its negatives; pairs (``s1, s2, ...`` with one score per pair):
-    the pairs scored above 0.5 are positives, the rest negatives."""
+def pair_similarities(emb: np.ndarray, labels: np.ndarray, layout: Layout) -> Similarities:
+    """Cosine similarities by kind for rows in the loss's layout.
+
+    Groups (``a0, p0, n0_*, a1, ...`` with 1.0/0.0 labels): ``positive`` (each anchor with
+    its positive), ``hard negative`` (with each negative of its own group) and ``other
+    documents`` (with every other group's positive and negatives, the in-batch negatives of
+    InfoNCE). Pairs (``s1, s2, ...``, one score per pair): ``positive`` for pairs scored
+    above 0.5, ``negative`` for the rest."""
     unit = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
     if layout is Layout.PAIR:
         cos = np.sum(unit[0::2] * unit[1::2], axis=1)
-        return cos[labels > 0.5], cos[labels <= 0.5]
+        return {"positive": cos[labels > 0.5], "negative": cos[labels <= 0.5]}
     g = Groups.from_labels(torch.as_tensor(labels), emb.shape[0])
     a, p, n, ng = (t.numpy() for t in (g.anchor, g.positive, g.negative, g.neg_group))
-    return np.sum(unit[a] * unit[p], axis=1), np.sum(unit[a[ng]] * unit[n], axis=1)
+    docs = np.concatenate([p, n])
+    doc_group = np.concatenate([np.arange(len(p)), ng])
+    scores = unit[a] @ unit[docs].T  # [B, docs]
+    other = doc_group[None, :] != np.arange(len(a))[:, None]
+    return {"positive": np.sum(unit[a] * unit[p], axis=1), "hard negative": np.sum(unit[a[ng]] * unit[n], axis=1),
+            "other documents": scores[other]}
 
 
-def eval_similarities(trainer) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(positive, negative)`` cosines of the first :data:`HISTOGRAM_SAMPLES` samples of
+def eval_similarities(trainer) -> Similarities | None:
+    """:func:`pair_similarities` of the first :data:`HISTOGRAM_SAMPLES` samples of
     ``trainer``'s eval set with its model as it is now, over all processes (each embeds its
     share; all run as many forwards, as ZeRO-3 needs); None without an eval set."""
     dataset = trainer.eval_dataset
@@ -139,23 +153,20 @@ def eval_similarities(trainer) -> tuple[np.ndarray, np.ndarray] | None:
 
     if len(dataset) > HISTOGRAM_SAMPLES:
         dataset = Subset(dataset, range(HISTOGRAM_SAMPLES))
-    model, layout = trainer.model, trainer.loss.layout
+    model, device = trainer.model, trainer.args.device
     was_training = model.training
     model.eval()
     loader = trainer._eval_loader(dataset)
-    rounds = torch.tensor([len(loader)], device=trainer.args.device)
+    rounds = torch.tensor([len(loader)], device=device)
     if world()[1] > 1:
         torch.distributed.all_reduce(rounds, op=torch.distributed.ReduceOp.MAX)
-    pos, neg, batch = [], [], None
+    embs, labels, batch = [], [], None
     with torch.no_grad():
         for batch in loader:
             batch = trainer._prepare_inputs(batch)
-            labels = batch.pop("labels").float().cpu().numpy()
+            labels.append(batch.pop("labels").float())
             batch.pop("side", None)
-            emb = model(**batch)["last_hidden_state"].float().cpu().numpy()
-            p, n = pair_similarities(emb, labels, layout)
-            pos.append(p)
-            neg.append(n)
+            embs.append(model(**batch)["last_hidden_state"].float())
         for _ in range(int(rounds.item()) - len(loader)):  # this process's share ran out first
             if batch is None:
                 batch = trainer._prepare_inputs(trainer.data_collator([dataset[0]]))
@@ -163,26 +174,27 @@ def eval_similarities(trainer) -> tuple[np.ndarray, np.ndarray] | None:
                 batch.pop("side", None)
             model(**batch)
     model.train(was_training)
-    device = trainer.args.device
-    out = []
-    for parts in (pos, neg):
-        local = torch.as_tensor(np.concatenate(parts) if parts else np.zeros(0, np.float32), device=device)
-        out.append(all_gather_no_grad(local).cpu().numpy())
-    return out[0], out[1]
+    width = embs[0].shape[1] if embs else 0
+    width = int(max(all_gather_no_grad(torch.tensor([width], device=device)).tolist()))
+    emb = torch.cat(embs) if embs else torch.zeros((0, width), device=device)
+    lab = torch.cat(labels) if labels else torch.zeros((0,), device=device)
+    # each batch holds whole groups (or pairs), so the concatenation keeps the layout
+    emb, lab = all_gather_no_grad(emb).cpu().numpy(), all_gather_no_grad(lab).cpu().numpy()
+    return pair_similarities(emb, lab, trainer.loss.layout)
 
 
 class TrainingCharts(TrainerCallback):
     """Writes the charts of the module docstring into ``OUTPUT_DIR/charts/``.
 
     Args:
-        similarities: Returns the eval set's ``(positive, negative)`` cosines with the model
-            as it is (e.g. ``lambda: eval_similarities(trainer)``), or None when there is no
-            eval set. Called on every process at the start and the end of training.
+        similarities: Returns the eval set's cosines by kind with the model as it is (e.g.
+            ``lambda: eval_similarities(trainer)``), or None when there is no eval set.
+            Called on every process at the start and the end of training.
     """
 
-    def __init__(self, similarities: Callable[[], tuple[np.ndarray, np.ndarray] | None] | None = None):
+    def __init__(self, similarities: Callable[[], Similarities | None] | None = None):
         self.similarities = similarities
-        self.before: tuple[np.ndarray, np.ndarray] | None = None
+        self.before: Similarities | None = None
 
     @staticmethod
     def folder(args) -> str:

@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 
-import httpx2 as httpx
 import numpy as np
 import openai
 import pytest
@@ -19,6 +18,11 @@ import uvicorn
 from conftest import DATA, REPO, free_port
 
 from mmembed.model.embedder import Embedder, as_item
+
+try:  # the HTTP client the openai package is built on: httpx2 in openai 3.x, httpx before
+    import httpx2 as httpx
+except ImportError:  # pragma: no cover
+    import httpx
 from mmembed.tools.serve import ServeConfig, create_app
 
 MM = os.path.join(DATA, "mm")

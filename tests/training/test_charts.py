@@ -137,18 +137,25 @@ def test_chart_series_leaves_out_the_run_summary(tmp_path):
     assert draw_series(log, str(tmp_path)) == [str(tmp_path / f"{n}.png") for n in chart_series(log)]
 
 
-def test_pair_similarities_in_both_layouts():
-    rng = np.random.default_rng(0)
-    emb = rng.normal(size=(7, 5))
-    unit = emb / np.linalg.norm(emb, axis=1, keepdims=True)
-    cos = lambda i, j: float(unit[i] @ unit[j])  # noqa: E731
-    # groups a0 p0 n0_0 n0_1 | a1 p1 | ... ms-swift's labels: 1.0 per positive, 0.0 per negative
-    pos, neg = pair_similarities(emb[:6], np.array([1.0, 0.0, 0.0, 1.0]), Layout.GROUP)
-    np.testing.assert_allclose(pos, [cos(0, 1), cos(4, 5)])
-    np.testing.assert_allclose(neg, [cos(0, 2), cos(0, 3)])
-    # pairs s1 s2 with scores: above 0.5 positive
-    pos, neg = pair_similarities(emb[:6], np.array([0.9, 0.2, 1.0]), Layout.PAIR)
-    np.testing.assert_allclose(pos, [cos(0, 1), cos(4, 5)])
-    np.testing.assert_allclose(neg, [cos(2, 3)])
-    fig = plot_histogram((pos, neg), (pos, neg))
-    assert len(fig.axes) == 2
+def _cosine(emb, i, j):
+    return float(emb[i] @ emb[j] / np.linalg.norm(emb[i]) / np.linalg.norm(emb[j]))
+
+
+def test_pair_similarities_of_groups():
+    emb = np.random.default_rng(0).normal(size=(9, 5))
+    # rows a0 p0 n0_0 n0_1 | a1 p1 | a2 p2 n2_0, labeled as ms-swift does: 1.0 per positive, 0.0 per negative
+    sims = pair_similarities(emb, np.array([1.0, 0.0, 0.0, 1.0, 1.0, 0.0]), Layout.GROUP)
+    groups = {0: (1, [2, 3]), 4: (5, []), 6: (7, [8])}  # anchor row: (positive row, negative rows)
+    np.testing.assert_allclose(sims["positive"], [_cosine(emb, a, p) for a, (p, _) in groups.items()])
+    np.testing.assert_allclose(sims["hard negative"], [_cosine(emb, a, n) for a, (_, ns) in groups.items() for n in ns])
+    other = [_cosine(emb, a, d) for a in groups for b, (p, ns) in groups.items() if b != a for d in [p, *ns]]
+    np.testing.assert_allclose(np.sort(sims["other documents"]), np.sort(other))
+    assert len(plot_histogram(sims, sims).axes) == 2
+
+
+def test_pair_similarities_of_scored_pairs():
+    emb = np.random.default_rng(1).normal(size=(6, 5))
+    sims = pair_similarities(emb, np.array([0.9, 0.2, 1.0]), Layout.PAIR)  # rows s1 s2 | s1 s2 | s1 s2
+    np.testing.assert_allclose(sims["positive"], [_cosine(emb, 0, 1), _cosine(emb, 4, 5)])
+    np.testing.assert_allclose(sims["negative"], [_cosine(emb, 2, 3)])
+    assert len(plot_histogram(sims, None).axes) == 1
