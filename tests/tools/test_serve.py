@@ -181,6 +181,7 @@ def vl(tiny_model, tmp_path_factory):
     allowed = tmp_path_factory.mktemp("allowed")
     shutil.copy(os.path.join(MM, "red_circle.png"), allowed / "red_circle.png")
     (allowed / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"not really an image" * 10)
+    os.symlink(os.path.join(MM, "blue_square.png"), allowed / "link_out.png")  # points outside
     path = tiny_model("qwen2_vl")
     embedder = Embedder.from_pretrained(path, device="cpu")
     config = ServeConfig(model=path, allowed_media_dir=str(allowed))
@@ -222,6 +223,7 @@ def test_bad_media_requests_get_4xx_and_server_keeps_serving(vl):
         "path outside the folder": ({"image": outside}, 403, "media_path_not_allowed"),
         "relative path escaping": ({"image": "../" + os.path.basename(allowed) + "/../x.png"}, 403,
                                    "media_path_not_allowed"),
+        "symbolic link leading outside": ({"image": "link_out.png"}, 403, "media_path_not_allowed"),
         "unreadable image file": ({"image": "broken.png"}, 400, "invalid_input"),
         "unreadable data uri": ({"image": "data:image/png;base64," + base64.b64encode(b"garbage").decode()}, 400,
                                 "invalid_input"),
