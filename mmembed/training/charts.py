@@ -183,6 +183,23 @@ def eval_similarities(trainer) -> Similarities | None:
     return pair_similarities(emb, lab, trainer.loss.layout)
 
 
+def _rng_states() -> tuple:
+    import random
+
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return random.getstate(), np.random.get_state(), torch.random.get_rng_state(), cuda
+
+
+def _set_rng_states(states: tuple) -> None:
+    import random
+
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.random.set_rng_state(states[2])
+    if states[3] is not None:
+        torch.cuda.set_rng_state_all(states[3])
+
+
 class TrainingCharts(TrainerCallback):
     """Writes the charts of the module docstring into ``OUTPUT_DIR/charts/``.
 
@@ -196,12 +213,23 @@ class TrainingCharts(TrainerCallback):
         self.similarities = similarities
         self.before: Similarities | None = None
 
+    def _measure(self) -> Similarities | None:
+        """``similarities()`` with every random generator as it found it: a DataLoader draws
+        its seed from the global generator, and training must not depend on the charts."""
+        if self.similarities is None:
+            return None
+        states = _rng_states()
+        try:
+            return self.similarities()
+        finally:
+            _set_rng_states(states)
+
     @staticmethod
     def folder(args) -> str:
         return os.path.join(args.output_dir, CHARTS_DIR)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.before = self.similarities() if self.similarities else None
+        self.before = self._measure()
         if self.before is None and state.is_world_process_zero:
             logger.info("no eval set: the before/after similarity histogram is skipped (the other charts are drawn)")
 
@@ -210,7 +238,7 @@ class TrainingCharts(TrainerCallback):
             draw_series(state.log_history, self.folder(args))
 
     def on_train_end(self, args, state, control, **kwargs):
-        after = self.similarities() if self.before is not None else None
+        after = self._measure() if self.before is not None else None
         if not state.is_world_process_zero:
             return
         folder = self.folder(args)

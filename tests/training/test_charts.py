@@ -17,6 +17,7 @@ from mmembed.training.arguments import parse_sft_args
 from mmembed.training.charts import (
     CHARTS_DIR,
     HISTOGRAM_FILE,
+    TrainingCharts,
     chart_series,
     draw_series,
     pair_similarities,
@@ -159,3 +160,29 @@ def test_pair_similarities_of_scored_pairs():
     np.testing.assert_allclose(sims["positive"], [_cosine(emb, 0, 1), _cosine(emb, 4, 5)])
     np.testing.assert_allclose(sims["negative"], [_cosine(emb, 2, 3)])
     assert len(plot_histogram(sims, None).axes) == 1
+
+
+def test_measuring_leaves_the_random_generators_as_they_were(tmp_path):
+    """The before/after pass must not change training: a DataLoader draws its seed from the
+    global torch generator, so the callback restores every generator it may touch."""
+    import random
+
+    import torch
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    def consuming():
+        torch.utils.data.DataLoader(range(4), shuffle=True).__iter__()
+        torch.rand(3), np.random.rand(), random.random()
+        return {"positive": np.array([0.9]), "negative": np.array([0.1])}
+
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
+    state = TrainerState()
+    charts = TrainingCharts(consuming)
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    charts.on_train_begin(args, state, TrainerControl())
+    charts.on_train_end(args, state, TrainerControl())
+    got = (torch.rand(2), np.random.rand(), random.random())
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    want = (torch.rand(2), np.random.rand(), random.random())
+    assert torch.equal(got[0], want[0]) and got[1:] == want[1:]
+    assert os.path.isfile(tmp_path / CHARTS_DIR / HISTOGRAM_FILE)
