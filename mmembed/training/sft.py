@@ -27,6 +27,7 @@ from ..model.embedding import (
     require_local_model,
 )
 from .arguments import SftArguments, UsageError, check_side_flags
+from .charts import TrainingCharts, eval_similarities
 from .trainer import EmbeddingTrainer, check_complete, find_last_complete_checkpoint
 
 logger = logging.getLogger("mmembed")
@@ -318,7 +319,7 @@ def build_trainer(args: SftArguments) -> EmbeddingTrainer:
         "tuner_type": args.tuner_type,
         "loss_type": args.loss_type,
     }
-    return EmbeddingTrainer(
+    trainer = EmbeddingTrainer(
         model=model,
         args=args,
         train_dataset=data.train,
@@ -330,6 +331,8 @@ def build_trainer(args: SftArguments) -> EmbeddingTrainer:
         eval_tasks=eval_tasks,
         mmembed_config=mmembed_config,
     )
+    trainer.add_callback(TrainingCharts(lambda: eval_similarities(trainer)))
+    return trainer
 
 
 def load_eval_tasks(args: SftArguments, encoding: Encoding) -> HeldOutTasks | None:
