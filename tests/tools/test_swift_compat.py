@@ -99,3 +99,52 @@ def test_resume_refuses_an_swift_checkpoint_saying_what_it_is(swift_checkpoint):
     ckpt, _ = swift_checkpoint("qwen3_emb")
     with pytest.raises(ValueError, match=r"an ms-swift checkpoint \(args.json: --model_type qwen3_emb, --tuner_type lora"):
         check_complete(ckpt)
+
+
+ORDERS = json.load(open(os.path.join(FIXTURES, "orders.json"))) if os.path.isfile(os.path.join(FIXTURES, "orders.json")) else {}
+
+
+def _row_id(sample) -> int:
+    return int(sample.anchor.text.split(":", 1)[0].removeprefix("id "))
+
+
+@pytest.mark.parametrize("name", sorted(ORDERS))
+def test_rows_of_every_step_and_the_split_are_ms_swifts(name, tiny_model, tmp_path, monkeypatch):
+    """mmembed's trainer, given ms-swift's flags, feeds the rows of every step in ms-swift's
+    order (its dataset shuffle, split, #N sampling and sampler, epoch by epoch)."""
+    from mmembed.training.arguments import SftArguments
+    from mmembed.training.sft import build_trainer
+
+    run = ORDERS[name]
+    monkeypatch.chdir(os.path.join(FIXTURES, "data"))
+    args = SftArguments(model=tiny_model("qwen3"), output_dir=str(tmp_path / "out"), per_device_train_batch_size=2,
+                        gradient_accumulation_steps=1, report_to=[], **_flags(run["flags"]))
+    trainer = build_trainer(args)
+    trainer.data_collator = lambda samples: samples  # the rows themselves
+    loader = trainer.get_train_dataloader()
+    steps = []
+    for epoch in range(int(args.num_train_epochs)):
+        # as transformers' training loop announces each epoch
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        inner = getattr(getattr(loader, "batch_sampler", None), "batch_sampler", None)
+        if hasattr(inner, "set_epoch"):
+            inner.set_epoch(epoch)
+        steps += [[_row_id(s) for s in batch] for batch in loader]
+    assert steps == run["steps"]
+    val = trainer.eval_dataset
+    assert ([_row_id(val[i]) for i in range(len(val))] if val is not None else []) == run["val"]
+
+
+def _flags(flags: list[str]) -> dict:
+    """ms-swift's command-line flags as SftArguments keywords."""
+    out, key = {}, None
+    for token in flags:
+        if token.startswith("--"):
+            key = token[2:]
+            out[key] = []
+        else:
+            out[key].append(token)
+    conv = {"dataset": list, "num_train_epochs": lambda v: float(v[0]), "split_dataset_ratio": lambda v: float(v[0]),
+            "dataset_shuffle": lambda v: v[0] == "true", "data_seed": lambda v: int(v[0]), "seed": lambda v: int(v[0])}
+    return {k: conv[k](v) for k, v in out.items()}
