@@ -22,6 +22,9 @@ A template is a declarative TOML file in ``templates/`` (shipped inside the whee
   loads: ``vit`` (the vision or audio tower), ``aligner`` (the projector into the LLM,
   inside or beside the tower) and ``llm``. ms-swift's ``--freeze_vit``, ``--freeze_aligner``
   and ``--freeze_llm`` and LoRA's ``all-linear`` act on these.
+- ``adapter_prefix``: where the family's full class (the causal-LM or conditional-generation
+  class ms-swift and PEFT users load) holds the ``AutoModel`` backbone, e.g. ``"model."``;
+  LoRA adapters are written with the full class's module names. Empty: the bare model.
 
 A new model family is one such file. ``--template path/to/file.toml`` takes a user's own;
 a checkpoint trained with it keeps the whole template in its ``mmembed.json``.
@@ -62,6 +65,7 @@ class Template:
     tower: str | None = None
     parts: dict[str, tuple[str, ...]] = field(default_factory=dict)
     min_transformers: str | None = None
+    adapter_prefix: str = ""
 
     def check_installed(self) -> None:
         """Refuse a transformers release that cannot load this family's models as the template needs."""

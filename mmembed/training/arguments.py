@@ -62,6 +62,9 @@ class SftArguments(TrainingArguments):
     dataset: list[str] = field(default_factory=list, metadata={"help": "data files / folders, path#N samples N rows"})
     val_dataset: list[str] = field(default_factory=list)
     split_dataset_ratio: float = 0.0
+    dataset_shuffle: bool = field(default=True, metadata={"help": "shuffle the training rows once after loading (ms-swift's); the sampler shuffles each epoch too"})
+    val_dataset_shuffle: bool = field(default=False, metadata={"help": "shuffle the --val_dataset rows"})
+    data_seed: int | None = field(default=42, metadata={"help": "seed of the split, #N sampling, --dataset_shuffle and the sampler (ms-swift's default 42; not --seed)"})
     strict: bool = field(default=True, metadata={"help": "false: skip broken rows and report them"})
     lazy_tokenize: bool = True
     load_from_cache_file: bool = True

@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import nn
 
-from ..data import EmbeddingDataset, load_samples, split_dataset
+from ..data import EmbeddingDataset, load_samples
 from ..data.sample import DataError, Sample
 from ..data.teacher import SIGNALS, TeacherFiles, teacher_signal
 from ..encoding.collator import EmbeddingCollator, token_lengths
@@ -256,9 +256,11 @@ class TrainingData:
 
     @classmethod
     def load(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss) -> TrainingData:
-        load_opts = dict(strict=args.strict, seed=args.seed, num_proc=args.dataset_num_proc,
+        # ms-swift's order: --data_seed (not --seed) drives the split, #N sampling and --dataset_shuffle
+        load_opts = dict(strict=args.strict, seed=args.data_seed, num_proc=args.dataset_num_proc,
                          load_from_cache_file=args.load_from_cache_file)
-        loaded = load_samples(args.dataset, **load_opts)
+        loaded = load_samples(args.dataset, split_ratio=0.0 if args.val_dataset else args.split_dataset_ratio,
+                              shuffle=args.dataset_shuffle, **load_opts)
         train = loaded.dataset
         try:
             teacher_files = TeacherFiles.open(loaded.files, loaded.records, args.teacher_scores_file,
@@ -266,9 +268,9 @@ class TrainingData:
         except ValueError as e:
             raise UsageError(str(e)) from None
         if args.val_dataset:
-            val = load_samples(args.val_dataset, **load_opts).dataset
+            val = load_samples(args.val_dataset, split_ratio=1.0, shuffle=args.val_dataset_shuffle, **load_opts).dataset
         else:
-            train, val = split_dataset(train, args.split_dataset_ratio, args.seed)
+            val = loaded.val
         if args.truncation_strategy == "delete":
             builder = InputBuilder(encoding.template, encoding.processing, encoding.max_length, truncate=False)
             train = drop_overlong(train, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "train")
