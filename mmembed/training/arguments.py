@@ -41,7 +41,7 @@ class SftArguments(TrainingArguments):
     attn_impl: str | None = field(default=None, metadata={"help": "sdpa | eager | flash_attn"})
     padding_side: str | None = field(default=None, metadata={"help": "left | right (default: the template's)"})
     pooling: str | None = field(default=None, metadata={"help": "override the template's pooling: last | mean | cls | max"})
-    length_chunks: int = field(default=4, metadata={"help": "embed text batches in up to N length-sorted chunks, each padded to its own longest row (1: off)"})
+    length_chunks: int | None = field(default=None, metadata={"help": "embed text batches in up to N length-sorted chunks, each padded to its own longest row (1: off; default 4 on a CPU, 1 on a GPU)"})
     gradcache_mini_batch_size: int = field(default=0, metadata={"help": "embed each batch in chunks of N rows with a gradient cache (0: off)"})
     system: str | None = field(default=None, metadata={"help": "system prompt for rows that give none"})
     max_length: int | None = field(default=None, metadata={"help": "maximum tokens per input (default: the model's)"})

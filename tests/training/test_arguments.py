@@ -92,3 +92,17 @@ def test_offloaded_optimizer_keeps_a_non_adam_choice():
     config = _honour_optimizer_under_offload(offload, "sgd")
     assert config["zero_force_ds_cpu_optimizer"] is False
     assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+
+
+def test_length_chunks_default_depends_on_the_device():
+    import types
+
+    import torch
+
+    from mmembed.training.sft import length_chunks
+
+    assert parse_sft_args(BASE).length_chunks is None
+    assert length_chunks(types.SimpleNamespace(length_chunks=None, device=torch.device("cpu"))) == 4
+    assert length_chunks(types.SimpleNamespace(length_chunks=None, device=torch.device("cuda", 0))) == 1
+    assert length_chunks(types.SimpleNamespace(length_chunks=3, device=torch.device("cuda", 0))) == 3
+    assert length_chunks(parse_sft_args(BASE + ["--length_chunks", "2"])) == 2
