@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -40,6 +41,7 @@ def replaced_when_done(path: str, mode: str = "w", **open_kwargs) -> Iterator[IO
     folder = os.path.dirname(os.path.abspath(path))
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}-", suffix=".tmp", dir=folder)
+        os.fchmod(fd, 0o666 & ~_umask())  # the permissions a plain open() would give, not mkstemp's 0600
     except OSError as e:
         raise WriteError(path, e) from e
     try:
@@ -47,7 +49,11 @@ def replaced_when_done(path: str, mode: str = "w", **open_kwargs) -> Iterator[IO
             yield f
             f.flush()
             os.fsync(f.fileno())
+            if "b" in mode and os.fstat(f.fileno()).st_size < f.tell():
+                # numpy writes through a C FILE* of its own and loses the error of its last flush
+                raise OSError(errno.EFBIG, f"only {os.fstat(f.fileno()).st_size} of {f.tell()} bytes reached the disk")
         os.replace(tmp, path)
+        sync_folder(folder)
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -77,6 +83,12 @@ def folder_replaced_when_done(path: str) -> Iterator[str]:
         if isinstance(e, Exception) and not isinstance(e, WriteError):
             raise WriteError(path, e) from e
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def sync_folder(path: str) -> None:

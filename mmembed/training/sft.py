@@ -17,6 +17,7 @@ from ..encoding.collator import EmbeddingCollator, token_lengths
 from ..encoding.inputs import InputBuilder
 from ..encoding.templates import Template, get_template, template_config
 from ..eval.tasks import HeldOutTasks
+from ..files import WriteError
 from ..losses import EmbeddingLoss, Setup, build_loss
 from ..model.embedding import (
     EmbeddingModel,
@@ -374,6 +375,7 @@ def prepare_output_dir(args: SftArguments, resume: str | None) -> None:
     continues it (``--resume_from_checkpoint``), replaces them (``--overwrite_output_dir``:
     they are deleted now), or is refused, so a result is never confused with another run's."""
     with args.main_process_first(desc="checking --output_dir", local=args.save_on_each_node):
+        check_writable(args.output_dir)  # every process writes into checkpoints (its RNG state)
         found = [path for _, path in list_checkpoints(args.output_dir)] + leftovers(args.output_dir)
         if not found or resume:
             return
@@ -387,6 +389,20 @@ def prepare_output_dir(args: SftArguments, resume: str | None) -> None:
             removed = clear_output_dir(args.output_dir)
             logger.info("--overwrite_output_dir: deleted %d checkpoint folder(s) of an earlier run in %s", len(removed),
                         args.output_dir)
+
+
+def check_writable(folder: str) -> None:
+    """Create ``folder`` if needed and write a file in it now, so that a read-only or full
+    ``--output_dir`` fails in one line before the model loads, not at the first checkpoint."""
+    import tempfile
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder) as f:
+            f.write(b"mmembed")
+            f.flush()
+    except OSError as e:
+        raise WriteError(folder, e) from e
 
 
 def run_sft(args: SftArguments) -> dict[str, Any]:
