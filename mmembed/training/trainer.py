@@ -382,6 +382,8 @@ class EmbeddingTrainer(Trainer):
         self._agreed(lambda: self._write_checkpoint(staging), final)
         self._agreed(lambda: checkpoints.publish(final, self.state.global_step) if publisher else None, final)
         self.last_checkpoint = final
+        if self.args.push_to_hub:
+            self._push_from_checkpoint(final)
         if publisher:
             checkpoints.rotate(run_dir, self.args.save_total_limit, keep=[final, self.state.best_model_checkpoint])
 
