@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import glob
+import logging
 import math
 import os
 from typing import Any
@@ -385,7 +386,10 @@ class EmbeddingTrainer(Trainer):
         if self.args.push_to_hub:
             self._push_from_checkpoint(final)
         if publisher:
-            checkpoints.rotate(run_dir, self.args.save_total_limit, keep=[final, self.state.best_model_checkpoint])
+            try:
+                checkpoints.rotate(run_dir, self.args.save_total_limit, keep=[final, self.state.best_model_checkpoint])
+            except OSError as e:  # the new checkpoint is whole; an old one left behind loses nothing
+                logging.getLogger("mmembed").warning("--save_total_limit: could not delete an old checkpoint: %s", e)
 
     def _write_checkpoint(self, staging: str) -> None:
         """Every file of a checkpoint, into ``staging`` (as the Trainer's ``_save_checkpoint``)."""
