@@ -16,6 +16,7 @@ from conftest import DATA
 from forked_cli import run_cli
 from safetensors.torch import load_file
 
+from mmembed.training.charts import CHARTS_DIR
 from mmembed.training.checkpoints import COMPLETE_MARKER, TEST_POINTS, find_last_complete_checkpoint
 
 # every file a LoRA checkpoint needs to embed with it and to resume training from it
@@ -41,6 +42,11 @@ def setup(tmp_path_factory, minilm_path):
     return d, common, ref
 
 
+def _folders(out):
+    """What a run left in its --output_dir beside its charts."""
+    return sorted(n for n in os.listdir(out) if n != CHARTS_DIR)
+
+
 def _reported(result):
     """The metrics JSON ``mmembed sft`` prints at the end (the Trainer's log lines are one-line dicts)."""
     return json.loads(result.stdout[result.stdout.index("{\n"):])
@@ -59,7 +65,7 @@ def _assert_same_weights(ckpt, ref_ckpt):
 
 def _assert_marked_ones_are_whole(out, ref):
     """Every folder that carries the marker holds every file and the reference's weights of its step."""
-    for name in sorted(os.listdir(out)):
+    for name in _folders(out):
         path = out / name
         if not (path / COMPLETE_MARKER).exists():
             continue
@@ -112,9 +118,9 @@ def test_killed_anywhere_in_save_or_rotation_resumes_to_the_uninterrupted_result
     assert _reported(resumed)["last_checkpoint"] == str(out / "checkpoint-4")
     _assert_marked_ones_are_whole(out, ref)
     _assert_same_weights(out / "checkpoint-4", ref / "checkpoint-4")
-    assert not [n for n in os.listdir(out) if not n.startswith("checkpoint-")]  # no staging or half-deleted folder left
+    assert not [n for n in _folders(out) if not n.startswith("checkpoint-")]  # no staging or half-deleted folder left
     if newest < 4:  # it saved again, so rotated: two checkpoints, both whole
-        assert sorted(os.listdir(out)) == ["checkpoint-3", "checkpoint-4"]
+        assert _folders(out) == ["checkpoint-3", "checkpoint-4"]
 
 
 def test_resuming_refuses_what_is_not_whole(setup):
@@ -122,7 +128,7 @@ def test_resuming_refuses_what_is_not_whole(setup):
     out = d / "not-whole"
     killed = run_cli(common + ["--output_dir", str(out)], env={"MMEMBED_TEST_KILL_AT": "save:marked:1"})
     assert killed.returncode == -9
-    assert os.listdir(out) == [".partial-checkpoint-1"]  # marked, never renamed: not a checkpoint
+    assert _folders(out) == [".partial-checkpoint-1"]  # marked, never renamed: not a checkpoint
     r = run_cli(common + ["--output_dir", str(out), "--resume_from_checkpoint", "true"])
     assert r.returncode == 1 and "no complete checkpoint" in r.stderr and "Traceback" not in r.stderr
 
@@ -150,7 +156,7 @@ def test_rerun_with_overwrite_output_dir_replaces_the_old_checkpoints(setup):
     r = run_cli(args + ["--overwrite_output_dir", "true"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert _reported(r)["last_checkpoint"] == str(out / "checkpoint-2")
-    assert sorted(os.listdir(out)) == ["checkpoint-2"]
+    assert _folders(out) == ["checkpoint-2"]
     ours, first = _weights(out / "checkpoint-2"), _weights(ref / "checkpoint-2")
     assert any(not torch.equal(ours[k], first[k]) for k in first)  # this run's weights, not the first run's
     state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
