@@ -304,6 +304,7 @@ def child(spec: dict) -> dict:
         "--dataloader_num_workers", str(spec["workers"]), "--dataloader_drop_last", "true",
         "--learning_rate", "1e-4", "--save_strategy", "no", "--logging_steps", "1000",
         "--report_to", "none", "--disable_tqdm", "true", "--seed", "42", "--output_dir", spec["out"],
+        "--overwrite_output_dir", "true",  # every configuration trains into the same folder
         *spec.get("extra", []),
     ])
     memory = MemorySampler()

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
            "--num_train_epochs", str(args.epochs), "--per_device_train_batch_size", str(args.batch_size),
            "--gradient_accumulation_steps", "1", "--learning_rate", str(args.learning_rate),
            "--warmup_ratio", "0.1", "--save_strategy", "no", "--logging_steps", "10",
-           "--gradient_checkpointing", "false", "--seed", str(args.seed), "--output_dir", out,
+           "--gradient_checkpointing", "false", "--seed", str(args.seed), "--output_dir", out, "--overwrite_output_dir", "true",
            "--report_to", "none"]
     env = dict(os.environ, INFONCE_TEMPERATURE=os.environ.get("INFONCE_TEMPERATURE", "0.05"),
                MAX_PIXELS=str(SIZE * SIZE), MIN_PIXELS=str(SIZE * SIZE))

@@ -57,13 +57,18 @@ def cmd_sft(argv: list[str]) -> int:
     except ValueError as e:  # our own argument checks
         raise SystemExit(f"mmembed sft: {e}")
     from ..data import DataError, SpecError
+    from ..files import WriteError
     from ..training.arguments import UsageError
+    from ..training.checkpoints import IncompleteCheckpointError
     from ..training.trainer import NonFiniteLossError
 
     try:
         metrics = run_sft(args)
-    except (DataError, SpecError, FileNotFoundError, NonFiniteLossError, UsageError) as e:  # the user's input, not a bug
+    except UsageError as e:  # flags that cannot work together (or with --output_dir's contents)
         print(f"mmembed sft: error: {e}", file=sys.stderr)
+        return 2
+    except (DataError, SpecError, FileNotFoundError, NonFiniteLossError, IncompleteCheckpointError, WriteError) as e:
+        print(f"mmembed sft: error: {e}", file=sys.stderr)  # the user's input or disk, not a bug
         return 1
     if args.should_save:
         print(json.dumps(metrics, indent=2, default=str))
@@ -114,8 +119,10 @@ def cmd_embed(argv: list[str]) -> int:
 
     inputs, origins = read_inputs(a.input)
     emb = Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype).encode(inputs, batch_size=a.batch_size, origins=origins)
-    np.save(a.output, emb)
-    print(f"wrote {emb.shape[0]} x {emb.shape[1] if emb.ndim == 2 else 0} embeddings to {a.output}")
+    output = a.output if a.output.endswith(".npy") else a.output + ".npy"  # the name np.save(path) gives
+    with replaced_when_done(output, "wb") as f:
+        np.save(f, emb)
+    print(f"wrote {emb.shape[0]} x {emb.shape[1] if emb.ndim == 2 else 0} embeddings to {output}")
     return 0
 
 
@@ -178,7 +185,9 @@ def cmd_eval(argv: list[str]) -> int:
     text = json.dumps(metrics, indent=2)
     print(text)
     if a.json:
-        with open(a.json, "w", encoding="utf-8") as f:
+        from ..files import replaced_when_done
+
+        with replaced_when_done(a.json, "w", encoding="utf-8") as f:
             f.write(text + "\n")
     return 0
 
@@ -243,10 +252,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _setup_logging()
     from ..data import DataError, SpecError
+    from ..files import WriteError
 
     try:
         return COMMANDS[command](rest)
-    except (DataError, SpecError, FileNotFoundError, FileExistsError) as e:  # the user's input, not a bug
+    except (DataError, SpecError, FileNotFoundError, FileExistsError, WriteError) as e:  # the user's input, not a bug
         print(f"mmembed {command}: error: {e}", file=sys.stderr)
         return 1
 

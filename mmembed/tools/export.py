@@ -9,10 +9,9 @@ Normalize), giving the same embeddings as ``mmembed.Embedder`` on the checkpoint
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 from ..encoding.templates import template_config
+from ..files import folder_replaced_when_done
 from ..model.embedder import load_embedding_model
 from ..model.embedding import hidden_size
 from ..model.io import (
@@ -26,8 +25,9 @@ from ..model.io import (
 def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora: bool = True) -> str:
     """Write the merged model of ``checkpoint`` to ``output_dir`` (default ``CHECKPOINT-merged``).
 
-    The folder is written under a temporary name and renamed when complete, so a killed
-    export never leaves a folder that looks whole.
+    The folder is written under a temporary name and renamed when complete, so a killed or
+    failed export (full disk, read-only folder: :class:`~mmembed.files.WriteError`) never
+    leaves a folder that looks whole.
     """
     if not merge_lora:
         raise ValueError("mmembed export writes a merged folder; pass --merge_lora true (a checkpoint already is the adapter)")
@@ -36,10 +36,7 @@ def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora
     if os.path.exists(output_dir):
         raise FileExistsError(f"{output_dir} already exists; remove it or pass another --output_dir")
     model, tokenizer, template, info = load_embedding_model(checkpoint, merge=True)
-    parent = os.path.dirname(os.path.abspath(output_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
-    try:
+    with folder_replaced_when_done(output_dir) as tmp:
         model.backbone.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         cfg = dict(read_mmembed_config(checkpoint) or {})
@@ -55,8 +52,4 @@ def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora
         write_mmembed_config(tmp, **cfg)
         if writes_sentence_transformers(cfg):
             write_sentence_transformers_config(tmp, hidden_size(model.backbone.config), info["pooling"], info["max_length"])
-        os.rename(tmp, output_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return output_dir

@@ -81,6 +81,7 @@ class SftArguments(TrainingArguments):
     teacher_embeddings_file: list[str] = field(default_factory=list, metadata={"help": "distill_*: one .npy [rows, 2 + negatives, width] per --dataset, aligned with its rows, NaN-padded"})
     # ms-swift defaults that differ from transformers'
     output_dir: str | None = "output"
+    overwrite_output_dir: bool = field(default=False, metadata={"help": "delete the checkpoints an earlier run left in --output_dir before training (without it, such a folder is refused unless resumed)"})
     learning_rate: float | None = None  # type: ignore[assignment]
     weight_decay: float = 0.1
     adam_beta2: float = 0.95

@@ -17,6 +17,7 @@ from ..encoding.collator import EmbeddingCollator, token_lengths
 from ..encoding.inputs import InputBuilder
 from ..encoding.templates import Template, get_template, template_config
 from ..eval.tasks import HeldOutTasks
+from ..files import WriteError
 from ..losses import EmbeddingLoss, Setup, build_loss
 from ..model.embedding import (
     EmbeddingModel,
@@ -28,7 +29,8 @@ from ..model.embedding import (
 )
 from .arguments import SftArguments, UsageError, check_side_flags
 from .charts import TrainingCharts, eval_similarities
-from .trainer import EmbeddingTrainer, check_complete, find_last_complete_checkpoint
+from .checkpoints import check_complete, clear_output_dir, find_last_complete_checkpoint, leftovers, list_checkpoints
+from .trainer import EmbeddingTrainer
 
 logger = logging.getLogger("mmembed")
 
@@ -368,22 +370,65 @@ def resume_checkpoint(args: SftArguments) -> str | None:
     if isinstance(resume, str) and resume.lower() in ("true", "last"):
         resume = find_last_complete_checkpoint(args.output_dir)
         if resume is None:
-            raise FileNotFoundError(f"--resume_from_checkpoint true: no complete checkpoint under {args.output_dir}")
+            raise FileNotFoundError(
+                f"--resume_from_checkpoint true: no complete checkpoint under {args.output_dir} "
+                "(start afresh with --overwrite_output_dir true)")
     elif isinstance(resume, str) and resume.lower() in ("false", "none", ""):
         resume = None
     if resume:
+        if not os.path.isdir(resume):
+            raise FileNotFoundError(f"--resume_from_checkpoint {resume}: no such folder")
         check_complete(resume)  # before the Trainer's own loaders (DeepSpeed's included) read it
     return resume
 
 
+def prepare_output_dir(args: SftArguments, resume: str | None) -> None:
+    """A run into an ``--output_dir`` that holds checkpoints (or a killed save's leftovers)
+    continues it (``--resume_from_checkpoint``), replaces them (``--overwrite_output_dir``:
+    they are deleted now), or is refused, so a result is never confused with another run's."""
+    with args.main_process_first(desc="checking --output_dir", local=args.save_on_each_node):
+        check_writable(args.output_dir)  # every process writes into checkpoints (its RNG state)
+        found = [path for _, path in list_checkpoints(args.output_dir)] + leftovers(args.output_dir)
+        if not found or resume:
+            return
+        if not args.overwrite_output_dir:
+            names = ", ".join(os.path.basename(p) for p in found[:4]) + (", ..." if len(found) > 4 else "")
+            raise UsageError(
+                f"--output_dir {args.output_dir} already holds checkpoints of another run ({names}); continue it with "
+                "--resume_from_checkpoint true, replace them with --overwrite_output_dir true, or pick another --output_dir"
+            )
+        if args.should_save:
+            removed = clear_output_dir(args.output_dir)
+            logger.info("--overwrite_output_dir: deleted %d checkpoint folder(s) of an earlier run in %s", len(removed),
+                        args.output_dir)
+
+
+def check_writable(folder: str) -> None:
+    """Create ``folder`` if needed and write a file in it now, so that a read-only or full
+    ``--output_dir`` fails in one line before the model loads, not at the first checkpoint."""
+    import tempfile
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder) as f:
+            f.write(b"mmembed")
+            f.flush()
+    except OSError as e:
+        raise WriteError(folder, e) from e
+
+
 def run_sft(args: SftArguments) -> dict[str, Any]:
-    """Train as ``args`` say; returns the final metrics and the last checkpoint path."""
+    """Train as ``args`` say; returns the final metrics and the last checkpoint path (the
+    checkpoint this run wrote at its last step)."""
     from transformers import set_seed
 
     set_seed(args.seed)
+    resume = resume_checkpoint(args)
+    prepare_output_dir(args, resume)
     trainer = build_trainer(args)
-    result = trainer.train(resume_from_checkpoint=resume_checkpoint(args))
-    final = os.path.join(args.output_dir, f"checkpoint-{trainer.state.global_step}")
+    trainer.last_checkpoint = resume  # the run's result until it saves (DeepSpeed loads without _load_from_checkpoint)
+    result = trainer.train(resume_from_checkpoint=resume)
+    final = trainer.last_checkpoint
     metrics: dict[str, Any] = dict(result.metrics)
     if trainer.eval_dataset is not None or trainer.eval_tasks:
         metrics.update(trainer.evaluate())

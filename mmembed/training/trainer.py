@@ -7,16 +7,17 @@
   (recall@1/5/10, MRR@10, nDCG@10) and the eval loss; then the held-out tasks
   (``--eval_beir``, ``--eval_sts``) through the Embedder ``mmembed eval`` uses.
 - checkpoints hold the backbone (a PEFT adapter for LoRA, safetensors weights for full
-  training), the tokenizer and ``mmembed.json``; a checkpoint is marked complete only after
-  every file (optimizer, RNG, trainer state) is written, and resuming never picks an
-  incomplete one.
+  training), the tokenizer and ``mmembed.json``; each is written under a staging name,
+  marked and renamed, so ``checkpoint-N`` is whole or absent whatever is killed when
+  (:mod:`mmembed.training.checkpoints`), and resuming never picks an incomplete one.
 """
 
 from __future__ import annotations
 
 import glob
+import logging
+import math
 import os
-import re
 from typing import Any
 
 import torch
@@ -29,66 +30,19 @@ from ..losses import Layout, Side, build_loss
 from ..model.adapters import is_adapter, read_adapter_weights, set_lora_weights, write_lora_layout
 from ..model.embedding import EmbeddingModel, hidden_size
 from ..model.io import write_mmembed_config, write_sentence_transformers_config
+from . import checkpoints
+from .checkpoints import (  # noqa: F401  (re-exported: the names tests and tools import from here)
+    COMPLETE_MARKER,
+    check_complete,
+    find_last_complete_checkpoint,
+    foreign_checkpoint,
+)
 from .distributed import GlobalBatchLoss, all_gather_no_grad, gather_sizes, world
 from .gradcache import GradCache
-
-COMPLETE_MARKER = "mmembed_complete"
 
 
 class NonFiniteLossError(FloatingPointError):
     pass
-
-
-def find_last_complete_checkpoint(output_dir: str) -> str | None:
-    """The highest-numbered ``checkpoint-N`` under ``output_dir`` whose save finished."""
-    found = []
-    for path in glob.glob(os.path.join(output_dir, "checkpoint-*")):
-        m = re.fullmatch(r"checkpoint-(\d+)", os.path.basename(path))
-        if m and os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
-            found.append((int(m.group(1)), path))
-    return max(found)[1] if found else None
-
-
-def check_complete(checkpoint: str) -> None:
-    """Refuse a checkpoint whose save did not finish, or that another tool wrote (saying what it is)."""
-    if os.path.isfile(os.path.join(checkpoint, COMPLETE_MARKER)):
-        return
-    what = foreign_checkpoint(checkpoint)
-    if what:
-        raise ValueError(
-            f"{checkpoint} is {what}, not an mmembed checkpoint: mmembed does not resume another tool's optimizer, "
-            f"scheduler and data position. Its weights load in mmembed: embed with `mmembed embed --model {checkpoint}`, "
-            f"or merge with `mmembed export --adapters {checkpoint} --merge_lora true` and start a new run from the "
-            "merged folder (--model)."
-        )
-    if not os.path.isfile(os.path.join(checkpoint, COMPLETE_MARKER)):
-        raise ValueError(
-            f"{checkpoint} is not a complete mmembed checkpoint (no {COMPLETE_MARKER}: "
-            "the run was probably killed while saving it); resume from an earlier checkpoint"
-        )
-
-
-def foreign_checkpoint(checkpoint: str) -> str | None:
-    """What wrote ``checkpoint`` when it was not mmembed: "an ms-swift checkpoint (...)" when it
-    holds ms-swift's args.json, "a ... folder without training state" for a model or adapter
-    folder; None for a folder that looks like mmembed's (``mmembed.json``)."""
-    import json
-
-    if os.path.isfile(os.path.join(checkpoint, "mmembed.json")):
-        return None
-    args = os.path.join(checkpoint, "args.json")
-    if os.path.isfile(args):
-        with open(args, encoding="utf-8") as f:
-            swift = json.load(f)
-        if isinstance(swift, dict) and ("model_type" in swift or "tuner_type" in swift or "train_type" in swift):
-            tuner = swift.get("tuner_type") or swift.get("train_type")
-            return (f"an ms-swift checkpoint (args.json: --model_type {swift.get('model_type')}, --tuner_type {tuner}, "
-                    f"--task_type {swift.get('task_type')})")
-    if os.path.isfile(os.path.join(checkpoint, "adapter_config.json")):
-        return "a PEFT adapter folder"
-    if os.path.isfile(os.path.join(checkpoint, "config.json")):
-        return "a model folder"
-    return None
 
 
 class _SaveLastStep(TrainerCallback):
@@ -144,6 +98,7 @@ class EmbeddingTrainer(Trainer):
             mmembed_config = {"pooling": self.accelerator.unwrap_model(self.model).pooling, "normalize": True}
         self.mmembed_config = mmembed_config
         self.add_callback(_SaveLastStep())
+        self.last_checkpoint: str | None = None  # the last whole checkpoint of this run (or the one it resumed)
 
     @property
     def loss(self):
@@ -180,13 +135,31 @@ class EmbeddingTrainer(Trainer):
                     teacher_scores=batch.teacher_scores)
 
     def _checked(self, loss: torch.Tensor) -> torch.Tensor:
-        if not torch.isfinite(loss.detach()).all():
+        """Every process checks every micro-batch's loss and they agree, so all stop at the
+        first non-finite one, before its backward pass and before any later checkpoint."""
+        bad = not bool(torch.isfinite(loss.detach()).all())
+        if self._any_process(bad):
+            value = loss.item() if bad and loss.numel() == 1 else "not finite on another process"
             raise NonFiniteLossError(
-                f"loss is {loss.item()} at step {self.state.global_step}; training stopped instead of going on. "
-                "Lower --learning_rate, raise INFONCE_TEMPERATURE, or check the data; "
-                "the last saved checkpoint is untouched."
+                f"loss is {value} at step {self.state.global_step + 1}; training stopped, nothing saved after it. "
+                f"The last whole checkpoint is {self.last_checkpoint or 'none'}. "
+                "Lower --learning_rate, raise INFONCE_TEMPERATURE, or check the data."
             )
         return loss
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        """The step's gradient norm (the same on every process), checked like the loss: a
+        finite loss can still give an infinite gradient (a tiny temperature, a huge learning
+        rate), and the update would write non-finite weights into the next checkpoint. Under
+        fp16 loss scaling an overflow is expected (the step is skipped), so it is not checked."""
+        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        if grad_norm is not None and not self.args.fp16 and not math.isfinite(float(grad_norm)):
+            raise NonFiniteLossError(
+                f"gradient norm is {float(grad_norm)} at step {self.state.global_step + 1}; training stopped, nothing "
+                f"saved after it. The last whole checkpoint is {self.last_checkpoint or 'none'}. "
+                "Lower --learning_rate, raise INFONCE_TEMPERATURE, or check the data."
+            )
+        return grad_norm
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         """With ``--gradcache_mini_batch_size N``: the batch is embedded in chunks of N rows
@@ -391,14 +364,79 @@ class EmbeddingTrainer(Trainer):
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def _save_checkpoint(self, model, trial) -> None:
-        super()._save_checkpoint(model, trial)
+        """The Trainer's checkpoint (weights, tokenizer, optimizer / scheduler / scaler / RNG
+        state, DeepSpeed's engine state, trainer state), written whole or not at all: see
+        :mod:`mmembed.training.checkpoints` for the order of writing, marking, renaming and rotating."""
+        run_dir = self._get_output_dir(trial=trial)
+        final = os.path.join(run_dir, f"checkpoint-{self.state.global_step}")
+        publisher = self.args.should_save
+        if self.hp_search_backend is None and trial is None:
+            self.store_flos()
+        if publisher:
+            checkpoints.test_point("save:begin")
+        self._agreed(lambda: checkpoints.prepare_staging(final) if publisher else None, final)
+        staging = checkpoints.staging_folder(final)
+        if self.state.best_global_step:
+            best = os.path.join(run_dir, f"checkpoint-{self.state.best_global_step}")
+            if self.state.best_global_step == self.state.global_step or os.path.isdir(best):
+                self.state.best_model_checkpoint = best
+        self._agreed(lambda: self._write_checkpoint(staging), final)
+        self._agreed(lambda: checkpoints.publish(final, self.state.global_step) if publisher else None, final)
+        self.last_checkpoint = final
+        if self.args.push_to_hub:
+            self._push_from_checkpoint(final)
+        if publisher:
+            try:
+                checkpoints.rotate(run_dir, self.args.save_total_limit, keep=[final, self.state.best_model_checkpoint])
+            except OSError as e:  # the new checkpoint is whole; an old one left behind loses nothing
+                logging.getLogger("mmembed").warning("--save_total_limit: could not delete an old checkpoint: %s", e)
+
+    def _write_checkpoint(self, staging: str) -> None:
+        """Every file of a checkpoint, into ``staging`` (as the Trainer's ``_save_checkpoint``)."""
+        from transformers.trainer import TRAINER_STATE_NAME, ExportableState
+
+        self.save_model(staging, _internal_call=True)
         if self.args.should_save:
-            ckpt = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-            with open(os.path.join(ckpt, COMPLETE_MARKER), "w") as f:
-                f.write(f"{self.state.global_step}\n")
+            checkpoints.test_point("save:model")
+        if not self.args.save_only_model:
+            self._save_optimizer_and_scheduler(staging)
+            self._save_scaler(staging)
+            self._save_rng_state(staging)
+        if self.args.should_save:
+            for cb in [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]:
+                name, cb_state = cb.__class__.__name__, cb.state()
+                if isinstance(self.state.stateful_callbacks[name], list):
+                    self.state.stateful_callbacks[name].append(cb_state)
+                else:
+                    self.state.stateful_callbacks[name] = cb_state
+            self.state.save_to_json(os.path.join(staging, TRAINER_STATE_NAME))
+
+    def _agreed(self, write, final: str) -> None:
+        """Run one stage of a checkpoint save on every process, then agree: when it failed
+        anywhere, the staging folder goes and every process raises the same one-line error
+        (so no process waits for the others in a collective that never comes)."""
+        error = None
+        try:
+            write()
+        except Exception as e:  # torch / safetensors wrap OS errors in their own exceptions
+            error = e
+        if self._any_process(error is not None):
+            if self.args.should_save:
+                checkpoints.discard_staging(final)
+            last = self.last_checkpoint
+            raise checkpoints.save_failure(final, error or RuntimeError("another process failed to write it"),
+                                           last) from error
+
+    def _any_process(self, flag: bool) -> bool:
+        if world()[1] <= 1:
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0], device=self.args.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return bool(t.item())
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         check_complete(resume_from_checkpoint)
+        self.last_checkpoint = resume_from_checkpoint  # the run's result until it saves again
         model = model or self.model
         backbone = self.accelerator.unwrap_model(model).backbone
         load_backbone_weights(backbone, resume_from_checkpoint)

@@ -146,7 +146,7 @@ def test_non_finite_loss_stops_the_run(minilm_path, group_data, tmp_path, monkey
             return outputs["last_hidden_state"].sum() * float("nan")
 
     monkeypatch.setattr(sft, "build_loss", lambda name, **options: NanLoss())
-    with pytest.raises(NonFiniteLossError, match="loss is nan at step 0"):
+    with pytest.raises(NonFiniteLossError, match="loss is nan at step 1"):
         run_sft(_args(minilm_path, group_data, tmp_path / "run", "--max_steps", "2", "--eval_strategy", "no"))
     assert find_last_complete_checkpoint(str(tmp_path / "run")) is None
 

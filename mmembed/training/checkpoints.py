@@ -1,0 +1,295 @@
+"""Checkpoints that are whole or absent, whatever is killed when.
+
+A checkpoint ``output_dir/checkpoint-N`` is written in this order:
+
+1. every process writes into a staging folder ``output_dir/.partial-checkpoint-N`` (the
+   weights, tokenizer, ``mmembed.json``, ``training_args.bin``, optimizer / scheduler / RNG
+   state, DeepSpeed's engine state, ``trainer_state.json``);
+2. all processes agree that every write succeeded (a failure on any process removes the
+   staging folder on all of them and raises :class:`CheckpointWriteError`);
+3. the saving process flushes every file to disk, writes the marker ``mmembed_complete``
+   (a JSON manifest: the step and every file with its size), flushes it, and renames the
+   staging folder to ``checkpoint-N`` (an older folder of that name is unmarked and moved
+   aside first);
+4. only then are old checkpoints rotated out (``--save_total_limit``), each one unmarked
+   (marker removed and flushed) before its files are deleted.
+
+So a folder named ``checkpoint-N`` with a marker always holds every file its manifest lists;
+resuming takes the newest such folder (:func:`find_last_complete_checkpoint`), and anything
+else (a staging folder, an unmarked folder) is never trusted.
+
+``MMEMBED_TEST_KILL_AT=POINT:N`` (test-only) kills the process with SIGKILL the N-th time it
+reaches the named point of saving or rotation (:data:`TEST_POINTS`);
+``MMEMBED_TEST_FULL_AT=POINT:N`` (test-only) instead makes every later file write fail as on
+a full disk (``RLIMIT_FSIZE`` 0, SIGXFSZ ignored, so writes get EFBIG from the kernel).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+from collections import Counter
+
+from ..files import WriteError, sync_folder, sync_tree
+
+COMPLETE_MARKER = "mmembed_complete"
+STAGING_PREFIX = ".partial-"
+_TRASH_PREFIX = ".deleting-"
+_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+
+# where the test hooks can stop a save (in this order) or a rotation
+TEST_POINTS = ("save:begin", "save:model", "save:written", "save:marked", "save:renamed",
+               "rotate:unmarked", "rotate:deleting", "rotate:done")
+
+
+class CheckpointWriteError(WriteError):
+    """A checkpoint could not be written; nothing was left under its name and the older
+    checkpoints are untouched."""
+
+
+class IncompleteCheckpointError(ValueError):
+    pass
+
+
+def checkpoint_step(path: str) -> int | None:
+    m = _CHECKPOINT.fullmatch(os.path.basename(os.path.normpath(path)))
+    return int(m.group(1)) if m else None
+
+
+def is_complete(checkpoint: str) -> bool:
+    """Whether ``checkpoint`` carries the marker and every file its manifest lists, at the
+    listed size (a marker from before manifests, holding only the step, counts as complete)."""
+    marker = os.path.join(checkpoint, COMPLETE_MARKER)
+    try:
+        with open(marker, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return False
+    try:
+        manifest = json.loads(text)
+    except ValueError:
+        return False
+    if not isinstance(manifest, dict):
+        return isinstance(manifest, int)  # the older marker: the step alone
+    files = manifest.get("files", {})
+    return all(os.path.getsize(os.path.join(checkpoint, name)) == size if os.path.isfile(os.path.join(checkpoint, name))
+               else False for name, size in files.items())
+
+
+def list_checkpoints(output_dir: str) -> list[tuple[int, str]]:
+    """Every ``checkpoint-N`` folder under ``output_dir`` (complete or not), by step."""
+    if not os.path.isdir(output_dir):
+        return []
+    found = []
+    for name in os.listdir(output_dir):
+        step = checkpoint_step(name)
+        if step is not None and os.path.isdir(os.path.join(output_dir, name)):
+            found.append((step, os.path.join(output_dir, name)))
+    return sorted(found)
+
+
+def leftovers(output_dir: str) -> list[str]:
+    """Folders a killed save or rotation left behind (staging folders, folders being deleted)."""
+    if not os.path.isdir(output_dir):
+        return []
+    return sorted(os.path.join(output_dir, n) for n in os.listdir(output_dir)
+                  if n.startswith((STAGING_PREFIX, _TRASH_PREFIX)) and os.path.isdir(os.path.join(output_dir, n)))
+
+
+def find_last_complete_checkpoint(output_dir: str) -> str | None:
+    """The highest-numbered ``checkpoint-N`` under ``output_dir`` that is whole."""
+    for _, path in reversed(list_checkpoints(output_dir)):
+        if is_complete(path):
+            return path
+    return None
+
+
+def check_complete(checkpoint: str) -> None:
+    """Refuse a checkpoint whose save did not finish, or that another tool wrote (saying what it is)."""
+    if is_complete(checkpoint):
+        return
+    what = foreign_checkpoint(checkpoint)
+    if what:
+        raise IncompleteCheckpointError(
+            f"{checkpoint} is {what}, not an mmembed checkpoint: mmembed does not resume another tool's optimizer, "
+            f"scheduler and data position. Its weights load in mmembed: embed with `mmembed embed --model {checkpoint}`, "
+            f"or merge with `mmembed export --adapters {checkpoint} --merge_lora true` and start a new run from the "
+            "merged folder (--model)."
+        )
+    raise IncompleteCheckpointError(
+        f"{checkpoint} is not a complete mmembed checkpoint (no {COMPLETE_MARKER}, or files it lists are missing: "
+        "the run was probably killed while saving or deleting it); resume from an earlier checkpoint"
+    )
+
+
+def foreign_checkpoint(checkpoint: str) -> str | None:
+    """What wrote ``checkpoint`` when it was not mmembed: "an ms-swift checkpoint (...)" when it
+    holds ms-swift's args.json, "a ... folder without training state" for a model or adapter
+    folder; None for a folder that looks like mmembed's (``mmembed.json``)."""
+    if os.path.isfile(os.path.join(checkpoint, "mmembed.json")):
+        return None
+    args = os.path.join(checkpoint, "args.json")
+    if os.path.isfile(args):
+        with open(args, encoding="utf-8") as f:
+            swift = json.load(f)
+        if isinstance(swift, dict) and ("model_type" in swift or "tuner_type" in swift or "train_type" in swift):
+            tuner = swift.get("tuner_type") or swift.get("train_type")
+            return (f"an ms-swift checkpoint (args.json: --model_type {swift.get('model_type')}, --tuner_type {tuner}, "
+                    f"--task_type {swift.get('task_type')})")
+    if os.path.isfile(os.path.join(checkpoint, "adapter_config.json")):
+        return "a PEFT adapter folder"
+    if os.path.isfile(os.path.join(checkpoint, "config.json")):
+        return "a model folder"
+    return None
+
+
+def staging_folder(final: str) -> str:
+    parent, name = os.path.split(os.path.normpath(final))
+    return os.path.join(parent, STAGING_PREFIX + name)
+
+
+def prepare_staging(final: str) -> str:
+    """Create an empty staging folder for ``final`` (removing one a killed save left)."""
+    staging = staging_folder(final)
+    try:
+        if os.path.exists(staging):
+            shutil.rmtree(staging)
+        os.makedirs(staging)
+    except OSError as e:
+        raise CheckpointWriteError(final, e) from e
+    return staging
+
+
+def discard_staging(final: str) -> None:
+    shutil.rmtree(staging_folder(final), ignore_errors=True)
+
+
+def publish(final: str, step: int) -> None:
+    """Flush the staging folder of ``final``, mark it complete and give it ``final``'s name."""
+    staging = staging_folder(final)
+    parent = os.path.dirname(staging)
+    try:
+        test_point("save:written")
+        files = sync_tree(staging)
+        marker = os.path.join(staging, COMPLETE_MARKER)
+        with open(marker, "w", encoding="utf-8") as f:
+            json.dump({"step": step, "files": files}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        sync_folder(staging)
+        test_point("save:marked")
+        if os.path.exists(final):  # a folder of this step from an earlier (killed or resumed-over) run
+            _move_aside(final)
+        os.rename(staging, final)
+        sync_folder(parent)
+    except OSError as e:
+        discard_staging(final)
+        raise CheckpointWriteError(final, e) from e
+    test_point("save:renamed")
+
+
+def remove_checkpoint(path: str) -> None:
+    """Delete a checkpoint so that no moment leaves it looking whole: the marker goes first."""
+    marker = os.path.join(path, COMPLETE_MARKER)
+    if os.path.exists(marker):
+        os.remove(marker)
+        sync_folder(path)
+    test_point("rotate:unmarked")
+    first = True
+    for folder, dirs, names in os.walk(path, topdown=False):
+        for name in names:
+            os.remove(os.path.join(folder, name))
+            if first:
+                test_point("rotate:deleting")
+                first = False
+        os.rmdir(folder)
+
+
+def _move_aside(path: str) -> None:
+    """Unmark ``path`` and rename it out of the way (deleted later): its name is free at once."""
+    marker = os.path.join(path, COMPLETE_MARKER)
+    if os.path.exists(marker):
+        os.remove(marker)
+        sync_folder(path)
+    parent, name = os.path.split(os.path.normpath(path))
+    trash = os.path.join(parent, _TRASH_PREFIX + name)
+    if os.path.exists(trash):
+        shutil.rmtree(trash)
+    os.rename(path, trash)
+
+
+def rotate(output_dir: str, save_total_limit: int | None, keep: list[str]) -> list[str]:
+    """``--save_total_limit``: keep the checkpoints in ``keep`` (the one just saved, the best)
+    and the newest complete others up to the limit; delete the rest (incomplete folders
+    included) and what killed saves or rotations left. Returns the deleted folders."""
+    for path in leftovers(output_dir):
+        if os.path.basename(path).startswith(_TRASH_PREFIX):
+            shutil.rmtree(path, ignore_errors=True)
+    if not save_total_limit or save_total_limit <= 0:
+        return []
+    kept = {os.path.normpath(p) for p in keep if p}
+    deleted = []
+    for _, path in reversed(list_checkpoints(output_dir)):
+        path = os.path.normpath(path)
+        if path in kept:
+            continue
+        if len(kept) < save_total_limit and is_complete(path):
+            kept.add(path)
+            continue
+        remove_checkpoint(path)
+        deleted.append(path)
+    test_point("rotate:done")
+    return deleted
+
+
+def clear_output_dir(output_dir: str) -> list[str]:
+    """``--overwrite_output_dir``: delete every checkpoint and leftover of earlier runs."""
+    removed = []
+    for _, path in list_checkpoints(output_dir):
+        remove_checkpoint(path)
+        removed.append(path)
+    for path in leftovers(output_dir):
+        shutil.rmtree(path)
+        removed.append(path)
+    return removed
+
+
+def save_failure(final: str, exc: BaseException, last_complete: str | None) -> CheckpointWriteError:
+    """The error for a checkpoint that could not be written, naming the last whole one."""
+    err = CheckpointWriteError(final, exc)
+    err.args = (err.args[0], f"{err.args[1]} (nothing was left under that name; the last whole checkpoint is "
+                             f"{last_complete or 'none: no checkpoint was completed'})")
+    return err
+
+
+_hits: Counter = Counter()
+
+
+def test_point(name: str) -> None:
+    """Test-only hooks (see the module docstring); nothing happens unless
+    ``MMEMBED_TEST_KILL_AT`` or ``MMEMBED_TEST_FULL_AT`` names this point."""
+    for var in ("MMEMBED_TEST_KILL_AT", "MMEMBED_TEST_FULL_AT"):
+        spec = os.environ.get(var)
+        if not spec:
+            continue
+        point, _, count = spec.rpartition(":")
+        if point != name:
+            continue
+        _hits[var, name] += 1
+        if _hits[var, name] != int(count):
+            continue
+        if var == "MMEMBED_TEST_KILL_AT":
+            os.kill(os.getpid(), signal.SIGKILL)
+        import resource
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+__all__ = [
+    "COMPLETE_MARKER", "CheckpointWriteError", "IncompleteCheckpointError", "check_complete", "clear_output_dir",
+    "find_last_complete_checkpoint", "foreign_checkpoint", "is_complete", "list_checkpoints", "publish", "rotate",
+]

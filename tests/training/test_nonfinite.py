@@ -1,0 +1,91 @@
+"""A non-finite loss or gradient stops the run at the first bad step, whatever caused it (a tiny
+temperature, a huge learning rate, a bad label), with one line naming the step and the last
+whole checkpoint, exit code 1, and no checkpoint saved after it; on 2 processes both stop."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import DATA, REPO
+from forked_cli import run_cli
+
+from mmembed.training.charts import CHARTS_DIR
+from mmembed.training.checkpoints import find_last_complete_checkpoint, is_complete
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("nonfinite")
+    with open(os.path.join(DATA, "stsb_train_pairs.jsonl"), encoding="utf-8") as f:
+        pairs = [json.loads(line) for line in f][:16]
+    # each query's own text as a hard negative: at a tiny temperature the logits are ~1e30 apart
+    groups = [{"query": p["query"], "response": p["response"], "rejected_response": [pairs[(i + 3) % 16]["response"], p["query"]]}
+              for i, p in enumerate(pairs[:8])]
+    with open(os.path.join(DATA, "stsb_train_scored.jsonl"), encoding="utf-8") as f:
+        scored = [json.loads(line) for line in f][:8]
+    scored[5]["label"] = 1e30  # finite in float32, its squared error is not
+    files = {}
+    for name, rows in (("groups", groups), ("scored", scored)):
+        files[name] = d / f"{name}.jsonl"
+        files[name].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d, files
+
+
+def _args(model, dataset, out, *extra):
+    return ["sft", "--model", model, "--dataset", str(dataset), "--output_dir", str(out),
+            "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1", "--max_steps", "4",
+            "--save_steps", "1", "--max_length", "32", "--dataloader_num_workers", "0", "--disable_tqdm", "true",
+            "--report_to", "none", "--logging_steps", "1", *extra]
+
+
+def _error_line(stderr):
+    lines = [line for line in stderr.splitlines() if line.startswith("mmembed sft: error:")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
+
+
+# (what makes it non-finite, the data, extra flags, environment, the first bad step, what is reported)
+CASES = [
+    ("temperature", "groups", (), {"INFONCE_TEMPERATURE": "1e-30"}, 1, "gradient norm is inf"),
+    ("learning_rate", "groups", ("--learning_rate", "1e30"), {}, 2, "loss is nan"),
+    ("data", "scored", ("--loss_type", "cosine_similarity"), {}, None, "loss is inf"),  # the step of the bad row's batch
+]
+
+
+@pytest.mark.parametrize("cause,dataset,flags,env,step,what", CASES, ids=[c[0] for c in CASES])
+def test_the_first_non_finite_step_stops_the_run(minilm_path, data, tmp_path, cause, dataset, flags, env, step, what):
+    d, files = data
+    out = tmp_path / "run"
+    r = run_cli(_args(minilm_path, files[dataset], out, *flags), env=env)
+    assert r.returncode == 1, r.stderr[-3000:]
+    line = _error_line(r.stderr)
+    step = step or int(re.search(r"at step (\d+);", line).group(1))
+    last = str(out / f"checkpoint-{step - 1}") if step > 1 else "none"
+    assert f"{what} at step {step};" in line and f"The last whole checkpoint is {last}." in line
+    saved = sorted(n for n in os.listdir(out) if n != CHARTS_DIR) if out.exists() else []
+    assert saved == [f"checkpoint-{s}" for s in range(1, step)]  # every step before the bad one, none after
+    assert all(is_complete(str(out / name)) for name in saved)
+
+
+def test_two_processes_stop_together(minilm_path, data, tmp_path):
+    """The bad label sits in one process's share of the batch; both stop at the same step
+    (neither waits for a peer that has left), and both name the same checkpoint."""
+    d, files = data
+    out = tmp_path / "run"
+    argv = _args(minilm_path, files["scored"], out, "--loss_type", "cosine_similarity", "--per_device_train_batch_size", "1")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "mmembed.tools.cli", *argv], env=env, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    # one error per process (their lines may interleave), both at the same step, naming the same checkpoint
+    errors = re.findall(r"mmembed sft: error: loss is (inf|not finite on another process) at step (\d+); training stopped, "
+                        r"nothing saved after it\. The last whole checkpoint is (\S+)\.", proc.stderr)
+    assert sorted(e[0] for e in errors) == ["inf", "not finite on another process"], proc.stderr[-3000:]
+    assert errors[0][1:] == errors[1][1:]
+    step = int(errors[0][1])
+    last = find_last_complete_checkpoint(str(out))
+    assert (last or "none") == errors[0][2]
+    assert sorted(n for n in os.listdir(out) if n != CHARTS_DIR) == [f"checkpoint-{s}" for s in range(1, step)]
