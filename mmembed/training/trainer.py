@@ -26,7 +26,7 @@ from ..encoding.inputs import select_rows, split_rows
 from ..eval.metrics import embedding_eval_metrics, pair_metrics
 from ..losses import Layout, Side, build_loss
 from ..model.embedding import EmbeddingModel, hidden_size
-from ..model.io import write_mmembed_config, write_sentence_transformers_config
+from ..model.io import write_saved_folder
 from .distributed import GlobalBatchLoss, all_gather_no_grad, gather_sizes, world
 from .gradcache import GradCache
 
@@ -343,13 +343,8 @@ class EmbeddingTrainer(Trainer):
         backbone.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
         if self.processing_class is not None:
             self.processing_class.save_pretrained(output_dir)
-        write_mmembed_config(output_dir, **self.mmembed_config)
-        from ..model.io import writes_sentence_transformers  # one rule with mmembed export
-
-        if writes_sentence_transformers(self.mmembed_config):
-            write_sentence_transformers_config(
-                output_dir, hidden_size(backbone.config), model.pooling, self.mmembed_config.get("max_length")
-            )
+        # mmembed.json, the tokenizer's suffix, sentence-transformers files, model card: one rule with mmembed export
+        write_saved_folder(output_dir, self.mmembed_config, hidden_size(backbone.config), self.state.log_history)
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def _save_checkpoint(self, model, trial) -> None:
