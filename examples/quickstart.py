@@ -93,6 +93,9 @@ def main() -> int:
     with open(os.path.join(out, "quickstart_metrics.json"), "w") as f:
         json.dump({"before": before, "after": after, "train_seconds": train_s}, f, indent=2)
     print(f"\nmodel: {merged} (loads in transformers and sentence-transformers)")
+    charts = os.path.join(out, "charts")
+    if os.path.isdir(charts):
+        print(f"charts: {charts}/ ({', '.join(sorted(os.listdir(charts)))})")
     return 0
 
 

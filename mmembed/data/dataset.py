@@ -123,6 +123,7 @@ class LoadResult:
     rows_read: int = 0
     records: dict[str, int] = field(default_factory=dict)  # rows read per file (bad ones included)
     files: list[list[str]] = field(default_factory=list)  # the data files of each spec, in order
+    val: Any = None  # the rows split off for validation (split_ratio > 0)
 
     def report(self, limit: int = _REPORT_LIMIT) -> str:
         """A human-readable list of skipped rows (``file:line field: reason``); "" if none."""
@@ -280,19 +281,44 @@ def _with_row_numbers(ds):
     return ds.add_column("row", row.astype(np.int64)), records
 
 
-def sample_indices(size: int, n: int, rng: np.random.RandomState) -> np.ndarray:
+def sample_indices(size: int, n: int, rng: np.random.RandomState, shuffle: bool = True) -> np.ndarray:
     """Row indices for ``#n`` over ``size`` rows, as ms-swift picks them.
 
-    ``n <= size``: ``n`` distinct rows in random order (the first ``n`` of a permutation).
-    ``n > size``: every row ``n // size`` times in order, then ``n % size`` distinct random rows.
+    ``n <= size``: ``n`` distinct rows in random order (the first ``n`` of a permutation), or
+    the first ``n`` rows without ``shuffle``. ``n > size``: every row ``n // size`` times in
+    order, then ``n % size`` more chosen the same way. ``n == size`` draws nothing.
     """
     if size == 0:
         raise ValueError(f"cannot sample {n} rows from an empty dataset")
     repeats, rest = divmod(n, size)
     idx = np.tile(np.arange(size), repeats)
     if rest:
-        idx = np.concatenate([idx, rng.permutation(size)[:rest]])
+        idx = np.concatenate([idx, rng.permutation(size)[:rest] if shuffle else np.arange(rest)])
     return idx
+
+
+def _draw_seed(rng: np.random.RandomState) -> int:
+    """A seed drawn from the shared state, as ms-swift seeds each split and shuffle."""
+    return int(rng.randint(0, np.iinfo(np.int32).max))
+
+
+def _sample_and_split(ds, n: int | None, ratio: float, shuffle: bool, rng: np.random.RandomState):
+    """One spec's ``(train, val)`` in ms-swift's order of draws: with a ratio, the validation
+    rows are split off the whole file first (``max(int(min(rows, N) * ratio), 1)`` of them),
+    then the ``N - val`` training rows are sampled from the rest."""
+    n = len(ds) if n is None else n
+    if ratio == 0:
+        return ds.select(sample_indices(len(ds), n, rng, shuffle)), None
+    if ratio == 1:
+        if n > len(ds):
+            raise SpecError(f"a validation spec cannot sample {n} rows from {len(ds)}")
+        return None, ds.select(sample_indices(len(ds), n, rng, shuffle))
+    n_val = max(int(min(len(ds), n) * ratio), 1)
+    if n - n_val <= 0 or n_val >= len(ds):
+        raise ValueError(f"cannot split {len(ds)} row(s) with ratio {ratio}: no training rows would remain")
+    parts = ds.train_test_split(test_size=n_val, shuffle=shuffle, seed=_draw_seed(rng))
+    train = parts["train"]
+    return train.select(sample_indices(len(train), n - n_val, rng, shuffle)), parts["test"]
 
 
 def load_samples(
@@ -304,15 +330,22 @@ def load_samples(
     num_proc: int = 1,
     load_from_cache_file: bool = True,
     verify_images: bool = True,
+    split_ratio: float = 0.0,
+    shuffle: bool = False,
 ) -> LoadResult:
     """Read dataset specs into one Arrow-backed ``datasets.Dataset`` of samples.
 
     Columns: ``sample`` (``Sample.to_json()``), ``source`` (absolute file path), ``line``,
     ``row`` (the index among the file's rows, bad rows included).
-    Specs (see :func:`parse_spec`) are read in order and concatenated; ``#N`` samples N rows
-    of that spec (after bad rows are dropped) with ``numpy.random.RandomState(seed)`` shared
-    across specs, as ms-swift does: without replacement when N <= rows; beyond, each row
-    ``N // rows`` times plus ``N % rows`` random distinct rows.
+    Rows come in ms-swift's order for the same seed (its ``--data_seed``), with one
+    ``numpy.random.RandomState(seed)`` drawn from spec by spec: each spec (see
+    :func:`parse_spec`) first gives up ``split_ratio`` of its rows to the validation set
+    (``LoadResult.val``), then ``#N`` samples N of the rest (after bad rows are dropped):
+    without replacement when N <= rows; beyond, each row ``N // rows`` times plus ``N % rows``
+    distinct rows. The specs are concatenated and, with ``shuffle`` (ms-swift's
+    ``--dataset_shuffle``), the training and validation sets are shuffled. Without
+    ``shuffle`` nothing is random: the split takes each file's last rows and ``#N`` its first.
+    ``split_ratio=1`` reads validation specs (all rows go to ``val``).
 
     ``strict=True``: the first bad row raises its :class:`DataError`. ``strict=False``: bad
     rows are skipped, listed in ``LoadResult.skipped`` and logged as a warning (never
@@ -332,9 +365,12 @@ def load_samples(
         raise SpecError("no dataset specs given")
     parsed = [parse_spec(s) for s in specs]
     file_lists = [_data_files(path) for path, _ in parsed]
+    if not 0 <= split_ratio <= 1:
+        raise ValueError(f"split_dataset_ratio must be in [0, 1], got {split_ratio}")
     rng = np.random.RandomState(seed)
-    parts, skipped, records = [], [], {}
+    parts, vals, skipped, records = [], [], [], {}
     for (path, n), files in zip(parsed, file_lists):
+        _draw_seed(rng)  # ms-swift draws a seed per spec before reading it (for its decision-task augmentation)
         ds, bad, read = _load_files(
             files,
             strict=strict,
@@ -350,11 +386,28 @@ def load_samples(
                 raise SpecError(f"dataset {path!r} has no valid rows to sample {n} from")
             if n > len(ds):
                 logger.warning("%s#%d: more than its %d rows, so rows repeat", path, n, len(ds))
-            ds = ds.select(sample_indices(len(ds), n, rng))
-        parts.append(ds)
-    dataset = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-    result = LoadResult(dataset=dataset, skipped=skipped, rows_read=sum(records.values()), records=records,
-                        files=file_lists)
+        if len(ds) == 0 and split_ratio == 0 and n is None:
+            parts.append(ds)
+            continue
+        train, val = _sample_and_split(ds, n, split_ratio, shuffle, rng)
+        if train is not None:
+            parts.append(train)
+        if val is not None:
+            vals.append(val)
+
+    def concat(sets):
+        return sets[0] if len(sets) == 1 else datasets.concatenate_datasets(sets)
+
+    dataset = concat(parts) if parts else None
+    val_set = concat(vals) if vals else None
+    if shuffle:
+        if dataset is not None:
+            dataset = dataset.shuffle(seed=_draw_seed(rng))
+        if val_set is not None:
+            val_set = val_set.shuffle(seed=_draw_seed(rng))
+    result = LoadResult(dataset=dataset if dataset is not None else val_set, skipped=skipped,
+                        rows_read=sum(records.values()), records=records, files=file_lists,
+                        val=val_set if dataset is not None else None)
     if skipped:
         logger.warning("%s", result.report())
     return result

@@ -16,10 +16,15 @@ A template is a declarative TOML file in ``templates/`` (shipped inside the whee
 - ``[media]``: placeholder text per media kind (``image``, ``video``, ``audio``).
 - ``tower``: the media tower a multimodal model runs (``vision`` or ``audio``); the model
   runs it on every forward, on a dummy input when a batch has no media.
+- ``min_transformers``: the oldest transformers release that loads the family's checkpoints
+  whole (checked when the template is used).
 - ``[parts]``: the model's parts as prefixes of the module names of the model ``AutoModel``
   loads: ``vit`` (the vision or audio tower), ``aligner`` (the projector into the LLM,
   inside or beside the tower) and ``llm``. ms-swift's ``--freeze_vit``, ``--freeze_aligner``
   and ``--freeze_llm`` and LoRA's ``all-linear`` act on these.
+- ``adapter_prefix``: where the family's full class (the causal-LM or conditional-generation
+  class ms-swift and PEFT users load) holds the ``AutoModel`` backbone, e.g. ``"model."``;
+  LoRA adapters are written with the full class's module names. Empty: the bare model.
 
 A new model family is one such file. ``--template path/to/file.toml`` takes a user's own;
 a checkpoint trained with it keeps the whole template in its ``mmembed.json``.
@@ -59,6 +64,22 @@ class Template:
     media: dict[str, str] = field(default_factory=dict)
     tower: str | None = None
     parts: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    min_transformers: str | None = None
+    adapter_prefix: str = ""
+
+    def check_installed(self) -> None:
+        """Refuse a transformers release that cannot load this family's models as the template needs."""
+        if self.min_transformers is None:
+            return
+        import transformers
+        from packaging.version import Version
+
+        if Version(transformers.__version__) < Version(self.min_transformers):
+            raise ValueError(
+                f"template '{self.name}' needs transformers >= {self.min_transformers} (installed: "
+                f"{transformers.__version__}): older releases load this family's checkpoints without some of their "
+                f"weights; pip install 'transformers>={self.min_transformers}'"
+            )
 
     def module_part(self, name: str) -> str | None:
         """``aligner``, ``vit`` or ``llm`` for a module or parameter name of the model

@@ -17,6 +17,7 @@ import torch
 from ..data.sample import Item
 from ..encoding.inputs import InputBuilder, tokenizer_of
 from ..encoding.templates import Template, get_template, template_from_config
+from .adapters import load_lora
 from .embedding import EmbeddingModel, default_max_length, load_backbone, require_local_model
 from .io import read_mmembed_config
 
@@ -26,9 +27,34 @@ def _base_model_of(path: str, cfg: dict[str, Any] | None) -> str:
         return cfg["base_model"]
     with open(os.path.join(path, "adapter_config.json"), encoding="utf-8") as f:
         base = json.load(f).get("base_model_name_or_path")
+    swift_model = (read_swift_args(path) or {}).get("model")
+    if (not base or not os.path.isdir(base)) and swift_model and os.path.isdir(swift_model):
+        base = swift_model
     if not base or not os.path.isdir(base):
         raise FileNotFoundError(f"{path}: the adapter's base model {base!r} is not a local folder")
     return base
+
+
+def read_swift_args(path: str) -> dict[str, Any] | None:
+    """The ``args.json`` ms-swift writes into its output and checkpoint folders (None when absent)."""
+    args = os.path.join(path, "args.json")
+    if not os.path.isfile(args):
+        return None
+    with open(args, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _swift_template(path: str, base: str) -> Template | None:
+    """The template of an ms-swift checkpoint: its ``--template`` or ``--model_type`` when mmembed
+    has one of that name (None otherwise: the base model's type decides)."""
+    swift = read_swift_args(path) or {}
+    for name, model_type in ((swift.get("template"), None), (None, swift.get("model_type"))):
+        if name or model_type:
+            try:
+                return get_template(name, model_type)
+            except ValueError:
+                continue
+    return None
 
 
 def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool = True) -> tuple[EmbeddingModel, Any, Template, dict]:
@@ -44,26 +70,25 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
     cfg = read_mmembed_config(path) or {}
     is_adapter = os.path.isfile(os.path.join(path, "adapter_config.json"))
     base = _base_model_of(path, cfg) if is_adapter else path
-    backbone = load_backbone(base, torch_dtype)
-    if is_adapter:
-        from peft import PeftModel
-
-        backbone = PeftModel.from_pretrained(backbone, path)
-        if merge:
-            backbone = backbone.merge_and_unload()
-    tok_dir = path if os.path.isfile(os.path.join(path, "tokenizer_config.json")) else base
     if cfg.get("template"):
         template = template_from_config(cfg["template"])
     else:
-        template = get_template(config_model_type=AutoConfig.from_pretrained(base).model_type)
+        template = _swift_template(path, base) or get_template(config_model_type=AutoConfig.from_pretrained(base).model_type)
+    template.check_installed()
+    backbone = load_backbone(base, torch_dtype)
+    if is_adapter:
+        backbone = load_lora(backbone, path)
+        if merge:
+            backbone = backbone.merge_and_unload()
+    tok_dir = path if os.path.isfile(os.path.join(path, "tokenizer_config.json")) else base
     if cfg.get("default_system") is not None:
         import dataclasses
 
         template = dataclasses.replace(template, default_system=cfg["default_system"])
     tokenizer = (AutoProcessor if template.media else AutoTokenizer).from_pretrained(tok_dir)
     pooling = cfg.get("pooling") or template.resolve_pooling(base)
-    if cfg.get("max_length"):
-        max_length = int(cfg["max_length"])
+    if cfg.get("max_length") or (read_swift_args(path) or {}).get("max_length"):
+        max_length = int(cfg.get("max_length") or read_swift_args(path)["max_length"])
     else:
         max_length = default_max_length(base, tokenizer_of(tokenizer))
     model = EmbeddingModel(backbone, pooling, normalize=cfg.get("normalize", True), tower=template.tower)

@@ -175,16 +175,54 @@ class EmbeddingModel(nn.Module):
         emb = torch.cat([call(idx) for idx in order.chunk(chunks)])
         return emb[torch.argsort(order)]  # back to the batch's row order
 
-    # the Trainer calls these on its model
-    def activation_checkpointing_enable(self, **kwargs: Any) -> None:
-        self.backbone.activation_checkpointing_enable(**kwargs)
+    # The Trainer calls these on its model: transformers >= 5.23 by the activation_* names,
+    # older 5.x by the gradient_* names; the backbone has one spelling or both.
+    def _backbone_method(self, new: str, old: str):
+        return getattr(self.backbone, new, None) or getattr(self.backbone, old)
+
+    def activation_checkpointing_enable(self, *args: Any, **kwargs: Any) -> None:
+        self._backbone_method("activation_checkpointing_enable", "gradient_checkpointing_enable")(*args, **kwargs)
+        self._untrack_frozen_towers()
+
+    def _untrack_frozen_towers(self) -> None:
+        """Enabling checkpointing makes the output of every sub-model's input embeddings require
+        grad (transformers' ``enable_input_require_grads``), the vision or audio tower's patch
+        embedding included. For a tower with no trainable parameter (``--freeze_vit`` and
+        ``--freeze_aligner``, ms-swift's defaults) that records, recomputes and back-propagates
+        the whole tower for nothing: its output gets no gradient either way. Those hooks are
+        removed; the language model's stays."""
+        from transformers import PreTrainedModel
+
+        base = self._base()
+        hooks = getattr(base, "_require_grads_hooks", None) or []
+        if not hooks:
+            return
+        for sub in base.modules():
+            if sub is base or not isinstance(sub, PreTrainedModel) or any(p.requires_grad for p in sub.parameters()):
+                continue
+            try:
+                embeddings = sub.get_input_embeddings()
+            except (NotImplementedError, AttributeError):
+                continue
+            registered = getattr(embeddings, "_forward_hooks", {})
+            for hook in [h for h in hooks if h.id in registered]:
+                hook.remove()
+                hooks.remove(hook)
 
     def activation_checkpointing_disable(self) -> None:
-        self.backbone.activation_checkpointing_disable()
+        self._backbone_method("activation_checkpointing_disable", "gradient_checkpointing_disable")()
 
     @property
     def is_activation_checkpointing(self) -> bool:
-        return bool(getattr(self.backbone, "is_activation_checkpointing", False))
+        for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+            value = getattr(self.backbone, name, None)
+            if value is not None:
+                return bool(value)
+        return False
+
+    gradient_checkpointing_enable = activation_checkpointing_enable
+    gradient_checkpointing_disable = activation_checkpointing_disable
+    is_gradient_checkpointing = is_activation_checkpointing
 
 
 def _take(out: Any, start: int, stop: int | None) -> Any:

@@ -1,4 +1,4 @@
-"""``mmembed`` command line: sft (alias train), embed, export, eval, mine.
+"""``mmembed`` command line: sft (alias train), embed, export, eval, mine, serve.
 
 Flags follow ms-swift's spelling; ``mmembed COMMAND --help`` lists them.
 """
@@ -20,6 +20,7 @@ commands:
   export        merge a LoRA checkpoint into a standalone folder (--adapters CKPT --merge_lora true)
   eval          STS (Spearman/Pearson) on scored pairs and/or retrieval on a BEIR folder (nDCG@10, MRR@10, recall@k)
   mine          add hard negatives to a data file (BM25 or a dense model, false-negative filters)
+  serve         OpenAI-compatible POST /v1/embeddings with dynamic batching (FastAPI + uvicorn)
 """
 
 
@@ -220,7 +221,15 @@ def cmd_mine(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"sft": cmd_sft, "train": cmd_sft, "embed": cmd_embed, "export": cmd_export, "eval": cmd_eval, "mine": cmd_mine}
+def cmd_serve(argv: list[str]) -> int:
+    from .serve import parse_serve_args, serve
+
+    serve(parse_serve_args(argv))
+    return 0
+
+
+COMMANDS = {"sft": cmd_sft, "train": cmd_sft, "embed": cmd_embed, "export": cmd_export, "eval": cmd_eval, "mine": cmd_mine,
+            "serve": cmd_serve}
 
 
 def main(argv: list[str] | None = None) -> int:

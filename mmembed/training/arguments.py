@@ -20,6 +20,8 @@ from transformers import HfArgumentParser, TrainingArguments
 
 TUNER_TYPES = ("lora", "full")
 DEEPSPEED_CONFIGS = ("zero2", "zero2_offload", "zero3", "zero3_offload")
+# transformers >= 5.23 calls gradient checkpointing "activation checkpointing"
+RENAMED_CHECKPOINTING = "activation_checkpointing" in TrainingArguments.__dataclass_fields__
 TRUNCATION_STRATEGIES = ("delete", "left", "right")
 
 
@@ -60,6 +62,9 @@ class SftArguments(TrainingArguments):
     dataset: list[str] = field(default_factory=list, metadata={"help": "data files / folders, path#N samples N rows"})
     val_dataset: list[str] = field(default_factory=list)
     split_dataset_ratio: float = 0.0
+    dataset_shuffle: bool = field(default=True, metadata={"help": "shuffle the training rows once after loading (ms-swift's); the sampler shuffles each epoch too"})
+    val_dataset_shuffle: bool = field(default=False, metadata={"help": "shuffle the --val_dataset rows"})
+    data_seed: int | None = field(default=42, metadata={"help": "seed of the split, #N sampling, --dataset_shuffle and the sampler (ms-swift's default 42; not --seed)"})
     strict: bool = field(default=True, metadata={"help": "false: skip broken rows and report them"})
     lazy_tokenize: bool = True
     load_from_cache_file: bool = True
@@ -89,6 +94,11 @@ class SftArguments(TrainingArguments):
     per_device_eval_batch_size: int = 1
     gradient_accumulation_steps: int | None = None  # type: ignore[assignment]
     remove_unused_columns: bool = False
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether activation (gradient) checkpointing is on, whichever name this transformers uses."""
+        return bool(self.activation_checkpointing if RENAMED_CHECKPOINTING else self.gradient_checkpointing)
 
     def __post_init__(self):
         if self.task_type != "embedding":
@@ -132,12 +142,18 @@ class SftArguments(TrainingArguments):
             self.eval_strategy = "no"
         if self.eval_steps is None and self.eval_strategy == "steps":
             self.eval_steps = self.save_steps
-        # ms-swift's --gradient_checkpointing (default true) is transformers 5's activation_checkpointing
-        if self.activation_checkpointing is None:
-            self.activation_checkpointing = True if self.gradient_checkpointing is None else self.gradient_checkpointing
-        if self.activation_checkpointing_kwargs is None:
-            self.activation_checkpointing_kwargs = self.gradient_checkpointing_kwargs or {"use_reentrant": False}
-        self.gradient_checkpointing = self.gradient_checkpointing_kwargs = None
+        # ms-swift's --gradient_checkpointing, default on as there. transformers 5.23 renamed it
+        # activation_checkpointing (the old name a deprecated alias); older 5.x know only the old one.
+        wanted = True if self.gradient_checkpointing is None else self.gradient_checkpointing
+        kwargs = self.gradient_checkpointing_kwargs or {"use_reentrant": False}
+        if RENAMED_CHECKPOINTING:
+            if self.activation_checkpointing is None:
+                self.activation_checkpointing = wanted
+            if self.activation_checkpointing_kwargs is None:
+                self.activation_checkpointing_kwargs = kwargs
+            self.gradient_checkpointing = self.gradient_checkpointing_kwargs = None
+        else:
+            self.gradient_checkpointing, self.gradient_checkpointing_kwargs = wanted, kwargs
         if isinstance(self.deepspeed, str) and self.deepspeed in DEEPSPEED_CONFIGS:
             # ms-swift's names for the bundled configs; their "auto" values are filled from these flags
             self.deepspeed = str(files("mmembed.training").joinpath("ds_configs", f"{self.deepspeed}.json"))

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from ..data import EmbeddingDataset, load_samples, split_dataset
+from ..data import EmbeddingDataset, load_samples
 from ..data.sample import DataError, Sample
 from ..data.teacher import SIGNALS, TeacherFiles, teacher_signal
 from ..encoding.collator import EmbeddingCollator, token_lengths
@@ -28,6 +28,7 @@ from ..model.embedding import (
     require_local_model,
 )
 from .arguments import SftArguments, UsageError, check_side_flags
+from .charts import TrainingCharts, eval_similarities
 from .trainer import EmbeddingTrainer, check_complete, find_last_complete_checkpoint
 
 logger = logging.getLogger("mmembed")
@@ -48,6 +49,7 @@ def resolve_template(model_dir: str, name: str | None, model_type: str | None, s
 
     config = AutoConfig.from_pretrained(model_dir)
     template = get_template(name, model_type, getattr(config, "model_type", None))
+    template.check_installed()
     if system is not None:
         template = dataclasses.replace(template, default_system=system)
     return template
@@ -257,9 +259,11 @@ class TrainingData:
 
     @classmethod
     def load(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss) -> TrainingData:
-        load_opts = dict(strict=args.strict, seed=args.seed, num_proc=args.dataset_num_proc,
+        # ms-swift's order: --data_seed (not --seed) drives the split, #N sampling and --dataset_shuffle
+        load_opts = dict(strict=args.strict, seed=args.data_seed, num_proc=args.dataset_num_proc,
                          load_from_cache_file=args.load_from_cache_file)
-        loaded = load_samples(args.dataset, **load_opts)
+        loaded = load_samples(args.dataset, split_ratio=0.0 if args.val_dataset else args.split_dataset_ratio,
+                              shuffle=args.dataset_shuffle, **load_opts)
         train = loaded.dataset
         try:
             teacher_files = TeacherFiles.open(loaded.files, loaded.records, args.teacher_scores_file,
@@ -268,10 +272,10 @@ class TrainingData:
             raise UsageError(str(e)) from None
         files = {"train": loaded.records}
         if args.val_dataset:
-            val_loaded = load_samples(args.val_dataset, **load_opts)
+            val_loaded = load_samples(args.val_dataset, split_ratio=1.0, shuffle=args.val_dataset_shuffle, **load_opts)
             val, files["val"] = val_loaded.dataset, val_loaded.records
         else:
-            train, val = split_dataset(train, args.split_dataset_ratio, args.seed)
+            val = loaded.val
         if args.truncation_strategy == "delete":
             builder = InputBuilder(encoding.template, encoding.processing, encoding.max_length, truncate=False)
             train = drop_overlong(train, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "train")
@@ -324,7 +328,7 @@ def build_trainer(args: SftArguments) -> EmbeddingTrainer:
         "loss_type": args.loss_type,
         **training_facts(args, loss, data),
     }
-    return EmbeddingTrainer(
+    trainer = EmbeddingTrainer(
         model=model,
         args=args,
         train_dataset=data.train,
@@ -336,6 +340,8 @@ def build_trainer(args: SftArguments) -> EmbeddingTrainer:
         eval_tasks=eval_tasks,
         mmembed_config=mmembed_config,
     )
+    trainer.add_callback(TrainingCharts(lambda: eval_similarities(trainer)))
+    return trainer
 
 
 def training_facts(args: SftArguments, loss: EmbeddingLoss, data: TrainingData) -> dict[str, Any]:

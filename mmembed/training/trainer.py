@@ -23,8 +23,10 @@ import torch
 from transformers import Trainer, TrainerCallback
 
 from ..encoding.inputs import select_rows, split_rows
+from ..encoding.templates import template_from_config
 from ..eval.metrics import embedding_eval_metrics, pair_metrics
 from ..losses import Layout, Side, build_loss
+from ..model.adapters import is_adapter, read_adapter_weights, set_lora_weights, write_lora_layout
 from ..model.embedding import EmbeddingModel, hidden_size
 from ..model.io import write_saved_folder
 from .distributed import GlobalBatchLoss, all_gather_no_grad, gather_sizes, world
@@ -48,12 +50,45 @@ def find_last_complete_checkpoint(output_dir: str) -> str | None:
 
 
 def check_complete(checkpoint: str) -> None:
-    """Refuse a checkpoint whose save did not finish."""
+    """Refuse a checkpoint whose save did not finish, or that another tool wrote (saying what it is)."""
+    if os.path.isfile(os.path.join(checkpoint, COMPLETE_MARKER)):
+        return
+    what = foreign_checkpoint(checkpoint)
+    if what:
+        raise ValueError(
+            f"{checkpoint} is {what}, not an mmembed checkpoint: mmembed does not resume another tool's optimizer, "
+            f"scheduler and data position. Its weights load in mmembed: embed with `mmembed embed --model {checkpoint}`, "
+            f"or merge with `mmembed export --adapters {checkpoint} --merge_lora true` and start a new run from the "
+            "merged folder (--model)."
+        )
     if not os.path.isfile(os.path.join(checkpoint, COMPLETE_MARKER)):
         raise ValueError(
             f"{checkpoint} is not a complete mmembed checkpoint (no {COMPLETE_MARKER}: "
             "the run was probably killed while saving it); resume from an earlier checkpoint"
         )
+
+
+def foreign_checkpoint(checkpoint: str) -> str | None:
+    """What wrote ``checkpoint`` when it was not mmembed: "an ms-swift checkpoint (...)" when it
+    holds ms-swift's args.json, "a ... folder without training state" for a model or adapter
+    folder; None for a folder that looks like mmembed's (``mmembed.json``)."""
+    import json
+
+    if os.path.isfile(os.path.join(checkpoint, "mmembed.json")):
+        return None
+    args = os.path.join(checkpoint, "args.json")
+    if os.path.isfile(args):
+        with open(args, encoding="utf-8") as f:
+            swift = json.load(f)
+        if isinstance(swift, dict) and ("model_type" in swift or "tuner_type" in swift or "train_type" in swift):
+            tuner = swift.get("tuner_type") or swift.get("train_type")
+            return (f"an ms-swift checkpoint (args.json: --model_type {swift.get('model_type')}, --tuner_type {tuner}, "
+                    f"--task_type {swift.get('task_type')})")
+    if os.path.isfile(os.path.join(checkpoint, "adapter_config.json")):
+        return "a PEFT adapter folder"
+    if os.path.isfile(os.path.join(checkpoint, "config.json")):
+        return "a model folder"
+    return None
 
 
 class _SaveLastStep(TrainerCallback):
@@ -341,6 +376,9 @@ class EmbeddingTrainer(Trainer):
             prefix = "backbone."
             state_dict = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
         backbone.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
+        template = self.mmembed_config.get("template")
+        if template and is_adapter(output_dir):  # the module names ms-swift and PEFT load the adapter with
+            write_lora_layout(output_dir, template_from_config(template).adapter_prefix)
         if self.processing_class is not None:
             self.processing_class.save_pretrained(output_dir)
         # mmembed.json, the tokenizer's suffix, sentence-transformers files, model card: one rule with mmembed export
@@ -376,13 +414,9 @@ def load_backbone_weights(backbone: torch.nn.Module, folder: str) -> None:
     """Load a checkpoint's weights (PEFT adapter or full safetensors) into ``backbone`` in place."""
     from safetensors.torch import load_file
 
-    adapter = os.path.join(folder, "adapter_model.safetensors")
-    if os.path.isfile(adapter):
-        from peft import set_peft_model_state_dict
-
-        result = set_peft_model_state_dict(backbone, load_file(adapter))
-        if getattr(result, "unexpected_keys", None):
-            raise ValueError(f"{adapter}: unexpected keys {result.unexpected_keys[:5]}")
+    if is_adapter(folder):
+        # mmembed's adapters and ms-swift's (keys of the full causal-LM class) alike
+        set_lora_weights(backbone, read_adapter_weights(folder), folder)
         return
     files = sorted(glob.glob(os.path.join(folder, "model*.safetensors")))
     if not files:

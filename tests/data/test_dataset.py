@@ -191,11 +191,13 @@ def test_json_array_and_csv_files_load(tmp_path, cache):
 
 def test_sampling_count_is_deterministic_and_without_replacement(tmp_path, cache):
     path = write_jsonl(tmp_path / "d.jsonl", qrows(20))
-    a = anchors(load_samples([path + "#8"], cache_dir=cache, seed=1).dataset)
-    b = anchors(load_samples([path + "#8"], cache_dir=cache, seed=1).dataset)
-    c = anchors(load_samples([path + "#8"], cache_dir=cache, seed=2).dataset)
+    a = anchors(load_samples([path + "#8"], cache_dir=cache, seed=1, shuffle=True).dataset)
+    b = anchors(load_samples([path + "#8"], cache_dir=cache, seed=1, shuffle=True).dataset)
+    c = anchors(load_samples([path + "#8"], cache_dir=cache, seed=2, shuffle=True).dataset)
     assert len(a) == 8 and len(set(a)) == 8
     assert a == b and a != c
+    # without shuffle (ms-swift's --dataset_shuffle false) #N takes the first N rows
+    assert anchors(load_samples([path + "#8"], cache_dir=cache, seed=1).dataset) == [f"q{i}" for i in range(8)]
 
 
 def test_sampling_beyond_the_rows_repeats_them(tmp_path, cache):

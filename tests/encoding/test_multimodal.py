@@ -283,6 +283,45 @@ def test_lora_all_linear_covers_only_the_parts_not_frozen(tiny_model, freeze_vit
     assert any(n.startswith("visual.merger.") for n in names) == ("aligner" in expect)
 
 
+@pytest.mark.parametrize("freeze_vit", [True, False])
+def test_checkpointing_keeps_a_frozen_vision_tower_out_of_autograd(tiny_model, freeze_vit):
+    """With checkpointing on, a tower with nothing to train is not recorded by autograd (its
+    blocks' outputs need no grad), and the LoRA gradients equal those without checkpointing."""
+    from peft import LoraConfig, get_peft_model
+
+    from mmembed.model.embedding import EmbeddingModel, frozen_parts, load_backbone
+    from mmembed.training.sft import lora_target_modules
+
+    folder = tiny_model("qwen2_vl")
+    template = get_template("qwen2_gme")
+    torch.manual_seed(0)
+    backbone = load_backbone(folder)
+    targets = lora_target_modules(backbone, ["all-linear"], template, frozen_parts(freeze_vit, True, False))
+    backbone = get_peft_model(backbone, LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False))
+    model = EmbeddingModel(backbone, "last", tower="vision").train()
+    batch = InputBuilder(template, processing(folder))(
+        [Item("<image> a red circle", images=[os.path.join(MM, "red_circle.png")]), Item("a blue square")])
+    seen = []
+    block = dict(model.named_modules())["backbone.base_model.model.visual.blocks.0"]
+    block.register_forward_hook(lambda mod, inp, out: seen.append((out[0] if isinstance(out, tuple) else out).requires_grad))
+
+    def lora_grads():
+        model.zero_grad()
+        out = model(**batch)["last_hidden_state"]
+        (out * torch.linspace(-1, 1, out.shape[1])).sum().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    plain = lora_grads()
+    model.activation_checkpointing_enable({"use_reentrant": False})
+    assert model.is_activation_checkpointing
+    seen.clear()
+    checkpointed = lora_grads()
+    assert seen and all(s == (not freeze_vit) for s in seen)
+    assert plain.keys() == checkpointed.keys() and any("visual" in n for n in plain) == (not freeze_vit)
+    for name in plain:
+        torch.testing.assert_close(checkpointed[name], plain[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
 def sft(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     e = dict(os.environ, OMP_NUM_THREADS="2", **(env or {}))
     return subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "sft", *args], capture_output=True, text=True, env=e, cwd=REPO)

@@ -17,7 +17,7 @@ def test_ms_swift_defaults():
     assert a.learning_rate == 1e-4
     assert a.weight_decay == 0.1 and a.adam_beta2 == 0.95
     assert getattr(a.lr_scheduler_type, "value", a.lr_scheduler_type) == "cosine"
-    assert a.activation_checkpointing is True
+    assert a.checkpointing is True
     assert a.per_device_train_batch_size == 1 and a.gradient_accumulation_steps == 16
     assert (a.lora_rank, a.lora_alpha, a.lora_dropout, a.target_modules) == (8, 32, 0.05, ["all-linear"])
     assert a.truncation_strategy == "delete" and a.split_dataset_ratio == 0.0
@@ -47,7 +47,7 @@ def test_ms_swift_script_flags_are_accepted():
     ])
     assert a.dataset == ["a.jsonl", "b.jsonl#100"] and a.target_modules == ["query", "value"]
     assert a.warmup_steps == 0.05 and a.learning_rate == 3e-5
-    assert a.activation_checkpointing is False and a.strict is False and a.load_from_cache_file is False
+    assert a.checkpointing is False and a.strict is False and a.load_from_cache_file is False
     assert a.padding_side == "left" and a.dataset_num_proc == 2
 
 

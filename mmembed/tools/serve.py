@@ -1,0 +1,462 @@
+"""``mmembed serve``: an OpenAI-compatible embeddings server with dynamic batching.
+
+    mmembed serve --model output/checkpoint-60 --port 8000 [--allowed_media_dir /data/images]
+
+    from openai import OpenAI
+    client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+    client.embeddings.create(model="checkpoint-60", input=["A man plays a flute."]).data[0].embedding
+
+Endpoints: ``POST /v1/embeddings`` (OpenAI's request and response), ``GET /v1/models`` and
+``GET /health``. An input is a string, or for a multimodal model an object
+``{"text": "...", "image": REF}`` (also ``images``/``video``/``videos``/``audio``/``audios``,
+and ``system``); the text may hold ``<image>`` tags where the media go, else the media come
+first. ``REF`` is a ``data:`` URI, or a path inside ``--allowed_media_dir`` (relative paths
+resolve against it). The server fetches no URLs.
+
+Dynamic batching: requests wait in a queue; one worker thread takes the first, gathers more
+for up to ``--max_wait_ms`` or until ``--max_batch_size`` inputs, checks each request alone
+(token counts, media readable), embeds the good ones with one :meth:`Embedder.encode` call
+and hands each request its rows. A bad request fails alone, with OpenAI's error shape
+``{"error": {"message", "type", "param", "code"}}`` and a 4xx status; the others in its
+batch are served.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+from fastapi import Request  # at module level: FastAPI resolves the handlers' annotations here
+
+from ..data.paths import SCHEME_RE
+from ..data.sample import MEDIA_KINDS, DataError, Item, json_type
+from ..model.embedder import Embedder, as_item
+
+log = logging.getLogger("mmembed.serve")
+
+_PLURAL = {kind: kind + "s" for kind in MEDIA_KINDS}
+
+
+class RequestError(Exception):
+    """A request the server refuses: becomes ``{"error": {...}}`` with ``status``."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.message, self.param, self.code, self.status, self.kind = message, param, code, status, kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class ServeConfig:
+    """What ``mmembed serve`` runs with (its flags)."""
+
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None  # default: the model folder's name
+    allowed_media_dir: str | None = None  # media paths must lie inside; None: data: URIs only
+    max_batch_size: int = 64  # inputs embedded together at most (a larger request goes alone)
+    max_wait_ms: float = 2.0  # how long the first request of a batch waits for company
+    batching: bool = True  # false: one encode call per request (the baseline of bench_serve.py)
+    max_inputs: int = 2048  # inputs per request (OpenAI's limit)
+    encode_batch_size: int = 32  # Embedder.encode's batch_size
+    device: str | None = None
+    torch_dtype: str | None = None
+
+    def name(self) -> str:
+        return self.served_model_name or os.path.basename(os.path.normpath(self.model))
+
+
+# ---- requests -> items -------------------------------------------------------------------
+def _media_ref(ref: Any, allowed_dir: str | None, param: str) -> str:
+    """A media reference the server may read: a ``data:`` URI unchanged, or the real path of
+    a file inside ``allowed_dir``. Checked before anything opens the file, so a refused path
+    reveals nothing about what exists outside the folder."""
+    if not isinstance(ref, str) or not ref:
+        raise RequestError(f"a media reference must be a non-empty string, got {json_type(ref)}", param)
+    scheme = SCHEME_RE.match(ref)
+    scheme = scheme.group(1).lower() if scheme and len(scheme.group(1)) > 1 else None  # "C:" is a drive
+    if scheme == "data":
+        return ref
+    if scheme in ("http", "https"):
+        raise RequestError("the server fetches no URLs; send the media as a data: URI or a path in the allowed folder",
+                           param, "url_not_allowed")
+    if scheme == "file":
+        from urllib.parse import unquote, urlparse
+
+        ref = unquote(urlparse(ref).path)
+    elif scheme is not None:
+        raise RequestError(f"unsupported media reference scheme {scheme!r}; use a data: URI or a path", param)
+    if allowed_dir is None:
+        raise RequestError("media paths are refused: the server was started without --allowed_media_dir; "
+                           "send a data: URI", param, "media_path_not_allowed", status=403, kind="permission_error")
+    root = os.path.realpath(allowed_dir)
+    path = os.path.realpath(os.path.join(root, os.path.expanduser(ref)))
+    if os.path.commonpath([root, path]) != root:
+        raise RequestError(f"media path {ref!r} is outside the allowed folder", param, "media_path_not_allowed",
+                           status=403, kind="permission_error")
+    return path
+
+
+def request_row(raw: Any, index: int, allowed_dir: str | None, media_kinds: Sequence[str]) -> str | dict[str, Any]:
+    """One entry of ``input``: a string, or an object with ``text`` and media references,
+    turned into what :func:`~mmembed.model.embedder.as_item` reads (media paths checked).
+    ``media_kinds``: the kinds the model takes."""
+    param = f"input[{index}]"
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, (int, float)) or (isinstance(raw, list) and all(isinstance(t, int) for t in raw)):
+        raise RequestError("token-id input is not accepted; send text", param, "unsupported_input")
+    if not isinstance(raw, dict):
+        raise RequestError(f"an input is a string or an object, got {json_type(raw)}", param)
+    unknown = set(raw) - {"text", "system", *MEDIA_KINDS, *_PLURAL.values()}
+    if unknown:
+        raise RequestError(f"unknown field(s) {sorted(unknown)}; an input object takes text, system, "
+                           "image(s), video(s), audio(s)", param)
+    text = raw.get("text", "")
+    if not isinstance(text, str):
+        raise RequestError(f"'text' must be a string, got {json_type(text)}", f"{param}.text")
+    row: dict[str, Any] = {}
+    tags = ""
+    for kind in MEDIA_KINDS:
+        refs = raw.get(_PLURAL[kind], [])
+        refs = [refs] if isinstance(refs, str) else refs
+        if not isinstance(refs, list):
+            raise RequestError(f"'{_PLURAL[kind]}' must be a list of references", f"{param}.{_PLURAL[kind]}")
+        if kind in raw:
+            refs = [raw[kind], *refs]
+        if refs and kind not in media_kinds:
+            taken = f"takes only {', '.join(sorted(media_kinds))}" if media_kinds else "is a text model"
+            raise RequestError(f"this model {taken}; the input has {kind} references", f"{param}.{kind}",
+                               "unsupported_input")
+        if refs:
+            row[_PLURAL[kind]] = [_media_ref(r, allowed_dir, f"{param}.{kind}") for r in refs]
+            tags += f"<{kind}>" * len(refs)
+    if not row and not text:
+        raise RequestError("the input is empty", param)
+    # text with its own tags places the media; otherwise they come before the text
+    row["query"] = text if any(f"<{k}>" in text for k in MEDIA_KINDS) else tags + text
+    if raw.get("system") is not None:
+        row["system"] = raw["system"]
+    return row
+
+
+def parse_request(body: Any, config: ServeConfig, model_name: str,
+                  media_kinds: Sequence[str] = ()) -> tuple[list[Item], str, int | None]:
+    """The checked request: its items, ``encoding_format`` and ``dimensions``."""
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object, got {json_type(body)}")
+    if body.get("model") != model_name:
+        raise RequestError(f"the model {body.get('model')!r} does not exist; this server serves {model_name!r}",
+                           "model", "model_not_found", status=404)
+    fmt = body.get("encoding_format") or "float"
+    if fmt not in ("float", "base64"):
+        raise RequestError(f"encoding_format must be 'float' or 'base64', got {fmt!r}", "encoding_format")
+    dims = body.get("dimensions")
+    if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or dims < 1):
+        raise RequestError(f"dimensions must be a positive integer, got {dims!r}", "dimensions")
+    raw = body.get("input")
+    if raw is None:
+        raise RequestError("'input' is required", "input")
+    if isinstance(raw, str) or isinstance(raw, dict):
+        raw = [raw]
+    if not isinstance(raw, list):
+        raise RequestError(f"'input' must be a string or an array, got {json_type(raw)}", "input")
+    if not raw:
+        raise RequestError("'input' is empty", "input")
+    if all(isinstance(t, int) for t in raw):  # one token-id array
+        raise RequestError("token-id input is not accepted; send text", "input", "unsupported_input")
+    if len(raw) > config.max_inputs:
+        raise RequestError(f"{len(raw)} inputs in one request; at most {config.max_inputs}", "input",
+                           "too_many_inputs")
+    items = []
+    for i, entry in enumerate(raw):
+        row = request_row(entry, i, config.allowed_media_dir, media_kinds)
+        if isinstance(row, str) and not row:
+            raise RequestError("the input is an empty string", f"input[{i}]")
+        try:
+            items.append(as_item(row, source="input", line=i, base_dir=config.allowed_media_dir))
+        except DataError as e:
+            raise RequestError(str(e), f"input[{i}]", "invalid_input") from None
+    return items, fmt, dims
+
+
+# ---- batching ----------------------------------------------------------------------------
+@dataclass
+class Job:
+    """One request waiting in the queue."""
+
+    items: list[Item]
+    future: asyncio.Future
+    tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    batches: int = 0  # Embedder.encode calls
+    largest_batch: int = 0  # inputs in the largest one
+
+
+class BatchingEmbedder:
+    """Embeds queued jobs on one worker thread, several requests per ``encode`` call.
+
+    ``check`` (token counts, media) runs per job on the worker, so a bad input fails its own
+    request only; the good jobs of the batch share one :meth:`Embedder.encode`."""
+
+    def __init__(self, embedder: Embedder, max_batch_size: int, max_wait_ms: float, batching: bool,
+                 encode_batch_size: int):
+        self.embedder = embedder
+        self.max_batch_size = max_batch_size
+        self.max_wait = max_wait_ms / 1000.0
+        self.batching = batching
+        self.encode_batch_size = encode_batch_size
+        self.stats = Stats()
+        self._queue: asyncio.Queue[Job] | None = None
+        self._task: asyncio.Task | None = None
+        # one thread owns the model and the tokenizer (fast tokenizers are not thread-safe)
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="mmembed-encode")
+
+    async def start(self) -> None:
+        self._queue = asyncio.Queue()
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+    async def embed(self, items: list[Item]) -> tuple[np.ndarray, list[int]]:
+        """``[len(items), D]`` embeddings and each input's token count."""
+        job = Job(items, asyncio.get_running_loop().create_future())
+        await self._queue.put(job)
+        return await job.future
+
+    async def _collect(self) -> list[Job]:
+        jobs = [await self._queue.get()]
+        size = len(jobs[0].items)
+        if not self.batching:
+            return jobs
+        deadline = asyncio.get_running_loop().time() + self.max_wait
+        while size < self.max_batch_size:
+            try:
+                job = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    break
+                try:
+                    job = await asyncio.wait_for(self._queue.get(), left)
+                except asyncio.TimeoutError:
+                    break
+            jobs.append(job)
+            size += len(job.items)
+        return jobs
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            jobs = await self._collect()
+            try:
+                results = await loop.run_in_executor(self._worker, self._run, jobs)
+            except Exception as e:  # noqa: BLE001 - the worker itself failed: every job learns why
+                results = [e] * len(jobs)
+            for job, result in zip(jobs, results):
+                if job.future.done():  # the client went away
+                    continue
+                if isinstance(result, BaseException):
+                    job.future.set_exception(result)
+                else:
+                    job.future.set_result((result, job.tokens))
+
+    def _run(self, jobs: list[Job]) -> list[np.ndarray | BaseException]:
+        """On the worker: check each job, embed the good ones together, scatter."""
+        results: list[np.ndarray | BaseException | None] = [None] * len(jobs)
+        good = []
+        for j, job in enumerate(jobs):
+            try:
+                job.tokens = self._check(job.items)
+                good.append(j)
+            except RequestError as e:
+                results[j] = e
+        if good:
+            items = [it for j in good for it in jobs[j].items]
+            try:
+                emb = self._encode(items)
+            except Exception:  # noqa: BLE001 - find the job at fault: each alone
+                for j in good:
+                    try:
+                        results[j] = self._encode(jobs[j].items)
+                    except Exception as e:  # noqa: BLE001
+                        results[j] = _as_request_error(e)
+            else:
+                start = 0
+                for j in good:
+                    n = len(jobs[j].items)
+                    results[j] = emb[start : start + n]
+                    start += n
+        return results
+
+    def _encode(self, items: list[Item]) -> np.ndarray:
+        emb = self.embedder.encode(items, batch_size=self.encode_batch_size)
+        self.stats.batches += 1
+        self.stats.largest_batch = max(self.stats.largest_batch, len(items))
+        return emb
+
+    def _check(self, items: list[Item]) -> list[int]:
+        """Tokens per input as the model sees them (media expanded); an input over the
+        model's limit, or with media that cannot be read, is a ``RequestError``."""
+        builder = self.embedder.builder
+        try:
+            lengths = builder.lengths(items, [("input", i, "") for i in range(len(items))])
+        except Exception as e:  # noqa: BLE001 - unreadable media and the like
+            raise _as_request_error(e) from None
+        limit = self.embedder.max_length
+        for i, n in enumerate(lengths):
+            if limit and n > limit:
+                raise RequestError(f"input[{i}] has {n} tokens; this model's maximum is {limit}", f"input[{i}]",
+                                   "context_length_exceeded")
+        return lengths
+
+
+def _as_request_error(e: Exception) -> RequestError:
+    if isinstance(e, RequestError):
+        return e
+    if isinstance(e, (DataError, ValueError, OSError)):
+        return RequestError(str(e), code="invalid_input")
+    log.exception("embedding failed")
+    return RequestError(f"internal error: {type(e).__name__}: {e}", status=500, kind="server_error")
+
+
+# ---- the app -----------------------------------------------------------------------------
+def encode_vector(vector: np.ndarray, fmt: str) -> list[float] | str:
+    """One embedding as OpenAI returns it: floats, or the base64 of its little-endian float32 bytes."""
+    if fmt == "base64":
+        return base64.b64encode(np.ascontiguousarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return vector.astype(np.float32).tolist()
+
+
+def shorten(emb: np.ndarray, dims: int | None) -> np.ndarray:
+    """``dimensions``: the first ``dims`` components, L2-normalized again (Matryoshka style)."""
+    if dims is None:
+        return emb
+    if dims > emb.shape[1]:
+        raise RequestError(f"dimensions {dims} is more than the model's {emb.shape[1]}", "dimensions")
+    cut = emb[:, :dims]
+    return cut / np.maximum(np.linalg.norm(cut, axis=1, keepdims=True), 1e-12)
+
+
+def create_app(embedder: Embedder, config: ServeConfig):
+    """The FastAPI application serving ``embedder`` as ``config`` says."""
+    from contextlib import asynccontextmanager
+
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    model_name = config.name()
+    batcher = BatchingEmbedder(embedder, config.max_batch_size, config.max_wait_ms, config.batching,
+                               config.encode_batch_size)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await batcher.start()
+        yield
+        await batcher.stop()
+
+    app = FastAPI(title="mmembed", lifespan=lifespan)
+    app.state.batcher = batcher
+
+    @app.exception_handler(RequestError)
+    async def _refused(request: Request, e: RequestError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.get("/health")
+    async def health():
+        s = batcher.stats
+        return {"status": "ok", "model": model_name, "requests": s.requests, "batches": s.batches,
+                "largest_batch": s.largest_batch}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "mmembed"}]}
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        try:
+            body = await request.json()
+        except Exception:  # noqa: BLE001 - any undecodable body
+            raise RequestError("the request body is not valid JSON") from None
+        items, fmt, dims = parse_request(body, config, model_name, sorted(embedder.template.media))
+        batcher.stats.requests += 1
+        emb, tokens = await batcher.embed(items)
+        emb = shorten(emb, dims)
+        total = int(sum(tokens))
+        return JSONResponse({
+            "object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": encode_vector(v, fmt)} for i, v in enumerate(emb)],
+            "model": model_name,
+            "usage": {"prompt_tokens": total, "total_tokens": total},
+        })
+
+    return app
+
+
+def serve(config: ServeConfig, embedder: Embedder | None = None) -> None:
+    """Load the model (unless given) and serve until interrupted."""
+    import uvicorn
+
+    if embedder is None:
+        t0 = time.perf_counter()
+        embedder = Embedder.from_pretrained(config.model, device=config.device, torch_dtype=config.torch_dtype)
+        log.info("loaded %s in %.1f s", config.model, time.perf_counter() - t0)
+    app = create_app(embedder, config)
+    log.info("serving %r on http://%s:%d/v1/embeddings", config.name(), config.host, config.port)
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
+
+
+def _bool(s: str) -> bool:
+    if s.lower() in ("true", "1", "yes"):
+        return True
+    if s.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+
+
+def parse_serve_args(argv: Sequence[str]) -> ServeConfig:
+    p = argparse.ArgumentParser(prog="mmembed serve", allow_abbrev=False,
+                                description="OpenAI-compatible POST /v1/embeddings with dynamic batching.")
+    p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served_model_name", default=None, help="the name requests must give (default: the folder name)")
+    p.add_argument("--allowed_media_dir", default=None,
+                   help="media paths must lie in this folder (relative ones resolve against it); without it, only "
+                        "data: URIs are accepted")
+    p.add_argument("--max_batch_size", type=int, default=64, help="inputs embedded together at most")
+    p.add_argument("--max_wait_ms", type=float, default=2.0, help="how long a batch waits for more requests")
+    p.add_argument("--batching", type=_bool, default=True, help="false: one encode call per request")
+    p.add_argument("--max_inputs", type=int, default=2048, help="inputs per request at most")
+    p.add_argument("--batch_size", dest="encode_batch_size", type=int, default=32, help="Embedder.encode's batch size")
+    p.add_argument("--device", default=None)
+    p.add_argument("--torch_dtype", default=None)
+    a = p.parse_args(list(argv))
+    config = ServeConfig(**vars(a))
+    for name in ("max_batch_size", "max_inputs", "encode_batch_size"):
+        if getattr(config, name) < 1:
+            p.error(f"--{name} must be at least 1")
+    if config.max_wait_ms < 0:
+        p.error("--max_wait_ms must be >= 0")
+    if config.allowed_media_dir is not None and not os.path.isdir(config.allowed_media_dir):
+        p.error(f"--allowed_media_dir {config.allowed_media_dir!r} is not a folder")
+    return config

@@ -1,0 +1,250 @@
+"""Charts of a run, as PNG files in ``OUTPUT_DIR/charts/``.
+
+- one line chart per logged series over steps, from the Trainer's ``state.log_history``:
+  ``train_loss.png``, ``learning_rate.png``, ``grad_norm.png`` and every eval metric
+  (``eval_loss.png``, ``eval_margin.png``, ``eval_recall_at_1.png``, ...); written at each
+  save and at the end of training;
+- ``similarity_histogram.png``: the cosine similarity of each eval query with its positive,
+  with its hard negatives and with the other eval documents (pair losses: pairs labelled
+  above 0.5 against the others), before and after training, over the first
+  :data:`HISTOGRAM_SAMPLES` eval samples. Without an eval set it is skipped, and the log
+  says so.
+
+Drawn with matplotlib's Agg canvas (no display, no pyplot state). :class:`TrainingCharts`
+is the ``TrainerCallback``; :func:`chart_series` and :func:`draw_series` are usable alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from transformers import TrainerCallback
+
+from ..losses.base import Groups, Layout
+from .distributed import all_gather_no_grad, world
+
+logger = logging.getLogger("mmembed")
+
+CHARTS_DIR = "charts"
+HISTOGRAM_FILE = "similarity_histogram.png"
+HISTOGRAM_SAMPLES = 1000  # eval samples the histogram embeds (twice: before and after)
+
+#: log_history keys that are run summaries or bookkeeping, not series over steps.
+NOT_SERIES = {"step", "epoch", "total_flos", "train_loss", "train_runtime", "train_samples_per_second",
+              "train_steps_per_second", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
+
+
+def chart_series(log_history: Sequence[dict[str, Any]]) -> dict[str, tuple[list[int], list[float]]]:
+    """``{name: (steps, values)}`` of every numeric series in ``log_history``, in log order.
+    The training loss (logged as ``loss``) is named ``train_loss``; the end-of-run summary
+    (``train_loss``, ``train_runtime``, ...) and eval timings are left out."""
+    series: dict[str, tuple[list[int], list[float]]] = {}
+    for entry in log_history:
+        if "step" not in entry:
+            continue
+        for key, value in entry.items():
+            if key in NOT_SERIES or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            name = "train_loss" if key == "loss" else key
+            steps, values = series.setdefault(name, ([], []))
+            steps.append(int(entry["step"]))
+            values.append(float(value))
+    return series
+
+
+def _figure(width: float = 6.4, height: float = 4.0):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def plot_series(name: str, steps: Sequence[int], values: Sequence[float]):
+    """A matplotlib ``Figure``: ``values`` over ``steps`` (its one line holds exactly them)."""
+    from matplotlib.ticker import MaxNLocator
+
+    fig = _figure()
+    ax = fig.subplots()
+    ax.plot(steps, values, marker="o" if len(steps) <= 30 else None, markersize=3, linewidth=1.5)
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(name)
+    ax.set_title(name)
+    ax.grid(True, alpha=0.3)
+    if name == "learning_rate":
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+    return fig
+
+
+def draw_series(log_history: Sequence[dict[str, Any]], folder: str) -> list[str]:
+    """One PNG per series of ``log_history`` in ``folder``; returns the paths written."""
+    os.makedirs(folder, exist_ok=True)
+    written = []
+    for name, (steps, values) in chart_series(log_history).items():
+        path = os.path.join(folder, f"{name}.png")
+        plot_series(name, steps, values).savefig(path, dpi=100)
+        written.append(path)
+    return written
+
+
+Similarities = dict[str, np.ndarray]  # kind ("positive", "hard negative", ...) -> cosines
+
+
+def plot_histogram(before: Similarities, after: Similarities | None, after_label: str = "after training"):
+    """The cosine similarities of each kind, one panel per moment (before, after)."""
+    from matplotlib.ticker import MaxNLocator
+
+    panels = [("before training", before)] + ([(after_label, after)] if after is not None else [])
+    fig = _figure(5.5 * len(panels), 4.0)
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    bins = np.linspace(-1.0, 1.0, 81)
+    colors = {"positive": "tab:green", "hard negative": "tab:red", "negative": "tab:red", "other documents": "tab:gray"}
+    for ax, (title, sims) in zip(axes, panels):
+        for kind, values in sims.items():
+            if len(values):
+                # densities: the kinds differ in count by orders of magnitude (in-batch documents)
+                ax.hist(values, bins=bins, density=True, alpha=0.5, color=colors.get(kind),
+                        label=f"query-{kind} (n={len(values)}, mean {np.mean(values):.3f})")
+        ax.set_title(title)
+        ax.set_xlabel("cosine similarity")
+        ax.legend(fontsize=7, loc="upper left")
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("density")
+    axes[0].yaxis.set_major_locator(MaxNLocator(nbins=6))
+    return fig
+
+
+def pair_similarities(emb: np.ndarray, labels: np.ndarray, layout: Layout) -> Similarities:
+    """Cosine similarities by kind for rows in the loss's layout.
+
+    Groups (``a0, p0, n0_*, a1, ...`` with 1.0/0.0 labels): ``positive`` (each anchor with
+    its positive), ``hard negative`` (with each negative of its own group) and ``other
+    documents`` (with every other group's positive and negatives, the in-batch negatives of
+    InfoNCE). Pairs (``s1, s2, ...``, one score per pair): ``positive`` for pairs scored
+    above 0.5, ``negative`` for the rest."""
+    unit = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    if layout is Layout.PAIR:
+        cos = np.sum(unit[0::2] * unit[1::2], axis=1)
+        return {"positive": cos[labels > 0.5], "negative": cos[labels <= 0.5]}
+    g = Groups.from_labels(torch.as_tensor(labels), emb.shape[0])
+    a, p, n, ng = (t.numpy() for t in (g.anchor, g.positive, g.negative, g.neg_group))
+    docs = np.concatenate([p, n])
+    doc_group = np.concatenate([np.arange(len(p)), ng])
+    scores = unit[a] @ unit[docs].T  # [B, docs]
+    other = doc_group[None, :] != np.arange(len(a))[:, None]
+    return {"positive": np.sum(unit[a] * unit[p], axis=1), "hard negative": np.sum(unit[a[ng]] * unit[n], axis=1),
+            "other documents": scores[other]}
+
+
+def eval_similarities(trainer) -> Similarities | None:
+    """:func:`pair_similarities` of the first :data:`HISTOGRAM_SAMPLES` samples of
+    ``trainer``'s eval set with its model as it is now, over all processes (each embeds its
+    share; all run as many forwards, as ZeRO-3 needs); None without an eval set."""
+    dataset = trainer.eval_dataset
+    if dataset is None or len(dataset) == 0:
+        return None
+    from torch.utils.data import Subset
+
+    if len(dataset) > HISTOGRAM_SAMPLES:
+        dataset = Subset(dataset, range(HISTOGRAM_SAMPLES))
+    model, device = trainer.model, trainer.args.device
+    was_training = model.training
+    model.eval()
+    loader = trainer._eval_loader(dataset)
+    rounds = torch.tensor([len(loader)], device=device)
+    if world()[1] > 1:
+        torch.distributed.all_reduce(rounds, op=torch.distributed.ReduceOp.MAX)
+    embs, labels, batch = [], [], None
+    with torch.no_grad():
+        for batch in loader:
+            batch = trainer._prepare_inputs(batch)
+            labels.append(batch.pop("labels").float())
+            batch.pop("side", None)
+            embs.append(model(**batch)["last_hidden_state"].float())
+        for _ in range(int(rounds.item()) - len(loader)):  # this process's share ran out first
+            if batch is None:
+                batch = trainer._prepare_inputs(trainer.data_collator([dataset[0]]))
+                batch.pop("labels")
+                batch.pop("side", None)
+            model(**batch)
+    model.train(was_training)
+    width = embs[0].shape[1] if embs else 0
+    width = int(max(all_gather_no_grad(torch.tensor([width], device=device)).tolist()))
+    emb = torch.cat(embs) if embs else torch.zeros((0, width), device=device)
+    lab = torch.cat(labels) if labels else torch.zeros((0,), device=device)
+    # each batch holds whole groups (or pairs), so the concatenation keeps the layout
+    emb, lab = all_gather_no_grad(emb).cpu().numpy(), all_gather_no_grad(lab).cpu().numpy()
+    return pair_similarities(emb, lab, trainer.loss.layout)
+
+
+def _rng_states() -> tuple:
+    import random
+
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return random.getstate(), np.random.get_state(), torch.random.get_rng_state(), cuda
+
+
+def _set_rng_states(states: tuple) -> None:
+    import random
+
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    torch.random.set_rng_state(states[2])
+    if states[3] is not None:
+        torch.cuda.set_rng_state_all(states[3])
+
+
+class TrainingCharts(TrainerCallback):
+    """Writes the charts of the module docstring into ``OUTPUT_DIR/charts/``.
+
+    Args:
+        similarities: Returns the eval set's cosines by kind with the model as it is (e.g.
+            ``lambda: eval_similarities(trainer)``), or None when there is no eval set.
+            Called on every process at the start and the end of training.
+    """
+
+    def __init__(self, similarities: Callable[[], Similarities | None] | None = None):
+        self.similarities = similarities
+        self.before: Similarities | None = None
+
+    def _measure(self) -> Similarities | None:
+        """``similarities()`` with every random generator as it found it: a DataLoader draws
+        its seed from the global generator, and training must not depend on the charts."""
+        if self.similarities is None:
+            return None
+        states = _rng_states()
+        try:
+            return self.similarities()
+        finally:
+            _set_rng_states(states)
+
+    @staticmethod
+    def folder(args) -> str:
+        return os.path.join(args.output_dir, CHARTS_DIR)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.before = self._measure()
+        if self.before is None and state.is_world_process_zero:
+            logger.info("no eval set: the before/after similarity histogram is skipped (the other charts are drawn)")
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            draw_series(state.log_history, self.folder(args))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        after = self._measure() if self.before is not None else None
+        if not state.is_world_process_zero:
+            return
+        folder = self.folder(args)
+        written = draw_series(state.log_history, folder)
+        if self.before is not None:
+            path = os.path.join(folder, HISTOGRAM_FILE)
+            plot_histogram(self.before, after, f"after training (step {state.global_step})").savefig(path, dpi=100)
+            written.append(path)
+        logger.info("charts (%d): %s", len(written), folder)

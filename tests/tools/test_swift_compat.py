@@ -1,0 +1,156 @@
+"""Checkpoints and data order against ms-swift 4.6 itself.
+
+The fixtures in tests/fixtures/swift/ were written by ms-swift (tests/fixtures/swift/make_fixtures.py,
+run in a venv of its own): LoRA checkpoints of `swift sft --task_type embedding` on the tiny
+Qwen3 and Qwen2-VL (GME) models of examples/tiny_models.py, ms-swift's embeddings with them,
+and the rows of every training step of ms-swift runs with and without --dataset_shuffle,
+--split_dataset_ratio and `file#N` specs. The tiny base models are rebuilt here from the same
+seed; their weight digest must equal the one ms-swift trained on.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO
+
+FIXTURES = os.path.join(REPO, "tests", "fixtures", "swift")
+META = json.load(open(os.path.join(FIXTURES, "meta.json")))
+KIND = {"qwen3_emb": "qwen3", "qwen2_gme": "qwen2_vl"}
+
+
+def weights_sha256(folder: str) -> str:
+    """The digest make_fixtures.py records: tensor names, dtypes, shapes and bytes, in name order."""
+    from safetensors.torch import load_file
+
+    state = {}
+    for f in sorted(os.listdir(folder)):
+        if f.endswith(".safetensors"):
+            state.update(load_file(os.path.join(folder, f)))
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def swift_checkpoint(tiny_model, tmp_path_factory):
+    """``get(name) -> (checkpoint folder, base model folder)``: ms-swift's checkpoint copied with
+    its base model's placeholder replaced by the rebuilt tiny model."""
+
+    def get(name: str):
+        base = tiny_model(KIND[name])
+        assert weights_sha256(base) == META["base_sha256"][KIND[name]], "the tiny base model is not the one ms-swift trained"
+        src = os.path.join(FIXTURES, name, "checkpoint-4")
+        dst = tmp_path_factory.mktemp(name) / "checkpoint-4"
+        shutil.copytree(src, dst)
+        for f in ("adapter_config.json", "args.json"):
+            text = (dst / f).read_text().replace("TINY_BASE_MODEL", base)
+            (dst / f).write_text(text)
+        return str(dst), base
+
+    return get
+
+
+def swift_inputs(name: str) -> list:
+    """The inputs ms-swift embedded, as mmembed takes them (image paths made absolute)."""
+    rows = json.load(open(os.path.join(FIXTURES, name, "inputs.json")))
+    for row in rows:
+        if "images" in row:
+            row["images"] = [os.path.join(FIXTURES, "data", p) for p in row["images"]]
+    return rows
+
+
+@pytest.mark.parametrize("name", ["qwen3_emb", "qwen2_gme"])
+def test_swift_adapter_embeds_and_exports_as_in_swift(name, swift_checkpoint, tmp_path):
+    from mmembed import Embedder
+    from mmembed.tools.export import export_checkpoint
+
+    ckpt, base = swift_checkpoint(name)
+    expected = np.load(os.path.join(FIXTURES, name, "embeddings.npy"))
+    inputs = swift_inputs(name)
+    got = Embedder.from_pretrained(ckpt, device="cpu").encode(inputs)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    # the adapter has an effect: the base model embeds differently
+    plain = Embedder.from_pretrained(base, device="cpu").encode(inputs)
+    assert np.abs(plain - expected).max() > 1e-3
+    merged = export_checkpoint(ckpt, str(tmp_path / "merged"))
+    np.testing.assert_allclose(Embedder.from_pretrained(merged, device="cpu").encode(inputs), expected, atol=1e-5)
+
+
+def test_adapter_for_another_model_is_an_error(swift_checkpoint, tiny_model):
+    from mmembed.model.adapters import AdapterMismatchError, load_lora
+    from mmembed.model.embedding import load_backbone
+
+    ckpt, _ = swift_checkpoint("qwen2_gme")
+    with pytest.raises(AdapterMismatchError, match="does not have"):
+        load_lora(load_backbone(tiny_model("qwen3")), ckpt)
+
+
+def test_resume_refuses_an_swift_checkpoint_saying_what_it_is(swift_checkpoint):
+    from mmembed.training.trainer import check_complete
+
+    ckpt, _ = swift_checkpoint("qwen3_emb")
+    with pytest.raises(ValueError, match=r"an ms-swift checkpoint \(args.json: --model_type qwen3_emb, --tuner_type lora"):
+        check_complete(ckpt)
+
+
+ORDERS = json.load(open(os.path.join(FIXTURES, "orders.json"))) if os.path.isfile(os.path.join(FIXTURES, "orders.json")) else {}
+
+
+def _row_id(sample) -> int:
+    return int(sample.anchor.text.split(":", 1)[0].removeprefix("id "))
+
+
+@pytest.mark.parametrize("name", sorted(ORDERS))
+def test_rows_of_every_step_and_the_split_are_ms_swifts(name, tiny_model, tmp_path, monkeypatch):
+    """mmembed's trainer, given ms-swift's flags, feeds the rows of every step in ms-swift's
+    order (its dataset shuffle, split, #N sampling and sampler, epoch by epoch)."""
+    from mmembed.training.arguments import SftArguments
+    from mmembed.training.sft import build_trainer
+
+    run = ORDERS[name]
+    monkeypatch.chdir(os.path.join(FIXTURES, "data"))
+    args = SftArguments(model=tiny_model("qwen3"), output_dir=str(tmp_path / "out"), per_device_train_batch_size=2,
+                        gradient_accumulation_steps=1, report_to=[], **_flags(run["flags"]))
+    trainer = build_trainer(args)
+    trainer.data_collator = lambda samples: samples  # the rows themselves
+    loader = trainer.get_train_dataloader()
+    steps = []
+    for epoch in range(int(args.num_train_epochs)):
+        # as transformers' training loop announces each epoch
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        inner = getattr(getattr(loader, "batch_sampler", None), "batch_sampler", None)
+        if hasattr(inner, "set_epoch"):
+            inner.set_epoch(epoch)
+        steps += [[_row_id(s) for s in batch] for batch in loader]
+    # ms-swift evaluated once at the end: the recorded rows are the training steps', then the
+    # validation rows in order
+    recorded = [i for step in run["steps"] for i in step]
+    trained = [i for step in steps for i in step]
+    assert trained == recorded[:len(trained)]
+    val = trainer.eval_dataset
+    val_ids = [_row_id(val[i]) for i in range(len(val))] if val is not None else []
+    assert val_ids == recorded[len(trained):]
+    assert ("--split_dataset_ratio" in run["flags"]) == bool(val_ids)
+
+
+def _flags(flags: list[str]) -> dict:
+    """ms-swift's command-line flags as SftArguments keywords."""
+    out, key = {}, None
+    for token in flags:
+        if token.startswith("--"):
+            key = token[2:]
+            out[key] = []
+        else:
+            out[key].append(token)
+    conv = {"dataset": list, "num_train_epochs": lambda v: float(v[0]), "split_dataset_ratio": lambda v: float(v[0]),
+            "dataset_shuffle": lambda v: v[0] == "true", "data_seed": lambda v: int(v[0]), "seed": lambda v: int(v[0])}
+    return {k: conv[k](v) for k, v in out.items()}
