@@ -74,7 +74,7 @@ def model_card(path: str, config: dict[str, Any], form: TextForm | None) -> str:
     if config.get("sentence_transformers"):
         parts.append(_st_usage(path, config, form))
     if form is not None:
-        parts.append(_transformers_text_usage(path, config, form, adapter))
+        parts.append(_transformers_text_usage(path, config, form, adapter, template))
     elif template is not None and template.tower == "vision" and not adapter:
         parts.append(_transformers_vision_usage(path, template, config))
     return "\n".join(parts)
@@ -156,9 +156,14 @@ def _st_usage(path: str, config: dict[str, Any], form: TextForm | None) -> str:
     return text
 
 
-def _transformers_text_usage(path: str, config: dict[str, Any], form: TextForm, adapter: bool) -> str:
+def _transformers_text_usage(path: str, config: dict[str, Any], form: TextForm, adapter: bool, template) -> str:
     pooling = config.get("pooling", "mean")
-    if adapter:
+    prefix = (template.adapter_prefix if template is not None else "").rstrip(".")
+    if adapter and prefix:  # the adapter names the modules of the family's causal-LM class (ms-swift's layout)
+        load = (f"full = AutoModelForCausalLM.from_pretrained({config.get('base_model')!r})\n"
+                f"model = PeftModel.from_pretrained(full, path).merge_and_unload().{prefix}.eval()  # the backbone\n")
+        imports = "from peft import PeftModel\nfrom transformers import AutoModelForCausalLM\n"
+    elif adapter:
         load = (f"base = AutoModel.from_pretrained({config.get('base_model')!r})\n"
                 f"model = PeftModel.from_pretrained(base, path).merge_and_unload().eval()\n")
         imports = "from peft import PeftModel\n"
