@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 MMEMBED_CONFIG = "mmembed.json"
@@ -25,33 +26,145 @@ def read_mmembed_config(path: str) -> dict[str, Any] | None:
         return json.load(f)
 
 
+# sentence-transformers 6 pools "lasttoken"; mmembed says "last"
+ST_POOLING = {"last": "lasttoken", "mean": "mean", "cls": "cls", "max": "max"}
+_CONTENT = "\x00mmembed:content\x00"
+_SYSTEM = "\x00mmembed:system\x00"
+
+
+@dataclass(frozen=True)
+class TextForm:
+    """How a text template's rendering splits around the input text, so that a tokenizer call
+    on ``prompt + text`` gives the template's token ids:
+
+    ``render(text, system) == prompt(system) + text + suffix``
+
+    - ``prompt``: what goes before the text with the folder's default system prompt (or none):
+      sentence-transformers' default prompt.
+    - ``prompt_format``: the prefix for any other system prompt, with ``{system}`` where it goes
+      (``None``: the template takes no system prompt).
+    - ``suffix``: what the template appends after the text (``<|endoftext|>`` for gte-Qwen2 and
+      Qwen3-Embedding). The saved tokenizer appends it itself (its post-processor), so
+      ``tokenizer(prompt + text)`` ends with it, as it ends with [SEP] for BERT.
+    - ``add_special_tokens``: the template lets the tokenizer add its own special tokens
+      ([CLS] ... [SEP]); then ``suffix`` is empty and the tokenizer is saved as it is.
+    """
+
+    prompt: str
+    prompt_format: str | None
+    suffix: str
+    add_special_tokens: bool
+
+
+def text_form(config: dict[str, Any]) -> TextForm | None:
+    """The ``TextForm`` of a folder saved with these ``mmembed.json`` fields, or ``None`` when
+    its embeddings cannot be reproduced as ``tokenizer(prompt + text)`` -> model -> pooling ->
+    L2 normalization: a template with media placeholders, unnormalized embeddings, a template
+    whose end depends on the system prompt, or one that appends text after the input and also
+    wants the tokenizer's own special tokens."""
+    from ..data.sample import Item
+    from ..encoding.templates import template_from_config
+
+    if config.get("media") or not config.get("normalize", True) or not config.get("template"):
+        return None
+    template = template_from_config(config["template"])
+    if template.media:
+        return None
+
+    def split(system: str) -> tuple[str, str]:
+        prefix, _, suffix = template.render(Item(text=_CONTENT, system=system)).partition(_CONTENT)
+        return prefix, suffix
+
+    default = config.get("default_system", template.default_system) or ""
+    prompt, suffix = split(default)
+    plain_prefix, plain_suffix = split("")
+    sys_prefix, sys_suffix = split(_SYSTEM)
+    if {plain_suffix, sys_suffix} != {suffix} or _SYSTEM in suffix:
+        return None  # the text's end would depend on the prompt: not a prompt prepended to the text
+    prompt_format = None
+    if _SYSTEM in sys_prefix:
+        prompt_format = sys_prefix.replace("{", "{{").replace("}", "}}").replace(_SYSTEM, "{system}")
+    if template.add_special_tokens and suffix:
+        return None
+    return TextForm(prompt=prompt, prompt_format=prompt_format, suffix=suffix, add_special_tokens=template.add_special_tokens)
+
+
 def writes_sentence_transformers(config: dict[str, Any]) -> bool:
     """Whether a folder saved with these ``mmembed.json`` fields gets the sentence-transformers
     files: only when ``SentenceTransformer(folder).encode(texts)`` gives the embeddings that
     ``mmembed.Embedder`` gives. Training checkpoints and ``mmembed export`` both ask here.
 
-    SentenceTransformer tokenizes each text as it is, with the tokenizer's own special
-    tokens, then pools and L2-normalizes. So the folder must hold the whole model (not a
-    LoRA adapter: export it first), the template must render a text as the text itself
-    (``{content}``, no default system prompt) and let the tokenizer add its special
-    tokens ([CLS] ... [SEP]), take no media, and the embeddings must be normalized.
-    Templates that append a token (``<|endoftext|>``) or write a chat format the tokenizer
-    does not add itself get no files; their folders load with ``mmembed.Embedder``.
+    The folder must hold the whole model (a LoRA adapter is exported first) and a text
+    template (``text_form``): sentence-transformers prepends the default system prompt as its
+    default prompt, and the saved tokenizer appends what the template appends after the text.
     """
-    from ..encoding.templates import template_from_config
+    return config.get("tuner_type") == "full" and text_form(config) is not None
 
-    if config.get("tuner_type") != "full" or config.get("media") or not config.get("normalize", True):
+
+def suffix_ids(tokenizer: Any, suffix: str) -> list[int] | None:
+    """The token ids the tokenizer gives ``suffix`` when it follows any text, or ``None`` when
+    they depend on the text before it. Added (special) tokens are split off before the rest is
+    tokenized, so a suffix that starts with one tokenizes the same after any text."""
+    if not suffix:
+        return []
+    added = sorted(tokenizer.get_added_vocab(), key=len, reverse=True)
+    if not any(suffix.startswith(tok) for tok in added):
+        return None
+    ids = tokenizer(suffix, add_special_tokens=False)["input_ids"]
+    for text in ("a", "Hello world.", " x\n"):  # the split holds on real text too
+        whole = tokenizer(text + suffix, add_special_tokens=False)["input_ids"]
+        if whole != tokenizer(text, add_special_tokens=False)["input_ids"] + ids:
+            return None
+    return ids
+
+
+def write_tokenizer_suffix(output_dir: str, form: TextForm, padding_side: str) -> bool:
+    """Make the saved tokenizer (``tokenizer.json``) append ``form.suffix`` itself when it adds
+    special tokens, and pad on the template's side (``tokenizer_config.json``). mmembed renders
+    the suffix into the text and tokenizes without special tokens, so its own embeddings of the
+    folder do not change; ``tokenizer(prompt + text)`` (transformers, sentence-transformers)
+    now gives the template's ids. Returns whether the tokenizer could be written so."""
+    from transformers import AutoTokenizer
+
+    tok_json = os.path.join(output_dir, "tokenizer.json")
+    tok_cfg = os.path.join(output_dir, "tokenizer_config.json")
+    if not (os.path.isfile(tok_json) and os.path.isfile(tok_cfg)):
         return False
-    if not config.get("template"):
-        return False
-    template = template_from_config(config["template"])
-    system = config.get("default_system", template.default_system)
-    return template.add_special_tokens and template.format == "{content}" and not system and not template.media
+    if not form.add_special_tokens:
+        tokenizer = AutoTokenizer.from_pretrained(output_dir)
+        ids = suffix_ids(tokenizer, form.suffix)
+        if ids is None:
+            return False
+        tokens = tokenizer.convert_ids_to_tokens(ids)
+        with open(tok_json, encoding="utf-8") as f:
+            data = json.load(f)
+        single: list[dict] = [{"Sequence": {"id": "A", "type_id": 0}}]
+        pair: list[dict] = [{"Sequence": {"id": "A", "type_id": 0}}]
+        special = {}
+        if ids:
+            single.append({"SpecialToken": {"id": form.suffix, "type_id": 0}})
+            pair.append({"SpecialToken": {"id": form.suffix, "type_id": 0}})
+            special[form.suffix] = {"id": form.suffix, "ids": ids, "tokens": tokens}
+        pair.append({"Sequence": {"id": "B", "type_id": 1}})
+        if ids:
+            pair.append({"SpecialToken": {"id": form.suffix, "type_id": 1}})
+        data["post_processor"] = {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": special}
+        with open(tok_json, "w", encoding="utf-8") as f:
+            json.dump(data, f, ensure_ascii=False, indent=2)
+    with open(tok_cfg, encoding="utf-8") as f:
+        cfg = json.load(f)
+    cfg["padding_side"] = padding_side
+    for key in ("add_bos_token", "add_eos_token"):  # these would make transformers rebuild the post-processor
+        cfg.pop(key, None)
+    with open(tok_cfg, "w", encoding="utf-8") as f:
+        json.dump(cfg, f, ensure_ascii=False, indent=2)
+    return True
 
 
-def write_sentence_transformers_config(output_dir: str, dim: int, pooling: str, max_seq_length: int | None) -> None:
+def write_sentence_transformers_config(output_dir: str, dim: int, pooling: str, max_seq_length: int | None,
+                                       prompt: str = "") -> None:
     """Files that let ``sentence_transformers.SentenceTransformer(output_dir)`` load the folder
-    as Transformer -> Pooling -> Normalize, matching mmembed's own embeddings."""
+    as Transformer (text only) -> Pooling -> Normalize, with ``prompt`` as its default prompt."""
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -59,17 +172,68 @@ def write_sentence_transformers_config(output_dir: str, dim: int, pooling: str, 
     ]
     os.makedirs(os.path.join(output_dir, "1_Pooling"), exist_ok=True)
     os.makedirs(os.path.join(output_dir, "2_Normalize"), exist_ok=True)
-    with open(os.path.join(output_dir, "modules.json"), "w", encoding="utf-8") as f:
-        json.dump(modules, f, indent=2)
+    _write_json(os.path.join(output_dir, "modules.json"), modules)
+    # the pooling_mode_* flags are what sentence-transformers < 6 reads; 6 reads them too
     pool_cfg = {
         "word_embedding_dimension": dim,
         "pooling_mode_cls_token": pooling == "cls",
         "pooling_mode_mean_tokens": pooling == "mean",
         "pooling_mode_max_tokens": pooling == "max",
         "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_weightedmean_tokens": False,
         "pooling_mode_lasttoken": pooling == "last",
+        "include_prompt": True,
     }
-    with open(os.path.join(output_dir, "1_Pooling", "config.json"), "w", encoding="utf-8") as f:
-        json.dump(pool_cfg, f, indent=2)
-    with open(os.path.join(output_dir, "sentence_bert_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"max_seq_length": max_seq_length or 512, "do_lower_case": False}, f, indent=2)
+    _write_json(os.path.join(output_dir, "1_Pooling", "config.json"), pool_cfg)
+    # text only: a tokenizer with a chat template would otherwise be fed chat messages
+    _write_json(os.path.join(output_dir, "sentence_bert_config.json"), {
+        "max_seq_length": max_seq_length or 512,
+        "do_lower_case": False,
+        "transformer_task": "feature-extraction",
+        "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
+        "module_output_name": "token_embeddings",
+    })
+    prompts = {"default": prompt} if prompt else {}
+    _write_json(os.path.join(output_dir, "config_sentence_transformers.json"), {
+        "model_type": "SentenceTransformer",
+        "prompts": prompts,
+        "default_prompt_name": "default" if prompt else None,
+        "similarity_fn_name": "cosine",
+    })
+
+
+def write_saved_folder(output_dir: str, config: dict[str, Any], dim: int, log_history: list[dict] | None = None,
+                       final_path: str | None = None) -> dict[str, Any]:
+    """Everything a saved folder (training checkpoint or ``mmembed export``) holds beside the
+    weights and the tokenizer, from its ``mmembed.json`` fields: ``mmembed.json`` itself (with
+    a summary of the training so far when ``log_history``, the Trainer's, is given), the
+    saved tokenizer set to append the template's suffix, the sentence-transformers files
+    (``writes_sentence_transformers``) and the model card (``README.md``, naming the folder
+    ``final_path`` when it is written under a temporary name). Returns the fields written to
+    ``mmembed.json``."""
+    from .card import training_record, write_model_card
+
+    config = dict(config)
+    if log_history is not None:
+        config["training"] = training_record(config, log_history)
+    form = text_form(config)
+    tokenizer_ok = form is not None and write_tokenizer_suffix(
+        output_dir, form, config.get("padding_side") or _template_padding_side(config))
+    st = tokenizer_ok and writes_sentence_transformers(config)
+    if st:
+        write_sentence_transformers_config(output_dir, dim, config["pooling"], config.get("max_length"), form.prompt)
+    config["sentence_transformers"] = st
+    write_mmembed_config(output_dir, **config)
+    write_model_card(output_dir, config, form if tokenizer_ok else None, final_path)
+    return config
+
+
+def _template_padding_side(config: dict[str, Any]) -> str:
+    from ..encoding.templates import template_from_config
+
+    return template_from_config(config["template"]).padding_side
+
+
+def _write_json(path: str, value: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2)

@@ -14,12 +14,7 @@ from ..encoding.templates import template_config
 from ..files import folder_replaced_when_done
 from ..model.embedder import load_embedding_model
 from ..model.embedding import hidden_size
-from ..model.io import (
-    read_mmembed_config,
-    write_mmembed_config,
-    write_sentence_transformers_config,
-    writes_sentence_transformers,
-)
+from ..model.io import read_mmembed_config, write_saved_folder
 
 
 def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora: bool = True) -> str:
@@ -40,6 +35,7 @@ def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora
         model.backbone.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         cfg = dict(read_mmembed_config(checkpoint) or {})
+        cfg.setdefault("trained_from", cfg.get("base_model"))
         cfg.update(
             template=template_config(template),
             default_system=template.default_system,
@@ -49,7 +45,5 @@ def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora
             tuner_type="full",
             exported_from=os.path.abspath(checkpoint),
         )
-        write_mmembed_config(tmp, **cfg)
-        if writes_sentence_transformers(cfg):
-            write_sentence_transformers_config(tmp, hidden_size(model.backbone.config), info["pooling"], info["max_length"])
+        write_saved_folder(tmp, cfg, hidden_size(model.backbone.config), final_path=os.path.abspath(output_dir))
     return output_dir

@@ -151,6 +151,12 @@ def staging_folder(final: str) -> str:
     return os.path.join(parent, STAGING_PREFIX + name)
 
 
+def final_folder(path: str) -> str:
+    """The name a (staging) folder will have once it is whole."""
+    parent, name = os.path.split(os.path.abspath(path))
+    return os.path.join(parent, name[len(STAGING_PREFIX):] if name.startswith(STAGING_PREFIX) else name)
+
+
 def prepare_staging(final: str) -> str:
     """Create an empty staging folder for ``final`` (removing one a killed save left)."""
     staging = staging_folder(final)

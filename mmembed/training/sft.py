@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from typing import Any
 
 from torch import nn
@@ -267,6 +268,8 @@ class TrainingData:
     val: EmbeddingDataset | None
     teacher_key: str | None = None  # the data's teacher signal the collator passes on
     teacher_width: int | None = None
+    # rows read per data file (bad ones included), for the model card
+    files: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def load(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss) -> TrainingData:
@@ -281,8 +284,10 @@ class TrainingData:
                                               args.teacher_embeddings_file)
         except ValueError as e:
             raise UsageError(str(e)) from None
+        files = {"train": loaded.records}
         if args.val_dataset:
-            val = load_samples(args.val_dataset, split_ratio=1.0, shuffle=args.val_dataset_shuffle, **load_opts).dataset
+            val_loaded = load_samples(args.val_dataset, split_ratio=1.0, shuffle=args.val_dataset_shuffle, **load_opts)
+            val, files["val"] = val_loaded.dataset, val_loaded.records
         else:
             val = loaded.val
         if args.truncation_strategy == "delete":
@@ -292,7 +297,8 @@ class TrainingData:
                 val = drop_overlong(val, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "val")
         if len(train) == 0:
             raise ValueError("no training rows left after loading " + ", ".join(args.dataset))
-        data = cls(EmbeddingDataset(train, teacher_files), EmbeddingDataset(val, teacher_files) if val is not None else None)
+        data = cls(EmbeddingDataset(train, teacher_files), EmbeddingDataset(val, teacher_files) if val is not None else None,
+                   files=files)
         data.teacher_key, data.teacher_width = data_teacher(args, loss, data.train)
         if data.teacher_key and data.val is not None:
             check_every_row(data.val)
@@ -334,6 +340,7 @@ def build_trainer(args: SftArguments) -> EmbeddingTrainer:
         "max_length": encoding.max_length,
         "tuner_type": args.tuner_type,
         "loss_type": args.loss_type,
+        **training_facts(args, loss, data),
     }
     trainer = EmbeddingTrainer(
         model=model,
@@ -349,6 +356,26 @@ def build_trainer(args: SftArguments) -> EmbeddingTrainer:
     )
     trainer.add_callback(TrainingCharts(lambda: eval_similarities(trainer)))
     return trainer
+
+
+def training_facts(args: SftArguments, loss: EmbeddingLoss, data: TrainingData) -> dict[str, Any]:
+    """What the model card reports beside the model: the loss's settings, the data files with
+    their row counts, the main hyperparameters and when training started."""
+    settings = " ".join(repr(loss).split())  # the loss's repr names its settings (and an inner loss's)
+    return {
+        "loss_settings": settings,
+        "data": {
+            **{kind: [{"file": f, "rows": n} for f, n in records.items()] for kind, records in data.files.items()},
+            "train_rows": len(data.train),
+            "val_rows": len(data.val) if data.val is not None else None,
+        },
+        "learning_rate": args.learning_rate,
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "num_train_epochs": args.num_train_epochs if not args.max_steps or args.max_steps < 0 else None,
+        "max_steps": args.max_steps if args.max_steps and args.max_steps > 0 else None,
+        "seed": args.seed,
+        "started_at": time.time(),
+    }
 
 
 def load_eval_tasks(args: SftArguments, encoding: Encoding) -> HeldOutTasks | None:

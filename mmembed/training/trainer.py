@@ -29,7 +29,7 @@ from ..eval.metrics import embedding_eval_metrics, pair_metrics
 from ..losses import Layout, Side, build_loss
 from ..model.adapters import is_adapter, read_adapter_weights, set_lora_weights, write_lora_layout
 from ..model.embedding import EmbeddingModel, hidden_size
-from ..model.io import write_mmembed_config, write_sentence_transformers_config
+from ..model.io import write_saved_folder
 from . import checkpoints
 from .checkpoints import (  # noqa: F401  (re-exported: the names tests and tools import from here)
     COMPLETE_MARKER,
@@ -354,13 +354,9 @@ class EmbeddingTrainer(Trainer):
             write_lora_layout(output_dir, template_from_config(template).adapter_prefix)
         if self.processing_class is not None:
             self.processing_class.save_pretrained(output_dir)
-        write_mmembed_config(output_dir, **self.mmembed_config)
-        from ..model.io import writes_sentence_transformers  # one rule with mmembed export
-
-        if writes_sentence_transformers(self.mmembed_config):
-            write_sentence_transformers_config(
-                output_dir, hidden_size(backbone.config), model.pooling, self.mmembed_config.get("max_length")
-            )
+        # mmembed.json, the tokenizer's suffix, sentence-transformers files, model card: one rule with mmembed export
+        write_saved_folder(output_dir, self.mmembed_config, hidden_size(backbone.config), self.state.log_history,
+                           final_path=checkpoints.final_folder(output_dir))
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def _save_checkpoint(self, model, trial) -> None:

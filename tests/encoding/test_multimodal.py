@@ -492,6 +492,14 @@ def test_vl_export_loads_in_transformers_with_the_same_embeddings(tiny_model, tm
         refs.append(torch.nn.functional.normalize(h, dim=0).numpy())
     np.testing.assert_allclose(ours, np.stack(refs), atol=1e-5)
 
+    # the model card's transformers snippet, run as written, gives the same; no sentence-transformers files
+    card = open(os.path.join(merged, "README.md"), encoding="utf-8").read()
+    namespace: dict = {}
+    exec(re.search(r"### transformers\n.*?```python\n(.*?)```", card, re.S).group(1), namespace)
+    snippet = np.stack([namespace["embed"]("a green circle").numpy(), namespace["embed"]("<image>", [image]).numpy()])
+    np.testing.assert_allclose(snippet, ours, atol=1e-5)
+    assert not os.path.exists(os.path.join(merged, "modules.json")) and "`qwen2_gme`" in card
+
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"query": "a green circle"}) + "\n" + json.dumps({"query": "<image>", "images": [image]}) + "\n")
     r = subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "embed", "--model", merged, "--input", str(rows),

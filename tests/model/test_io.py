@@ -1,5 +1,6 @@
 """Which saved folders get the sentence-transformers files: one rule for training checkpoints
-and exports, and where the files are written SentenceTransformer gives mmembed's embeddings."""
+and exports, and where the files are written SentenceTransformer gives mmembed's embeddings
+(every text template: tests/model/test_st_exports.py)."""
 
 import json
 import os
@@ -42,15 +43,14 @@ def _has_st_files(folder):
 
 
 def test_checkpoint_and_its_export_agree_on_sentence_transformers_files(tiny_model, pairs, tmp_path):
-    """gte_qwen2 appends <|endoftext|>, which the Qwen tokenizer does not add itself, so
-    SentenceTransformer would embed other token ids: neither the full checkpoint nor its
-    export gets the files."""
+    """gte_qwen2 appends <|endoftext|>, which the Qwen tokenizer does not add itself: both the
+    full checkpoint and its export get the files, with a tokenizer that appends it."""
     from mmembed.tools.export import export_checkpoint
 
     ckpt = _full_checkpoint(tiny_model("qwen2"), pairs, tmp_path / "run")
     merged = export_checkpoint(ckpt, str(tmp_path / "merged"))
     assert json.load(open(os.path.join(ckpt, "mmembed.json")))["template"] == "gte_qwen2"
-    assert (_has_st_files(ckpt), _has_st_files(merged)) == (False, False), "checkpoint and export disagree"
+    assert (_has_st_files(ckpt), _has_st_files(merged)) == (True, True), "checkpoint and export disagree"
 
 
 def test_sentence_transformers_files_give_mmembed_embeddings(minilm_path, pairs, tmp_path):
@@ -70,30 +70,31 @@ def test_sentence_transformers_files_give_mmembed_embeddings(minilm_path, pairs,
         np.testing.assert_allclose(st, ours, atol=1e-5)
 
 
-def test_no_sentence_transformers_files_for_a_system_prompt(minilm_path, pairs, tmp_path):
-    """``--system`` puts a prefix before every text, which SentenceTransformer(folder) does not."""
+def test_a_system_prompt_is_the_default_prompt(minilm_path, pairs, tmp_path):
+    """``--system`` puts a prefix before every text; the folder's sentence-transformers default
+    prompt puts the same one."""
     from sentence_transformers import SentenceTransformer
 
     from mmembed.model.embedder import Embedder
-    from mmembed.model.io import write_sentence_transformers_config
 
     ckpt = _full_checkpoint(minilm_path, pairs, tmp_path / "run", "--system", "query:")
-    assert not _has_st_files(ckpt), "sentence-transformers files for a folder it cannot embed as mmembed does"
-    # written anyway, they would give other embeddings
-    write_sentence_transformers_config(ckpt, 384, "mean", 32)
+    assert _has_st_files(ckpt)
     ours = Embedder.from_pretrained(ckpt, device="cpu").encode(TEXTS)
-    st = SentenceTransformer(ckpt, device="cpu").encode(TEXTS)
-    assert np.abs(st - ours).max() > 1e-3
+    st = SentenceTransformer(ckpt, device="cpu")
+    assert st.prompts[st.default_prompt_name] == "query: "
+    np.testing.assert_allclose(st.encode(TEXTS), ours, atol=1e-5)
+    assert np.abs(st.encode(TEXTS, prompt="") - ours).max() > 1e-3  # without it: other embeddings
 
 
 @pytest.mark.parametrize("fields,expected", [
     ({"template": "bert", "tuner_type": "full", "media": []}, True),
     ({"template": "modernbert", "tuner_type": "full"}, True),
     ({"template": "bert", "tuner_type": "lora"}, False),  # an adapter: export it first
-    ({"template": "bert", "tuner_type": "full", "default_system": "query:"}, False),
+    ({"template": "bert", "tuner_type": "full", "default_system": "query:"}, True),  # the default prompt
     ({"template": "bert", "tuner_type": "full", "normalize": False}, False),
-    ({"template": "gte_qwen2", "tuner_type": "full"}, False),
-    ({"template": "qwen3_emb", "tuner_type": "full"}, False),
+    ({"template": "gte_qwen2", "tuner_type": "full"}, True),  # the saved tokenizer appends <|endoftext|>
+    ({"template": "qwen3_emb", "tuner_type": "full", "default_system": "Instruct: x\nQuery:"}, True),
+    ({"template": {"name": "odd", "format": "{content} [END]", "add_special_tokens": True}, "tuner_type": "full"}, False),
     ({"template": "qwen2_gme", "tuner_type": "full", "media": ["image", "video"]}, False),
     ({"template": "qwen2_audio", "tuner_type": "full", "media": ["audio"]}, False),
     ({"tuner_type": "full"}, False),  # no template named: nothing to decide from
