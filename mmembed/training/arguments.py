@@ -161,6 +161,8 @@ class SftArguments(TrainingArguments):
         elif isinstance(self.deepspeed, str) and not self.deepspeed.lstrip().startswith("{") and not os.path.isfile(self.deepspeed):
             raise ValueError(f"--deepspeed {self.deepspeed!r}: not one of {DEEPSPEED_CONFIGS} and not a JSON file")
         self.deepspeed = _honour_optimizer_under_offload(self.deepspeed, str(getattr(self.optim, "value", self.optim)))
+        if self.deepspeed:
+            one_process_group_env(os.environ)
         if not _has_accelerator():
             # without use_cpu, accelerate starts the process group under torchrun but then treats
             # the run as single-process (no DDP, no data sharding); with it, CPU runs use gloo
@@ -233,6 +235,24 @@ def _honour_optimizer_under_offload(deepspeed, optim: str):
     if offload.get("device") not in ("cpu", "nvme") or "zero_force_ds_cpu_optimizer" in config:
         return deepspeed
     return {**config, "zero_force_ds_cpu_optimizer": False}
+
+
+def one_process_group_env(environ) -> bool:
+    """A single process under DeepSpeed (no torchrun) gets the variables torchrun would give
+    it (rank 0 of 1, a free local port). Without them DeepSpeed looks for an MPI launcher and
+    fails with "No module named 'mpi4py'"; ms-swift starts torchrun even for one process.
+    Returns whether anything was set; a process started by a launcher is left alone."""
+    if any(k in environ for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")):
+        return False
+    import socket
+
+    with socket.socket() as s:  # the port is picked here and bound by the process group moments later
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    environ.setdefault("MASTER_PORT", str(port))
+    return True
 
 
 def default_gradient_accumulation(per_device_batch: int, world_size: int) -> int:
