@@ -153,11 +153,12 @@ def _features():
     )
 
 
-def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: str):
+def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: str, work_dir: str):
     """Arrow rows for the given file shards; a bad row becomes an ``error`` row.
 
-    ``version`` only feeds the cache fingerprint. With ``strict`` a shard stops at its first
-    bad row (the caller raises it).
+    ``version`` only feeds the cache fingerprint; ``work_dir`` is where relative media paths
+    are tried besides the data file's folder (so it keys the cache too). With ``strict`` a
+    shard stops at its first bad row (the caller raises it).
     """
     del version
     for path, _mtime_ns, _size, shard, num_shards in shards:
@@ -167,7 +168,7 @@ def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: s
                 err = raw
             else:
                 try:
-                    sample = parse_row(raw, path, line, base_dir, verify_images=verify_images)
+                    sample = parse_row(raw, path, line, base_dir, verify_images=verify_images, work_dir=work_dir)
                 except DataError as e:
                     err = e
                 else:
@@ -248,7 +249,8 @@ def _load_files(
         st = os.stat(path)
         n = num_proc if num_proc > 1 and path.lower().endswith(".jsonl") else 1
         shards += [(path, st.st_mtime_ns, st.st_size, i, n) for i in range(n)]
-    gen_kwargs = {"shards": shards, "strict": strict, "verify_images": verify_images, "version": _CACHE_VERSION}
+    gen_kwargs = {"shards": shards, "strict": strict, "verify_images": verify_images, "version": _CACHE_VERSION,
+                  "work_dir": os.getcwd()}
     started = time.time()
     ds = _build(gen_kwargs, cache_dir, num_proc, force)
     errors = _errors(ds)
