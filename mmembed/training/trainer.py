@@ -314,8 +314,14 @@ class EmbeddingTrainer(Trainer):
         if self.loss.layout is Layout.PAIR:
             metrics.update(pair_metrics(emb[0::2], emb[1::2], lab))
         else:
-            # each batch is a whole set of groups, so concatenating keeps the layout valid
-            metrics.update(embedding_eval_metrics(emb, lab))
+            # each batch is a whole set of groups, so concatenating keeps the layout valid;
+            # margin / mean_neg come from what the loss weighs (its INFONCE_* settings), with
+            # the hard-negative padding drawn from a generator of its own (same every evaluation)
+            view = getattr(self.loss, "candidate_scores", None)
+            candidates = None if view is None else view(
+                {"last_hidden_state": torch.from_numpy(emb)}, torch.from_numpy(lab),
+                generator=torch.Generator().manual_seed(self.args.seed))
+            metrics.update(embedding_eval_metrics(emb, lab, candidates=candidates))
         return metrics
 
     def _task_metrics(self) -> dict[str, float]:
