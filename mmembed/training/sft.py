@@ -429,6 +429,11 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     trainer.last_checkpoint = resume  # the run's result until it saves (DeepSpeed loads without _load_from_checkpoint)
     result = trainer.train(resume_from_checkpoint=resume)
     final = trainer.last_checkpoint
+    if str(getattr(args.save_strategy, "value", args.save_strategy)) == "no":
+        # no checkpoints, no optimizer state: the trained model alone (weights or adapter,
+        # tokenizer / processor, mmembed.json), which embeds and exports but does not resume
+        final = os.path.join(args.output_dir, f"checkpoint-{trainer.state.global_step}")
+        trainer.save_model(final)
     metrics: dict[str, Any] = dict(result.metrics)
     if trainer.eval_dataset is not None or trainer.eval_tasks:
         metrics.update(trainer.evaluate())

@@ -47,9 +47,12 @@ class NonFiniteLossError(FloatingPointError):
 
 class _SaveLastStep(TrainerCallback):
     """The last step is always saved as a checkpoint (the run's result), whatever
-    ``--save_steps`` / ``--save_strategy`` say about the steps before it."""
+    ``--save_steps`` say about the steps before it. ``--save_strategy no`` saves no
+    checkpoint at all: ``run_sft`` writes the final model alone."""
 
     def on_step_end(self, args, state, control, **kwargs):
+        if str(getattr(args.save_strategy, "value", args.save_strategy)) == "no":
+            return control
         if state.max_steps and state.global_step >= state.max_steps:
             control.should_save = True
         return control

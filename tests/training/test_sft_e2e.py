@@ -233,3 +233,25 @@ def test_trainer_evaluation_uses_the_losss_infonce_settings(minilm_path, tmp_pat
     assert got["eval_mean_pos"] == pytest.approx(np.mean(pos), abs=1e-5)
     assert got["eval_mean_neg"] == pytest.approx(np.mean(sum(others, [])), abs=1e-5)
     assert got["eval_margin"] == pytest.approx(np.mean([p - max(o) for p, o in zip(pos, others)]), abs=1e-5)
+
+
+@pytest.mark.parametrize("tuner", ["lora", "full"])
+def test_save_strategy_no_writes_the_final_model_only(minilm_path, group_data, tmp_path, tuner):
+    """`--save_strategy no`: no intermediate checkpoint and no optimizer, scheduler, RNG or
+    trainer state; the final model alone, which embeds as the trained model."""
+    from mmembed.model.embedder import Embedder
+
+    out = tmp_path / "run"
+    metrics = run_sft(_args(minilm_path, group_data, out, "--tuner_type", tuner, "--max_steps", "3", "--save_steps", "1",
+                            "--save_strategy", "no", "--eval_strategy", "no", "--learning_rate", "5e-4"))
+    final = out / "checkpoint-3"
+    assert metrics["last_checkpoint"] == str(final)
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-3"]
+    names = {p.name for p in final.iterdir()}
+    weights = "adapter_model.safetensors" if tuner == "lora" else "model.safetensors"
+    assert {weights, "mmembed.json", "tokenizer.json"} <= names
+    for state in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", COMPLETE_MARKER):
+        assert state not in names, state
+    base = Embedder.from_pretrained(minilm_path).encode(TEXTS)
+    trained = Embedder.from_pretrained(str(final)).encode(TEXTS)
+    assert np.abs(trained - base).max() > 1e-4
