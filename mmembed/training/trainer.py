@@ -75,7 +75,7 @@ class EmbeddingTrainer(Trainer):
     """
 
     def __init__(self, *args, loss=None, side_models: dict[str, EmbeddingModel] | None = None, eval_tasks=None,
-                 mmembed_config: dict[str, Any] | None = None, **kwargs):
+                 mmembed_config: dict[str, Any] | None = None, param_lrs: dict[int, float] | None = None, **kwargs):
         # the Trainer refuses an eval strategy without an eval set; --eval_beir / --eval_sts
         # are something to evaluate too, so it gets a stand-in that evaluate() never reads
         tasks_only = kwargs.get("eval_dataset") is None and bool(eval_tasks)
@@ -100,8 +100,25 @@ class EmbeddingTrainer(Trainer):
         if mmembed_config is None:
             mmembed_config = {"pooling": self.accelerator.unwrap_model(self.model).pooling, "normalize": True}
         self.mmembed_config = mmembed_config
+        self.param_lrs = param_lrs or {}
         self.add_callback(_SaveLastStep())
         self.last_checkpoint: str | None = None  # the last whole checkpoint of this run (or the one it resumed)
+
+    def create_optimizer(self, model=None):
+        """The Trainer's optimizer, its parameter groups split by ``param_lrs`` (``id(parameter)
+        -> learning rate``: ``--vit_lr`` / ``--aligner_lr``); the schedule scales every group."""
+        optimizer = super().create_optimizer(model)
+        if self.param_lrs:
+            groups = []
+            for group in optimizer.param_groups:
+                by_lr: dict[float, list] = {}
+                for p in group["params"]:
+                    by_lr.setdefault(self.param_lrs.get(id(p), group["lr"]), []).append(p)
+                groups += [{**group, "params": params, "lr": lr} for lr, params in by_lr.items()]
+            optimizer.param_groups.clear()
+            for group in groups:
+                optimizer.add_param_group(group)
+        return optimizer
 
     @property
     def loss(self):
