@@ -81,11 +81,13 @@ def lora_target_modules(model: nn.Module, target_modules: list[str], template: T
 
 def apply_lora(backbone: nn.Module, args: SftArguments, template: Template) -> nn.Module:
     """A new LoRA adapter as the flags say, or (``--adapters``) an existing one trained on."""
-    from peft import LoraConfig, PeftModel, TaskType, get_peft_model
+    from peft import LoraConfig, TaskType, get_peft_model
 
     if args.adapters:
+        from ..model.adapters import load_lora  # mmembed's adapters and ms-swift's alike
+
         logger.info("training on the adapter in %s (its own rank, alpha and target modules)", args.adapters[0])
-        return PeftModel.from_pretrained(backbone, args.adapters[0], is_trainable=True)
+        return load_lora(backbone, args.adapters[0], is_trainable=True)
     init = {"true": True, "false": False}.get(args.init_weights.lower(), args.init_weights)
     config = LoraConfig(
         task_type=TaskType.FEATURE_EXTRACTION,

@@ -85,10 +85,6 @@ NO_EFFECT: dict[str, str] = {
         "swanlab_token", "swanlab_project", "swanlab_workspace", "swanlab_exp_name", "swanlab_notification_method",
         "swanlab_webhook_url", "swanlab_secret", "swanlab_sender_email", "swanlab_receiver_email", "swanlab_smtp_server",
         "swanlab_smtp_port", "swanlab_email_language", "swanlab_mode")},
-    # Rows are read in file order and the sampler shuffles; ms-swift's pre-shuffle of the dataset
-    # is being added separately (a field of SftArguments then takes over from these entries).
-    "dataset_shuffle": "rows are kept in file order and the training sampler shuffles them every epoch",
-    "val_dataset_shuffle": "evaluation metrics do not depend on the order of the eval rows",
 }
 
 #: flag -> (what to use instead, values accepted as ms-swift's default)
