@@ -26,7 +26,7 @@ mmembed sft \
     --train_type lora \
     --lora_rank 8 \
     --lora_alpha 32 \
-    --learning_rate 5e-6 \
+    --learning_rate 5e-5 \
     --target_modules all-linear \
     --dataset "$DATA" \
     --attn_impl "$ATTN_IMPL" \

@@ -33,7 +33,7 @@ mmembed sft \
     --output_dir "${OUTPUT_DIR:-output}" \
     --lazy_tokenize true \
     --warmup_ratio 0.05 \
-    --learning_rate 5e-6 \
+    --learning_rate 5e-5 \
     ${DEEPSPEED:+--deepspeed "$DEEPSPEED"} \
     --dataloader_num_workers 4 \
     --task_type embedding \

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# gte-Qwen2 LoRA training with the cosine-similarity loss on scored STS-B pairs: ms-swift's
-# examples/train/embedding/train_gte.sh with `swift sft` -> `mmembed sft` and the hub ids
-# (model and dataset) -> local paths. gte-modernbert runs the same way.
+# gte-Qwen2 LoRA training with the cosine-similarity loss on scored STS-B pairs. ms-swift
+# 4.6 no longer ships a gte script (its examples/train/embedding/ holds train_gme.sh and
+# qwen3/); this one takes train_gme.sh's flags with `--loss_type cosine_similarity` and
+# rows carrying a 0..1 "label". gte-modernbert runs the same way.
 #
 #   MODEL=/models/gte_Qwen2-7B-instruct NPROC_PER_NODE=8 bash examples/train_gte.sh
 #

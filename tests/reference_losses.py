@@ -32,19 +32,19 @@ def parse_groups(n_rows: int, labels: list[float]) -> list[tuple[int, int, list[
     return groups
 
 
-def reference_infonce(
+def reference_rows(
     emb: torch.Tensor,
     labels,
     *,
-    temperature: float = 0.1,
     use_batch: bool = True,
     picks: list[list[int]] | None = None,
     mask_fake_negative: bool = False,
     fake_neg_margin: float = 0.1,
     include_qq: bool = False,
     include_dd: bool = False,
-) -> torch.Tensor:
-    """InfoNCE of ``emb [N, D]`` with ms-swift's ``labels``, one anchor at a time.
+) -> list[tuple[torch.Tensor, int]]:
+    """Each anchor's logits before the temperature (``-inf`` where masked) and the index of
+    its positive among them, built one scalar at a time as the semantics read.
 
     ``picks[g]`` (when given) lists which of group g's negatives to use, by position
     within the group: this is how ``hard_negatives`` truncation / padding is fed in.
@@ -58,12 +58,11 @@ def reference_infonce(
         return torch.dot(emb[i], emb[j])
 
     minus_inf = torch.tensor(float("-inf"), dtype=emb.dtype)
-    losses = []
+    rows = []
     if not use_batch:
         for a, p, negs in groups:
-            logits = torch.stack([s(a, p)] + [s(a, n) for n in negs]) / temperature
-            losses.append(-torch.log_softmax(logits, 0)[0])
-        return torch.stack(losses).mean()
+            rows.append((torch.stack([s(a, p)] + [s(a, n) for n in negs]), 0))
+        return rows
 
     docs = []  # rows of every document, in group order
     pos_col = []  # column of each group's positive among docs
@@ -92,6 +91,12 @@ def reference_infonce(
             for c, d in enumerate(docs):
                 if c != pos_col[i]:
                     row.append(s(p, d))
-        logits = torch.stack(row) / temperature
-        losses.append(-torch.log_softmax(logits, 0)[pos_col[i]])
+        rows.append((torch.stack(row), pos_col[i]))
+    return rows
+
+
+def reference_infonce(emb: torch.Tensor, labels, *, temperature: float = 0.1, **options) -> torch.Tensor:
+    """InfoNCE of ``emb [N, D]`` with ms-swift's ``labels``, one anchor at a time (the
+    options of :func:`reference_rows`)."""
+    losses = [-torch.log_softmax(row / temperature, 0)[target] for row, target in reference_rows(emb, labels, **options)]
     return torch.stack(losses).mean()

@@ -153,10 +153,13 @@ def _features():
     )
 
 
-def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: str):
+def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: str, work_dir: str,
+              columns: dict[str, str] | None = None):
     """Arrow rows for the given file shards; a bad row becomes an ``error`` row.
 
-    ``version`` only feeds the cache fingerprint. With ``strict`` a shard stops at its first
+    ``version`` only feeds the cache fingerprint; ``work_dir`` is where relative media paths
+    are tried besides the data file's folder (so it keys the cache too); ``columns`` renames
+    row fields (old -> new) before a row is read. With ``strict`` a shard stops at its first
     bad row (the caller raises it).
     """
     del version
@@ -166,8 +169,10 @@ def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: s
             if isinstance(raw, DataError):
                 err = raw
             else:
+                if columns and isinstance(raw, dict):
+                    raw = {columns.get(k, k): v for k, v in raw.items()}
                 try:
-                    sample = parse_row(raw, path, line, base_dir, verify_images=verify_images)
+                    sample = parse_row(raw, path, line, base_dir, verify_images=verify_images, work_dir=work_dir)
                 except DataError as e:
                     err = e
                 else:
@@ -239,7 +244,8 @@ def _from_cache(ds, started: float) -> bool:
 
 
 def _load_files(
-    files: list[str], *, strict: bool, verify_images: bool, cache_dir: str | None, num_proc: int, force: bool
+    files: list[str], *, strict: bool, verify_images: bool, cache_dir: str | None, num_proc: int, force: bool,
+    columns: dict[str, str] | None = None,
 ):
     """Arrow dataset of the files' good rows (with their ``row`` in their file), the bad rows
     as DataErrors, and the rows read per file."""
@@ -248,7 +254,8 @@ def _load_files(
         st = os.stat(path)
         n = num_proc if num_proc > 1 and path.lower().endswith(".jsonl") else 1
         shards += [(path, st.st_mtime_ns, st.st_size, i, n) for i in range(n)]
-    gen_kwargs = {"shards": shards, "strict": strict, "verify_images": verify_images, "version": _CACHE_VERSION}
+    gen_kwargs = {"shards": shards, "strict": strict, "verify_images": verify_images, "version": _CACHE_VERSION,
+                  "work_dir": os.getcwd(), "columns": columns}
     started = time.time()
     ds = _build(gen_kwargs, cache_dir, num_proc, force)
     errors = _errors(ds)
@@ -332,6 +339,7 @@ def load_samples(
     verify_images: bool = True,
     split_ratio: float = 0.0,
     shuffle: bool = False,
+    columns: dict[str, str] | None = None,
 ) -> LoadResult:
     """Read dataset specs into one Arrow-backed ``datasets.Dataset`` of samples.
 
@@ -355,7 +363,8 @@ def load_samples(
     been fixed since); ``load_from_cache_file=False`` always re-reads. ``num_proc > 1`` reads
     files (and byte ranges of ``.jsonl`` files) in parallel processes, keeping row order.
     ``verify_images=False`` skips opening each local image's header with PIL (existence is
-    still checked).
+    still checked). ``columns`` renames row fields before they are read (``--columns``,
+    ms-swift's mapping: ``{"text1": "query", "text2": "response"}``).
     """
     import datasets
 
@@ -378,6 +387,7 @@ def load_samples(
             cache_dir=cache_dir,
             num_proc=max(1, int(num_proc or 1)),
             force=not load_from_cache_file,
+            columns=columns,
         )
         skipped += bad
         records.update(read)

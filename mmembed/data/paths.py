@@ -8,8 +8,10 @@ entry into the reference an :class:`~mmembed.data.sample.Item` stores.
 
 Media paths
 -----------
-Relative paths resolve against ``base_dir`` (the data file's folder); ``~`` expands;
-``file://`` URIs become paths. ``http(s)://`` URLs and ``data:`` URIs are kept as they are
+A relative path is tried against the working directory (as ms-swift resolves it) and
+against ``base_dir`` (the data file's folder): the one that exists is taken; both existing
+as different files is an error naming both, and neither is an error naming both tried
+paths. ``~`` expands; ``file://`` URIs become paths. ``http(s)://`` URLs and ``data:`` URIs are kept as they are
 (fetched later). Every local path must exist; local images must be readable by PIL (header
 only) unless ``verify_images=False``. An inline image ``{"bytes": ..., "path": ...}`` (a
 Hugging Face ``Image`` column read from parquet) becomes a ``data:`` URI.
@@ -71,6 +73,7 @@ class RowContext:
     line: int
     base_dir: str
     verify_images: bool
+    work_dir: str | None = None  # the working directory relative paths are also tried against (None: the current one)
 
     def error(self, fieldname: str | None, message: str) -> DataError:
         return DataError(self.source, self.line, fieldname, message)
@@ -177,15 +180,14 @@ def resolve_media(value: Any, kind: str, fieldname: str, ctx: RowContext) -> str
     else:
         path = value
     path = os.path.expanduser(path)
-    if not os.path.isabs(path):
-        path = os.path.join(ctx.base_dir, path)
-    path = os.path.normpath(path)
-    try:
-        st = os.stat(path)
-    except OSError:
-        raise MediaFileError(
-            ctx.source, ctx.line, fieldname, f"{kind} file not found: {value!r} (resolved to {path})"
-        ) from None
+    if os.path.isabs(path):
+        path = os.path.normpath(path)
+        try:
+            st = os.stat(path)
+        except OSError:
+            raise MediaFileError(ctx.source, ctx.line, fieldname, f"{kind} file not found: {path}") from None
+    else:
+        path, st = _relative(path, kind, fieldname, ctx)
     if not stat.S_ISREG(st.st_mode):
         raise MediaFileError(ctx.source, ctx.line, fieldname, f"{kind} path is not a file: {path}")
     if kind == "image" and ctx.verify_images:
@@ -193,6 +195,30 @@ def resolve_media(value: Any, kind: str, fieldname: str, ctx: RowContext) -> str
         if problem:
             raise MediaFileError(ctx.source, ctx.line, fieldname, f"unreadable image {path}: {problem}")
     return path
+
+
+def _relative(path: str, kind: str, fieldname: str, ctx: RowContext) -> tuple[str, os.stat_result]:
+    """A relative media path, as ms-swift resolves it (against the working directory) and as
+    a data file travels with its media (against its folder): the candidate that exists."""
+    work_dir = ctx.work_dir or os.getcwd()
+    candidates = list(dict.fromkeys(os.path.normpath(os.path.join(d, path)) for d in (work_dir, ctx.base_dir)))
+    found = []
+    for cand in candidates:
+        try:
+            found.append((cand, os.stat(cand)))
+        except OSError:
+            pass
+    if not found:
+        tried = " and ".join(candidates)
+        raise MediaFileError(ctx.source, ctx.line, fieldname, f"{kind} file not found: {path!r} (tried {tried})")
+    if len(found) > 1 and not os.path.samefile(found[0][0], found[1][0]):
+        raise MediaFileError(
+            ctx.source, ctx.line, fieldname,
+            f"{kind} path {path!r} is ambiguous: both {found[0][0]} (working directory) and {found[1][0]} "
+            "(the data file's folder) exist and are different files; write the path absolute or relative to one "
+            "of them only",
+        )
+    return found[0]
 
 
 @functools.lru_cache(maxsize=65536)

@@ -124,17 +124,19 @@ def parse_row(
     base_dir: str,
     *,
     verify_images: bool = True,
+    work_dir: str | None = None,
 ) -> Sample:
     """Normalize one raw row (query form or messages form, detected per row) into a Sample.
 
-    ``source``/``line`` name the row in errors and are stored on the sample; relative media
-    paths resolve against ``base_dir``. The sample's media are absolute paths, or ``http(s)``
+    ``source``/``line`` name the row in errors and are stored on the sample; a relative media
+    path resolves against ``work_dir`` (default: the current directory) or ``base_dir``,
+    whichever holds it (both, as different files: an error). The sample's media are absolute paths, or ``http(s)``
     / ``data:`` URIs unchanged. Raises :class:`DataError` naming file, line and field for
     every breach of the data contract: not an object, a missing or mistyped field, a tag
     count that differs from the path count, a missing or (with ``verify_images``)
     unreadable local media file, an unknown role, a member with empty text and no media.
     """
-    ctx = RowContext(source, line, os.path.abspath(base_dir), verify_images)
+    ctx = RowContext(source, line, os.path.abspath(base_dir), verify_images, work_dir)
     if not isinstance(raw, dict):
         raise ctx.error(None, f"row is not a JSON object (got {json_type(raw)})")
     messages_key = _present_key(raw, MESSAGES_FIELDS, ctx, "messages")

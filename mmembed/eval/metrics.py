@@ -16,6 +16,7 @@ Retrieval ranks and scores with the shared core of ``ranking`` (``search``,
 Functions
 ---------
 - ``infonce_metrics``: ``mean_pos``, ``mean_neg``, ``margin`` as ms-swift reports them.
+- ``candidate_metrics``: the same three from the candidates a loss weighs (its settings).
 - ``retrieval_metrics``: ``recall@k``, ``mrr@10``, ``ndcg@10`` with deterministic ties.
 - ``pair_metrics``: pearson / spearman of the label against cosine, dot, -manhattan,
   -euclidean.
@@ -37,6 +38,7 @@ __all__ = [
     "retrieval_metrics",
     "pair_metrics",
     "embedding_eval_metrics",
+    "candidate_metrics",
 ]
 
 def _to_numpy(x: Any, name: str, ndim: int | None = None) -> np.ndarray:
@@ -159,6 +161,45 @@ def infonce_metrics(
     mean_neg = neg_sum / n_pairs if n_pairs else float("nan")
     margin = float((pos - best)[has_other].mean()) if has_other.any() else float("nan")
     return {"margin": margin, "mean_neg": float(mean_neg), "mean_pos": mean_pos}
+
+
+def candidate_metrics(blocks: Iterable[tuple[Any, Any]]) -> dict[str, float]:
+    """``mean_pos``, ``mean_neg`` and ``margin`` from the candidates a loss actually weighs.
+
+    Inputs
+    ------
+    blocks: ``(scores [b, C], target [b])`` per block of anchors, as a group loss's
+            ``candidate_scores`` yields them: each anchor's similarities to its candidates,
+            ``-inf`` for a candidate the loss leaves out, and the column of its positive.
+
+    With ``O_i`` the finite entries of anchor ``i``'s row other than its target:
+    ``mean_pos = mean_i s_i[target_i]``, ``mean_neg`` = the mean over every ``(i, c in
+    O_i)`` pair (pooled, as ms-swift pools), ``margin = mean_i (s_i[target_i] - max O_i)``
+    over the anchors whose ``O_i`` is not empty. A metric with nothing to average is ``nan``.
+    So ``INFONCE_USE_BATCH``, ``INFONCE_HARD_NEGATIVES``, the fake-negative mask and the QQ /
+    DD blocks shape the metrics exactly as they shape the loss.
+    """
+    pos_sum, n_anchors, neg_sum, n_pairs, margin_sum, n_margin = 0.0, 0, 0.0, 0, 0.0, 0
+    for scores, target in blocks:
+        s = _to_numpy(scores, "scores", 2)
+        t = _to_int_array(target, "target")
+        rows = np.arange(s.shape[0])
+        pos = s[rows, t]
+        others = s.copy()
+        others[rows, t] = -np.inf
+        finite = np.isfinite(others)
+        pos_sum += float(pos.sum())
+        n_anchors += s.shape[0]
+        neg_sum += float(np.where(finite, others, 0.0).sum())
+        n_pairs += int(finite.sum())
+        has_other = finite.any(axis=1)
+        margin_sum += float((pos - others.max(axis=1, initial=-np.inf))[has_other].sum())
+        n_margin += int(has_other.sum())
+    if n_anchors == 0:
+        raise ValueError("no anchors to score")
+    nan = float("nan")
+    return {"margin": margin_sum / n_margin if n_margin else nan, "mean_neg": neg_sum / n_pairs if n_pairs else nan,
+            "mean_pos": pos_sum / n_anchors}
 
 
 # ---------------------------------------------------------------------------------------
@@ -361,6 +402,7 @@ def embedding_eval_metrics(
     *,
     use_batch: bool = True,
     ks: Sequence[int] = (1, 5, 10),
+    candidates: Iterable[tuple[Any, Any]] | None = None,
 ) -> dict[str, float]:
     """All InfoNCE evaluation metrics from ms-swift's evaluation layout.
 
@@ -372,7 +414,8 @@ def embedding_eval_metrics(
                 negatives (including none).
 
     Returns ``infonce_metrics`` (``margin``, ``mean_neg``, ``mean_pos``; ``use_batch`` as
-    there) together with ``retrieval_metrics`` of the anchors against every evaluation
+    there; or, given ``candidates``, the loss's own view of the same rows through
+    ``candidate_metrics``) together with ``retrieval_metrics`` of the anchors against every evaluation
     document: the ``N - B`` positives and negatives of the whole set, each anchor's
     relevant document being its own positive (``recall@k`` for ``ks``, ``mrr@10``,
     ``ndcg@10``).
@@ -382,6 +425,9 @@ def embedding_eval_metrics(
     anchor_rows, pos_idx, neg_idx, neg_group, label_rows = _split_infonce_layout(emb, lab)
     anchors = emb[anchor_rows]
     docs = emb[label_rows]  # doc j is the row of label j
-    out = infonce_metrics(anchors, docs[pos_idx], docs[neg_idx], neg_group, use_batch=use_batch)
+    if candidates is not None:
+        out = candidate_metrics(candidates)
+    else:
+        out = infonce_metrics(anchors, docs[pos_idx], docs[neg_idx], neg_group, use_batch=use_batch)
     out.update(retrieval_metrics(anchors, docs, pos_idx, ks=ks))
     return out

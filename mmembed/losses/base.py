@@ -272,6 +272,14 @@ class EmbeddingLoss(nn.Module):
         user can act on. The default checks the side inputs against :attr:`side`."""
         check_side(type(self).__name__, self.side, setup)
 
+    def candidate_scores(self, outputs: Any, labels: Any, **options: Any) -> Any:
+        """The evaluation's view of a group loss: per block of anchors, ``(scores [b, C],
+        target [b])``, the similarities its softmax weighs (``-inf`` where a candidate is
+        left out) and each anchor's positive column (see
+        :meth:`mmembed.losses.InfoNCELoss.candidate_scores`). ``None`` (the default): the
+        loss has no such view, and the evaluation ranks every document of the set."""
+        return None
+
 
 def check_side(loss_name: str, side: SideNeeds, setup: Setup) -> None:
     """The side inputs ``setup`` provides are the ones ``side`` asks for."""

@@ -14,7 +14,7 @@ cross-device extension is meant to gather with gradient (see
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -294,7 +294,37 @@ class InfoNCELoss(EmbeddingLoss):
         process contributes to a cross-device batch."""
         return self._parts(outputs, labels)[:4]
 
-    def _parts(self, outputs: Mapping[str, Tensor], labels: Tensor | Groups) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    def candidate_scores(self, outputs: Mapping[str, Tensor], labels: Tensor | Groups, *,
+                         generator: torch.Generator | None = None, block_rows: int = 1024) -> Iterator[tuple[Tensor, Tensor]]:
+        """What the loss's softmax sees for each anchor, block by block: the evaluation's view.
+
+        Args:
+            outputs, labels: As for :meth:`forward` (e.g. a whole evaluation set).
+            generator: Random source for the ``hard_negatives`` padding (drawn once, for
+                the whole set); the loss's own when None.
+            block_rows: Anchors per block (bounds the memory of the score matrix).
+
+        Yields:
+            ``(scores [b, C], target [b])`` per block of anchors: the similarities of
+            :meth:`forward`'s logits before the temperature, ``-inf`` where a candidate is
+            absent (a shorter group) or dropped (the fake-negative mask, an anchor or a
+            positive's own column), and the column of each anchor's own positive. The
+            cross-entropy of ``scores / temperature`` against ``target``, averaged over
+            all anchors, is the loss.
+        """
+        anchors, positives, negatives, neg_group, docs = self._parts(outputs, labels, generator)
+        n = anchors.shape[0]
+        if not self.config.use_batch:
+            scores, _ = in_group_scores(anchors, positives, negatives, neg_group)
+            for start in range(0, n, block_rows):
+                block = scores[start : start + block_rows]
+                yield block, torch.zeros(block.shape[0], dtype=torch.long, device=block.device)
+            return
+        for start in range(0, n, block_rows):
+            yield self._in_batch_scores(anchors, positives, docs, range(start, min(n, start + block_rows)))
+
+    def _parts(self, outputs: Mapping[str, Tensor], labels: Tensor | Groups,
+               generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         emb = outputs["last_hidden_state"]
         if emb.dim() != 2:
             raise ValueError(f"InfoNCE expects last_hidden_state [N, D], got shape {tuple(emb.shape)}")
@@ -304,7 +334,7 @@ class InfoNCELoss(EmbeddingLoss):
         hard = self.config.hard_negatives
         if hard is not None:
             counts = groups.counts()
-            picks = select_hard_negatives(counts, hard, self.generator)
+            picks = select_hard_negatives(counts, hard, generator if generator is not None else self.generator)
             first = torch.cumsum(counts, 0) - counts  # neg_idx is in group order
             neg_idx = neg_idx[(first[:, None] + picks).reshape(-1)]
             neg_group = torch.arange(n_groups, device=emb.device).repeat_interleave(hard)
@@ -376,6 +406,12 @@ class InfoNCELoss(EmbeddingLoss):
 
     def _in_batch_losses(self, anchors: Tensor, positives: Tensor, docs: Tensor, rows: range) -> Tensor:
         """Per-anchor loss (for ``rows``) over every document ``docs = [positives; negatives]``, plus QQ / DD."""
+        scores, target = self._in_batch_scores(anchors, positives, docs, rows)
+        return F.cross_entropy(scores / self.config.temperature, target, reduction="none")
+
+    def _in_batch_scores(self, anchors: Tensor, positives: Tensor, docs: Tensor, rows: range) -> tuple[Tensor, Tensor]:
+        """The ``rows`` anchors' similarities to every candidate (before the temperature, -inf
+        where dropped) and the column of each one's positive."""
         cfg = self.config
         # Documents as [all positives; all negatives] rather than ms-swift's interleaved
         # group order: the cross-entropy does not depend on the order of the columns, and
@@ -401,5 +437,4 @@ class InfoNCELoss(EmbeddingLoss):
         if cfg.include_dd:
             dd = (positives if every_row else positives[rows.start : rows.stop]) @ docs.T
             blocks.append(dd.masked_fill(own, NEG_INF))  # a positive is not its own candidate
-        logits = torch.cat(blocks, dim=1) / cfg.temperature
-        return F.cross_entropy(logits, target, reduction="none")
+        return torch.cat(blocks, dim=1), target

@@ -192,6 +192,12 @@ class MatryoshkaLoss(EmbeddingLoss):
         """The inner loss's ``config`` (``infonce``), so code written for InfoNCE works on the wrapper."""
         return self.inner.config
 
+    def candidate_scores(self, outputs: Mapping[str, Tensor], labels: Tensor, **options):
+        """The wrapped loss's evaluation view at the full width (see
+        :meth:`InfoNCELoss.candidate_scores`)."""
+        inner = getattr(self.inner, "candidate_scores", None)
+        return inner(outputs, labels, **options) if inner is not None else None
+
     def split_parts(self, outputs: Mapping[str, Tensor], labels: Tensor) -> tuple:
         """The inner loss's parts at full width (cut per width in :meth:`forward_from_parts`).
 

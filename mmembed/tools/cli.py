@@ -51,9 +51,13 @@ def cmd_sft(argv: list[str]) -> int:
         return code
     from ..training.arguments import parse_sft_args
     from ..training.sft import run_sft
+    from ..training.swift_flags import RefusedFlag
 
     try:
         args = parse_sft_args(argv)
+    except RefusedFlag as e:  # a usage error, as argparse reports one (exit status 2)
+        print(f"mmembed sft: error: {e}", file=sys.stderr)
+        return 2
     except ValueError as e:  # our own argument checks
         raise SystemExit(f"mmembed sft: {e}")
     from ..data import DataError, SpecError

@@ -56,10 +56,23 @@ class SftArguments(TrainingArguments):
     freeze_vit: bool = field(default=True, metadata={"help": "multimodal models: keep the vision/audio tower fixed (no LoRA on it)"})
     freeze_aligner: bool = field(default=True, metadata={"help": "multimodal models: keep the aligner (projector) fixed"})
     freeze_llm: bool = field(default=False, metadata={"help": "multimodal models: keep the language model fixed"})
+    use_dora: bool = field(default=False, metadata={"help": "LoRA: PEFT's DoRA (weight-decomposed LoRA)"})
+    use_rslora: bool = field(default=False, metadata={"help": "LoRA: rank-stabilised scaling alpha / sqrt(rank)"})
+    lora_bias: str = field(default="none", metadata={"help": "LoRA: which biases train: none | all | lora_only"})
+    init_weights: str = field(default="true", metadata={"help": "LoRA: PEFT's init_lora_weights (true, false, gaussian, pissa, olora, ...)"})
+    target_regex: str | None = field(default=None, metadata={"help": "LoRA: a regular expression of module names (instead of --target_modules)"})
+    modules_to_save: list[str] = field(default_factory=list, metadata={"help": "LoRA: modules trained and saved whole"})
+    adapters: list[str] = field(default_factory=list, metadata={"help": "LoRA: start from this adapter (a checkpoint folder) instead of a new one"})
+    resume_only_model: bool = field(default=False, metadata={"help": "with --resume_from_checkpoint: load the weights only (optimizer, scheduler and step start afresh)"})
+    vit_lr: float | None = field(default=None, metadata={"help": "learning rate of the vision/audio tower (its parts trained: --freeze_vit false)"})
+    aligner_lr: float | None = field(default=None, metadata={"help": "learning rate of the aligner (trained: --freeze_aligner false)"})
+    max_pixels: int | None = field(default=None, metadata={"help": "image pixel budget, as the MAX_PIXELS variable"})
+    sequence_parallel_size: int = field(default=1, metadata={"help": "must be 1 (sequence parallelism is not offered)"})
     use_chat_template: bool = field(default=True, metadata={"help": "accepted for ms-swift scripts; the template decides the rendering"})
     padding_free: bool = field(default=False, metadata={"help": "accepted for ms-swift scripts; text batches are cut to their length chunks instead"})
     # data
     dataset: list[str] = field(default_factory=list, metadata={"help": "data files / folders, path#N samples N rows"})
+    columns: str | None = field(default=None, metadata={"help": "rename row fields before reading, as JSON: '{\"text1\": \"query\", \"text2\": \"response\"}'"})
     val_dataset: list[str] = field(default_factory=list)
     split_dataset_ratio: float = 0.0
     dataset_shuffle: bool = field(default=True, metadata={"help": "shuffle the training rows once after loading (ms-swift's); the sampler shuffles each epoch too"})
@@ -113,6 +126,7 @@ class SftArguments(TrainingArguments):
         if self.tuner_type not in TUNER_TYPES:
             raise ValueError(f"--tuner_type must be one of {TUNER_TYPES}, got {self.tuner_type!r}")
         _check_loss_args(self)
+        _check_swift_flags(self)
         if self.gradcache_mini_batch_size < 0:
             raise ValueError(f"--gradcache_mini_batch_size must be >= 0, got {self.gradcache_mini_batch_size}")
         if self.truncation_strategy not in TRUNCATION_STRATEGIES:
@@ -161,6 +175,8 @@ class SftArguments(TrainingArguments):
         elif isinstance(self.deepspeed, str) and not self.deepspeed.lstrip().startswith("{") and not os.path.isfile(self.deepspeed):
             raise ValueError(f"--deepspeed {self.deepspeed!r}: not one of {DEEPSPEED_CONFIGS} and not a JSON file")
         self.deepspeed = _honour_optimizer_under_offload(self.deepspeed, str(getattr(self.optim, "value", self.optim)))
+        if self.deepspeed:
+            one_process_group_env(os.environ)
         if not _has_accelerator():
             # without use_cpu, accelerate starts the process group under torchrun but then treats
             # the run as single-process (no DDP, no data sharding); with it, CPU runs use gloo
@@ -169,6 +185,44 @@ class SftArguments(TrainingArguments):
         if self.label_names is None:
             self.label_names = ["labels"]
         super().__post_init__()
+
+
+def _check_swift_flags(args: "SftArguments") -> None:
+    """ms-swift's tuning, data and media flags that mmembed implements, checked at start."""
+    import json
+
+    if args.sequence_parallel_size != 1:
+        raise ValueError(f"--sequence_parallel_size {args.sequence_parallel_size}: sequence parallelism is not offered "
+                         "(embedding inputs are short); cut memory with --gradcache_mini_batch_size, --max_length or "
+                         "--deepspeed zero3 instead")
+    if args.columns is not None:
+        try:
+            mapping = json.loads(args.columns)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--columns is not valid JSON ({e.msg}): {args.columns!r}") from None
+        if not isinstance(mapping, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):
+            raise ValueError(f"--columns must be a JSON object of field names, old -> new, got {args.columns!r}")
+    if args.lora_bias not in ("none", "all", "lora_only"):
+        raise ValueError(f"--lora_bias must be none, all or lora_only, got {args.lora_bias!r}")
+    if args.adapters and args.tuner_type != "lora":
+        raise ValueError("--adapters continues a LoRA adapter (--tuner_type lora); for full training merge it first "
+                         "(mmembed export --adapters CKPT) and pass the merged folder as --model")
+    if len(args.adapters) > 1:
+        raise ValueError(f"--adapters takes one adapter to train on, got {len(args.adapters)}")
+    if args.resume_only_model and not args.resume_from_checkpoint:
+        raise ValueError("--resume_only_model needs --resume_from_checkpoint (the checkpoint whose weights to load)")
+    for flag in ("vit_lr", "aligner_lr"):
+        value = getattr(args, flag)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"--{flag} must be a finite number >= 0, got {value}")
+    if args.max_pixels is not None:
+        if args.max_pixels <= 0:
+            raise ValueError(f"--max_pixels must be > 0, got {args.max_pixels}")
+        env = os.environ.get("MAX_PIXELS")
+        if env is not None and env.strip() and env.strip() != str(args.max_pixels):
+            logging.getLogger("mmembed").warning("--max_pixels %d wins over MAX_PIXELS=%s", args.max_pixels, env)
+        # the media loader reads the budget where ms-swift's contract puts it: the variable
+        os.environ["MAX_PIXELS"] = str(args.max_pixels)
 
 
 def _check_loss_args(args: "SftArguments") -> None:
@@ -235,6 +289,24 @@ def _honour_optimizer_under_offload(deepspeed, optim: str):
     return {**config, "zero_force_ds_cpu_optimizer": False}
 
 
+def one_process_group_env(environ) -> bool:
+    """A single process under DeepSpeed (no torchrun) gets the variables torchrun would give
+    it (rank 0 of 1, a free local port). Without them DeepSpeed looks for an MPI launcher and
+    fails with "No module named 'mpi4py'"; ms-swift starts torchrun even for one process.
+    Returns whether anything was set; a process started by a launcher is left alone."""
+    if any(k in environ for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")):
+        return False
+    import socket
+
+    with socket.socket() as s:  # the port is picked here and bound by the process group moments later
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    environ.setdefault("MASTER_PORT", str(port))
+    return True
+
+
 def default_gradient_accumulation(per_device_batch: int, world_size: int) -> int:
     """ms-swift's default: accumulate up to a global batch of 16 rows."""
     return max(1, math.ceil(16 / per_device_batch / world_size))
@@ -247,7 +319,14 @@ def _has_accelerator() -> bool:
 
 
 def parse_sft_args(argv: list[str]) -> SftArguments:
-    """Parse ``mmembed sft`` flags; an unknown flag is an error that names it."""
+    """Parse ``mmembed sft`` flags; an unknown flag is an error that names it. ms-swift flags
+    with no effect here are dropped with a logged line; refused ones raise
+    :class:`~mmembed.training.swift_flags.RefusedFlag` (see ``swift_flags``)."""
+    import dataclasses
+
+    from .swift_flags import take_swift_flags
+
+    argv = take_swift_flags(list(argv), {f.name for f in dataclasses.fields(SftArguments)})
     parser = HfArgumentParser(SftArguments, allow_abbrev=False, prog="mmembed sft")
     args, rest = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if rest:

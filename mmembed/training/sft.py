@@ -31,7 +31,7 @@ from ..model.embedding import (
 from .arguments import SftArguments, UsageError, check_side_flags
 from .charts import TrainingCharts, eval_similarities
 from .checkpoints import check_complete, clear_output_dir, find_last_complete_checkpoint, leftovers, list_checkpoints
-from .trainer import EmbeddingTrainer
+from .trainer import EmbeddingTrainer, load_backbone_weights
 
 logger = logging.getLogger("mmembed")
 
@@ -81,16 +81,51 @@ def lora_target_modules(model: nn.Module, target_modules: list[str], template: T
 
 
 def apply_lora(backbone: nn.Module, args: SftArguments, template: Template) -> nn.Module:
+    """A new LoRA adapter as the flags say, or (``--adapters``) an existing one trained on."""
     from peft import LoraConfig, TaskType, get_peft_model
 
+    if args.adapters:
+        from ..model.adapters import load_lora  # mmembed's adapters and ms-swift's alike
+
+        logger.info("training on the adapter in %s (its own rank, alpha and target modules)", args.adapters[0])
+        return load_lora(backbone, args.adapters[0], is_trainable=True)
+    init = {"true": True, "false": False}.get(args.init_weights.lower(), args.init_weights)
     config = LoraConfig(
         task_type=TaskType.FEATURE_EXTRACTION,
         r=args.lora_rank,
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
-        target_modules=lora_target_modules(backbone, list(args.target_modules), template, _frozen(args)),
+        target_modules=args.target_regex or lora_target_modules(backbone, list(args.target_modules), template,
+                                                                _frozen(args)),
+        use_dora=args.use_dora,
+        use_rslora=args.use_rslora,
+        bias=args.lora_bias,
+        init_lora_weights=init,
+        modules_to_save=list(args.modules_to_save) or None,
     )
     return get_peft_model(backbone, config)
+
+
+def part_learning_rates(model: EmbeddingModel, template: Template, args: SftArguments) -> dict[int, float]:
+    """``--vit_lr`` / ``--aligner_lr``: the learning rate of each trainable parameter of those
+    parts (by ``id``), as optimizer parameter groups take them; the rest keep --learning_rate."""
+    wanted = {part: lr for part, lr in (("vit", args.vit_lr), ("aligner", args.aligner_lr)) if lr is not None}
+    if not wanted:
+        return {}
+    if not template.parts:
+        raise UsageError(f"--vit_lr / --aligner_lr: template '{template.name}' has no vision or audio parts")
+    lrs, found = {}, set()
+    for name, p in model.backbone.named_parameters():
+        for prefix in ("base_model.model.",):  # PEFT's wrapping; parts are named on the bare backbone
+            name = name[len(prefix):] if name.startswith(prefix) else name
+        part = template.module_part(name)
+        if part in wanted and p.requires_grad:
+            lrs[id(p)] = wanted[part]
+            found.add(part)
+    for part in sorted(set(wanted) - found):
+        logger.warning("--%s_lr has no effect: no trainable parameter in the %s part (--freeze_%s true, or LoRA puts "
+                       "no adapter there)", part, part, part)
+    return lrs
 
 
 def freeze_parts(backbone: nn.Module, template: Template, frozen: set[str]) -> int:
@@ -275,7 +310,8 @@ class TrainingData:
     def load(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss) -> TrainingData:
         # ms-swift's order: --data_seed (not --seed) drives the split, #N sampling and --dataset_shuffle
         load_opts = dict(strict=args.strict, seed=args.data_seed, num_proc=args.dataset_num_proc,
-                         load_from_cache_file=args.load_from_cache_file)
+                         load_from_cache_file=args.load_from_cache_file,
+                         columns=json.loads(args.columns) if args.columns else None)
         loaded = load_samples(args.dataset, split_ratio=0.0 if args.val_dataset else args.split_dataset_ratio,
                               shuffle=args.dataset_shuffle, **load_opts)
         train = loaded.dataset
@@ -353,6 +389,7 @@ def build_trainer(args: SftArguments) -> EmbeddingTrainer:
         side_models=side_models.models,
         eval_tasks=eval_tasks,
         mmembed_config=mmembed_config,
+        param_lrs=part_learning_rates(model, encoding.template, args),
     )
     trainer.add_callback(TrainingCharts(lambda: eval_similarities(trainer)))
     return trainer
@@ -453,9 +490,19 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     resume = resume_checkpoint(args)
     prepare_output_dir(args, resume)
     trainer = build_trainer(args)
+    if resume and args.resume_only_model:
+        # ms-swift's --resume_only_model: the checkpoint's weights, a fresh optimizer and schedule
+        load_backbone_weights(trainer.accelerator.unwrap_model(trainer.model).backbone, resume)
+        logger.info("--resume_only_model: weights from %s; optimizer, scheduler and step start afresh", resume)
+        resume = None
     trainer.last_checkpoint = resume  # the run's result until it saves (DeepSpeed loads without _load_from_checkpoint)
     result = trainer.train(resume_from_checkpoint=resume)
     final = trainer.last_checkpoint
+    if str(getattr(args.save_strategy, "value", args.save_strategy)) == "no":
+        # no checkpoints, no optimizer state: the trained model alone (weights or adapter,
+        # tokenizer / processor, mmembed.json), which embeds and exports but does not resume
+        final = os.path.join(args.output_dir, f"checkpoint-{trainer.state.global_step}")
+        trainer.save_model(final)
     metrics: dict[str, Any] = dict(result.metrics)
     if trainer.eval_dataset is not None or trainer.eval_tasks:
         metrics.update(trainer.evaluate())

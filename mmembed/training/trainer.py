@@ -47,9 +47,12 @@ class NonFiniteLossError(FloatingPointError):
 
 class _SaveLastStep(TrainerCallback):
     """The last step is always saved as a checkpoint (the run's result), whatever
-    ``--save_steps`` / ``--save_strategy`` say about the steps before it."""
+    ``--save_steps`` say about the steps before it. ``--save_strategy no`` saves no
+    checkpoint at all: ``run_sft`` writes the final model alone."""
 
     def on_step_end(self, args, state, control, **kwargs):
+        if str(getattr(args.save_strategy, "value", args.save_strategy)) == "no":
+            return control
         if state.max_steps and state.global_step >= state.max_steps:
             control.should_save = True
         return control
@@ -72,7 +75,7 @@ class EmbeddingTrainer(Trainer):
     """
 
     def __init__(self, *args, loss=None, side_models: dict[str, EmbeddingModel] | None = None, eval_tasks=None,
-                 mmembed_config: dict[str, Any] | None = None, **kwargs):
+                 mmembed_config: dict[str, Any] | None = None, param_lrs: dict[int, float] | None = None, **kwargs):
         # the Trainer refuses an eval strategy without an eval set; --eval_beir / --eval_sts
         # are something to evaluate too, so it gets a stand-in that evaluate() never reads
         tasks_only = kwargs.get("eval_dataset") is None and bool(eval_tasks)
@@ -97,8 +100,25 @@ class EmbeddingTrainer(Trainer):
         if mmembed_config is None:
             mmembed_config = {"pooling": self.accelerator.unwrap_model(self.model).pooling, "normalize": True}
         self.mmembed_config = mmembed_config
+        self.param_lrs = param_lrs or {}
         self.add_callback(_SaveLastStep())
         self.last_checkpoint: str | None = None  # the last whole checkpoint of this run (or the one it resumed)
+
+    def create_optimizer(self, model=None):
+        """The Trainer's optimizer, its parameter groups split by ``param_lrs`` (``id(parameter)
+        -> learning rate``: ``--vit_lr`` / ``--aligner_lr``); the schedule scales every group."""
+        optimizer = super().create_optimizer(model)
+        if self.param_lrs:
+            groups = []
+            for group in optimizer.param_groups:
+                by_lr: dict[float, list] = {}
+                for p in group["params"]:
+                    by_lr.setdefault(self.param_lrs.get(id(p), group["lr"]), []).append(p)
+                groups += [{**group, "params": params, "lr": lr} for lr, params in by_lr.items()]
+            optimizer.param_groups.clear()
+            for group in groups:
+                optimizer.add_param_group(group)
+        return optimizer
 
     @property
     def loss(self):
@@ -314,8 +334,14 @@ class EmbeddingTrainer(Trainer):
         if self.loss.layout is Layout.PAIR:
             metrics.update(pair_metrics(emb[0::2], emb[1::2], lab))
         else:
-            # each batch is a whole set of groups, so concatenating keeps the layout valid
-            metrics.update(embedding_eval_metrics(emb, lab))
+            # each batch is a whole set of groups, so concatenating keeps the layout valid;
+            # margin / mean_neg come from what the loss weighs (its INFONCE_* settings), with
+            # the hard-negative padding drawn from a generator of its own (same every evaluation)
+            view = getattr(self.loss, "candidate_scores", None)
+            candidates = None if view is None else view(
+                {"last_hidden_state": torch.from_numpy(emb)}, torch.from_numpy(lab),
+                generator=torch.Generator().manual_seed(self.args.seed))
+            metrics.update(embedding_eval_metrics(emb, lab, candidates=candidates))
         return metrics
 
     def _task_metrics(self) -> dict[str, float]:

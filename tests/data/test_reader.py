@@ -250,15 +250,67 @@ def test_legacy_messages_form_assistant_is_positive(media):
 # ----------------------------------------------------------------------------- media paths
 
 
-def test_relative_paths_resolve_against_the_data_files_folder(media, monkeypatch):
+def test_relative_paths_resolve_against_the_data_files_folder(media, monkeypatch, tmp_path_factory):
     data_dir = media / "sub"
-    monkeypatch.chdir(media)  # the working directory must not matter
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))  # holds no fish.png
     path = write_jsonl(data_dir / "rows.jsonl", [{"query": "<image>", "response": "fish", "images": ["fish.png"]}])
     [s] = read_file(path)
     assert s.anchor.images == [p(media, "sub/fish.png")]
     rows = list(iter_raw_rows(path))
     s2 = parse_row(rows[0][1], "rows.jsonl", 1, str(data_dir))
     assert s2.anchor.images == [p(media, "sub/fish.png")]
+
+
+def test_relative_paths_resolve_against_the_working_directory_as_ms_swift_does(media, monkeypatch, tmp_path_factory):
+    """ms-swift datasets name images relative to where training starts: data/x.jsonl with
+    "images/a.png" while the images live in ./images, not data/images."""
+    monkeypatch.chdir(media)
+    data_dir = tmp_path_factory.mktemp("data")
+    path = write_jsonl(data_dir / "rows.jsonl", [
+        {"query": "<image>", "response": "fish", "images": ["sub/fish.png"]},
+        {"messages": [{"role": "user", "content": [{"type": "image", "image": "dog.png"}]}],
+         "positive_messages": [[{"role": "user", "content": "a dog"}]]},
+    ])
+    s1, s2 = read_file(path)
+    assert s1.anchor.images == [p(media, "sub/fish.png")]
+    assert s2.anchor.images == [p(media, "dog.png")]
+    # the training loader (Arrow cache) too, and the cache is keyed on the working directory
+    from mmembed.data import load_samples
+    from mmembed.data.sample import Sample
+
+    cache = str(tmp_path_factory.mktemp("cache"))
+    ds = load_samples([path], cache_dir=cache).dataset
+    assert Sample.from_json(ds[0]["sample"]).anchor.images == [p(media, "sub/fish.png")]
+    monkeypatch.chdir(data_dir)  # sub/fish.png is found nowhere now: not a stale cache hit
+    with pytest.raises(DataError, match="not found"):
+        load_samples([path], cache_dir=cache)
+
+
+def test_a_relative_path_found_in_both_places_is_an_error_naming_both(media, monkeypatch, tmp_path_factory):
+    here = tmp_path_factory.mktemp("here")
+    Image.new("RGB", (8, 8), "black").save(here / "dog.png")  # a different dog.png than the data folder's
+    monkeypatch.chdir(here)
+    path = write_jsonl(media / "rows.jsonl", [{"query": "a", "response": "<image>", "images": ["dog.png"]}])
+    with pytest.raises(DataError) as e:
+        read_file(path)
+    msg = str(e.value)
+    assert "rows.jsonl:1" in msg and "images[0]" in msg and "ambiguous" in msg
+    assert str(here / "dog.png") in msg and p(media, "dog.png") in msg
+    # the same file reached both ways (working directory = the data folder) is no conflict
+    monkeypatch.chdir(media)
+    assert read_file(path)[0].positives[0].images == [p(media, "dog.png")]
+
+
+def test_a_relative_path_found_nowhere_names_file_line_field_and_both_tried_paths(media, monkeypatch, tmp_path_factory):
+    here = tmp_path_factory.mktemp("here")
+    monkeypatch.chdir(here)
+    path = write_jsonl(media / "rows.jsonl", [{"query": "q", "response": "r"},
+                                              {"query": "<image>", "response": "r", "images": ["gone/x.png"]}])
+    with pytest.raises(DataError) as e:
+        read_file(path)
+    msg = str(e.value)
+    assert "rows.jsonl:2" in msg and "images[0]" in msg and "not found" in msg
+    assert str(here / "gone" / "x.png") in msg and str(media / "gone" / "x.png") in msg
 
 
 def test_file_uri_http_url_and_data_uri(media):

@@ -357,3 +357,84 @@ def test_embedding_eval_metrics_rejects_bad_layouts():
         embedding_eval_metrics(ROWS[:6], ROW_LABELS)
     with pytest.raises(ValueError, match="1.0 .positive. or 0.0"):
         embedding_eval_metrics(ROWS, np.array([1.0, 0.5, 1.0, 0.0, 0.0]))
+
+
+# --------------------------------------------------------------------------------------
+# The evaluation sees what the loss sees (INFONCE_* settings included)
+# --------------------------------------------------------------------------------------
+LOSS_SETTINGS = [
+    {},
+    {"use_batch": False},
+    {"hard_negatives": 2},
+    {"hard_negatives": 3, "use_batch": False},
+    {"mask_fake_negative": True, "fake_neg_margin": 0.0},
+    {"include_qq": True, "include_dd": True, "mask_fake_negative": True, "fake_neg_margin": 0.05},
+]
+
+
+def _reference_view(rows):
+    """mean_pos / mean_neg / margin from the reference's per-anchor logits: every finite
+    candidate other than the positive is a negative."""
+    pos, negs, margins = [], [], []
+    for row, target in rows:
+        values = row.tolist()
+        s_pos = values[target]
+        others = [v for j, v in enumerate(values) if j != target and math.isfinite(v)]
+        pos.append(s_pos)
+        negs += others
+        if others:
+            margins.append(s_pos - max(others))
+    return {"margin": np.mean(margins), "mean_neg": np.mean(negs), "mean_pos": np.mean(pos)}
+
+
+@pytest.mark.parametrize("settings", LOSS_SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()) or "defaults")
+def test_eval_metrics_use_the_losss_infonce_settings(settings, monkeypatch):
+    """The INFONCE_* variables (as a user sets them) shape margin / mean_neg exactly as they
+    shape the loss: checked against the naive per-anchor reference on the same rows, and the
+    reference's cross-entropy against the loss itself (same hard-negative picks)."""
+    from reference_losses import reference_infonce, reference_rows
+
+    from mmembed.losses import build_loss
+    from mmembed.losses.config import ENV_VARS
+    from mmembed.losses.infonce import select_hard_negatives
+
+    for key, value in settings.items():
+        monkeypatch.setenv(ENV_VARS[key], str(value).lower())
+    sizes = [1, 3, 1, 2, 4, 1, 2]
+    torch.manual_seed(0)
+    labels = torch.tensor(sum(([1.0] + [0.0] * k for k in sizes), []))
+    emb = torch.nn.functional.normalize(torch.randn(len(labels) + len(sizes), 6, dtype=torch.float64), dim=-1)
+    hard = settings.get("hard_negatives")
+    picks = select_hard_negatives(torch.tensor(sizes), hard, torch.Generator().manual_seed(5)).tolist() if hard else None
+    options = {k: v for k, v in settings.items() if k != "hard_negatives"}
+    rows = reference_rows(emb, labels, picks=picks, **options)
+
+    loss = build_loss("infonce", generator=torch.Generator().manual_seed(5))
+    view = loss.candidate_scores({"last_hidden_state": emb}, labels, generator=torch.Generator().manual_seed(5),
+                                 block_rows=3)
+    got = embedding_eval_metrics(emb, labels, candidates=view)
+    ref = _reference_view(rows)
+    for key in ref:
+        assert got[key] == pytest.approx(ref[key], abs=1e-12), key
+    value = loss({"last_hidden_state": emb}, labels)
+    assert value.item() == pytest.approx(reference_infonce(emb, labels, temperature=0.1, picks=picks, **options).item(),
+                                         abs=1e-12)
+    if settings == {"use_batch": False}:  # ms-swift's own metric agrees where it has no mask / QQ / DD
+        plain = embedding_eval_metrics(emb, labels, use_batch=False)
+        for key in ("margin", "mean_neg", "mean_pos"):
+            assert got[key] == pytest.approx(plain[key], abs=1e-12)
+
+
+def test_eval_metrics_under_matryoshka_are_the_inner_losss_at_full_width(monkeypatch):
+    from mmembed.losses import build_loss
+
+    monkeypatch.setenv("INFONCE_USE_BATCH", "false")
+    torch.manual_seed(1)
+    labels = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    emb = torch.nn.functional.normalize(torch.randn(10, 8, dtype=torch.float64), dim=-1)
+    inner = embedding_eval_metrics(emb, labels, candidates=build_loss("infonce").candidate_scores(
+        {"last_hidden_state": emb}, labels))
+    wrapped = embedding_eval_metrics(emb, labels, candidates=build_loss("matryoshka", dims={"4": 1.0, "8": 1.0})
+                                     .candidate_scores({"last_hidden_state": emb}, labels))
+    assert inner == wrapped
+    assert build_loss("cosine_similarity").candidate_scores({"last_hidden_state": emb}, labels) is None

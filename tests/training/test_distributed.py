@@ -151,6 +151,25 @@ def test_sft_matches_one_plain_process_on_the_global_batch(minilm_no_dropout, on
     assert np.isfinite(e2["eval_loss"])
 
 
+@pytest.mark.parametrize("stage, nproc_env", [("zero2", None), ("zero3", "1")], ids=["zero2", "zero3-NPROC_PER_NODE=1"])
+def test_one_process_deepspeed_from_the_cli_equals_one_plain_process(minilm_no_dropout, one_process_run, tmp_path,
+                                                                      monkeypatch, stage, nproc_env):
+    """`mmembed sft --deepspeed zero2|zero3` in one process, started as a user starts it (no
+    torchrun; NPROC_PER_NODE unset or 1): DeepSpeed needs a process group, which used to fail
+    looking for MPI ("No module named 'mpi4py'"). The step equals the plain one-process run."""
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NPROC_PER_NODE"):
+        monkeypatch.delenv(key, raising=False)
+    if nproc_env:
+        monkeypatch.setenv("NPROC_PER_NODE", nproc_env)
+    out = str(tmp_path / "ds")
+    _sft(minilm_no_dropout, out, str(one_process_run / "train.jsonl"), str(one_process_run / "val.jsonl"), 8, 1,
+         "--deepspeed", stage)
+    w1, w2 = _weights(os.path.join(one_process_run, "out", "checkpoint-1")), _weights(os.path.join(out, "checkpoint-1"))
+    assert w1.keys() == w2.keys()
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
 ACCUMULATION = ["--gradient_accumulation_steps", "2", "--eval_strategy", "no"]
 
 

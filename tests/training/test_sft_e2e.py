@@ -192,3 +192,66 @@ def test_cli_reports_a_broken_row_by_file_line_and_field(minilm_path, tmp_path):
     assert f"mmembed sft: error: {bad}:2 field 'rejected_response'" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+@pytest.mark.parametrize("env", [{"INFONCE_USE_BATCH": "false"}, {"INFONCE_HARD_NEGATIVES": "2"},
+                                 {"INFONCE_USE_BATCH": "false", "INFONCE_HARD_NEGATIVES": "1"}],
+                         ids=["use_batch=false", "hard_negatives=2", "both"])
+def test_trainer_evaluation_uses_the_losss_infonce_settings(minilm_path, tmp_path, monkeypatch, env):
+    """`evaluate()` during training reports margin / mean_neg / mean_pos over what the loss
+    weighs with the user's INFONCE_* settings (ms-swift's metric reads the same variables),
+    checked against the naive reference on embeddings made by the Embedder, independently."""
+    from reference_losses import reference_rows
+
+    from mmembed.losses.infonce import select_hard_negatives
+    from mmembed.model.embedder import Embedder
+    from mmembed.training.sft import build_trainer
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with open(os.path.join(DATA, "stsb_train_pairs.jsonl"), encoding="utf-8") as f:
+        pairs = [json.loads(line) for line in f][:20]
+    rows = [{"query": p["query"], "response": p["response"],
+             "rejected_response": [pairs[(i + k + 5) % 20]["response"] for k in range(1 + i % 3)]}
+            for i, p in enumerate(pairs[:6])]
+    val = _write_rows(tmp_path / "val.jsonl", rows)
+    trainer = build_trainer(_args(minilm_path, (val, val), tmp_path / "out", "--tuner_type", "full", "--seed", "7",
+                                  "--per_device_eval_batch_size", "4"))
+    got = trainer.evaluate()
+
+    texts, labels = [], []
+    for r in rows:
+        texts += [r["query"], r["response"], *r["rejected_response"]]
+        labels += [1.0] + [0.0] * len(r["rejected_response"])
+    emb = torch.from_numpy(Embedder.from_pretrained(minilm_path).encode(texts)).double()
+    hard = int(env.get("INFONCE_HARD_NEGATIVES", 0)) or None
+    sizes = torch.tensor([len(r["rejected_response"]) for r in rows])
+    picks = select_hard_negatives(sizes, hard, torch.Generator().manual_seed(7)).tolist() if hard else None
+    ref_rows = reference_rows(emb, labels, use_batch=env.get("INFONCE_USE_BATCH") != "false", picks=picks)
+    pos = [row[t].item() for row, t in ref_rows]
+    others = [[v for j, v in enumerate(row.tolist()) if j != t] for row, t in ref_rows]
+    assert got["eval_mean_pos"] == pytest.approx(np.mean(pos), abs=1e-5)
+    assert got["eval_mean_neg"] == pytest.approx(np.mean(sum(others, [])), abs=1e-5)
+    assert got["eval_margin"] == pytest.approx(np.mean([p - max(o) for p, o in zip(pos, others)]), abs=1e-5)
+
+
+@pytest.mark.parametrize("tuner", ["lora", "full"])
+def test_save_strategy_no_writes_the_final_model_only(minilm_path, group_data, tmp_path, tuner):
+    """`--save_strategy no`: no intermediate checkpoint and no optimizer, scheduler, RNG or
+    trainer state; the final model alone, which embeds as the trained model."""
+    from mmembed.model.embedder import Embedder
+
+    out = tmp_path / "run"
+    metrics = run_sft(_args(minilm_path, group_data, out, "--tuner_type", tuner, "--max_steps", "3", "--save_steps", "1",
+                            "--save_strategy", "no", "--eval_strategy", "no", "--learning_rate", "5e-4"))
+    final = out / "checkpoint-3"
+    assert metrics["last_checkpoint"] == str(final)
+    assert sorted(p.name for p in out.iterdir()) == ["charts", "checkpoint-3"]  # the run's charts (README, Charts)
+    names = {p.name for p in final.iterdir()}
+    weights = "adapter_model.safetensors" if tuner == "lora" else "model.safetensors"
+    assert {weights, "mmembed.json", "tokenizer.json"} <= names
+    for state in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", COMPLETE_MARKER):
+        assert state not in names, state
+    base = Embedder.from_pretrained(minilm_path).encode(TEXTS)
+    trained = Embedder.from_pretrained(str(final)).encode(TEXTS)
+    assert np.abs(trained - base).max() > 1e-4

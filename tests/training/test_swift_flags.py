@@ -1,0 +1,232 @@
+"""Every flag of ms-swift 4.6.0's `swift sft` (tests/fixtures/swift_sft_flags.json, made by
+tests/fixtures/make_swift_sft_flags.py from its argument dataclasses) lands in exactly one
+of: implemented (a field of SftArguments), accepted with no effect (one logged line naming
+it and why), or refused (exit status 2, saying what to use instead)."""
+
+import dataclasses
+import json
+import logging
+import os
+
+import pytest
+import torch
+from conftest import DATA, REPO
+
+from mmembed.tools.cli import main as cli_main
+from mmembed.training.arguments import SftArguments, parse_sft_args
+from mmembed.training.swift_flags import NO_EFFECT, REFUSED
+
+BASE = ["--model", "/m", "--dataset", "d.jsonl", "--output_dir", "/tmp/mmembed-flags-test"]
+SWIFT_FLAGS = json.load(open(os.path.join(REPO, "tests", "fixtures", "swift_sft_flags.json")))["flags"]
+FIELDS = {f.name: f for f in dataclasses.fields(SftArguments) if f.init}
+MM = os.path.join(DATA, "mm")
+
+
+def category(flag: str) -> list[str]:
+    return [name for name, member in (("implemented", flag in FIELDS), ("no_effect", flag in NO_EFFECT),
+                                      ("refused", flag in REFUSED)) if member]
+
+
+def test_the_fixture_is_ms_swifts_whole_sft_flag_list():
+    assert len(SWIFT_FLAGS) > 300
+    for flag in ("streaming", "columns", "adapters", "resume_only_model", "dataset_shuffle", "max_pixels", "vit_lr",
+                 "aligner_lr", "use_dora", "check_model", "use_hf", "sequence_parallel_size", "loss_type", "mrl_dims",
+                 "tuner_type", "freeze_vit", "learning_rate", "deepspeed"):
+        assert flag in SWIFT_FLAGS, flag
+
+
+def test_every_ms_swift_flag_lands_in_exactly_one_category():
+    bad = {flag: category(flag) for flag in SWIFT_FLAGS if len(category(flag)) != 1}
+    assert not bad
+    # the tables hold ms-swift flags only, and nothing twice
+    assert not (set(NO_EFFECT) | set(REFUSED)) - set(SWIFT_FLAGS)
+
+
+def _default_as_text(f: dataclasses.Field) -> str | None:
+    value = f.default
+    if value is dataclasses.MISSING or value is None:
+        return None
+    value = getattr(value, "value", value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value) if isinstance(value, (int, float, str)) and str(value) else None
+
+
+@pytest.mark.parametrize("flag", sorted(f for f in SWIFT_FLAGS if f in FIELDS))
+def test_implemented_flags_parse(flag):
+    """An implemented flag is a field: the parser takes it (here with its own default) and
+    the swift tables never swallow it."""
+    assert flag not in NO_EFFECT and flag not in REFUSED
+    text = _default_as_text(FIELDS[flag])
+    if text is None or flag in ("model", "dataset", "output_dir", "task_type"):
+        return  # no scalar default to pass back; the specific tests below exercise the mmembed ones
+    if flag == "deepspeed" or flag.startswith(("fsdp", "torch_compile", "use_cpu", "hub_", "push_to_hub")):
+        return  # meaningful only with their companions; TrainingArguments checks those itself
+    parse_sft_args(BASE + [f"--{flag}", text])
+
+
+@pytest.mark.parametrize("flag", sorted(NO_EFFECT))
+def test_no_effect_flags_are_accepted_with_a_line_saying_why(flag, caplog):
+    with caplog.at_level(logging.INFO, logger="mmembed"):
+        args = parse_sft_args(BASE + [f"--{flag}", "something", "--lora_rank", "4"])
+    assert args.lora_rank == 4  # the flags after it still parse
+    lines = [r.getMessage() for r in caplog.records if f"--{flag} " in r.getMessage()]
+    assert len(lines) == 1 and "no effect" in lines[0] and NO_EFFECT[flag] in lines[0]
+    # --flag=value spelling too
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="mmembed"):
+        parse_sft_args(BASE + [f"--{flag}=1"])
+    assert any(f"--{flag} " in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("flag", sorted(REFUSED))
+def test_refused_flags_exit_2_saying_what_to_use_instead(flag, capsys, caplog):
+    code = cli_main(["sft", *BASE, f"--{flag}", "some-value"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    instead, harmless = REFUSED[flag]
+    assert f"--{flag} some-value is not supported" in err and instead in err
+    # ms-swift's default spelled out in a copied script is accepted, and said so
+    with caplog.at_level(logging.INFO, logger="mmembed"):
+        parse_sft_args(BASE + [f"--{flag}", harmless[0] or "none"])
+    assert any(f"--{flag} " in r.getMessage() for r in caplog.records)
+
+
+def test_unknown_flags_are_still_errors_naming_them():
+    with pytest.raises(SystemExit, match="--not_a_flag"):
+        parse_sft_args(BASE + ["--not_a_flag", "1"])
+
+
+# ---- the implemented ms-swift flags, one by one -------------------------------------------------
+
+def test_sequence_parallel_size_above_one_is_refused_with_what_to_do():
+    assert parse_sft_args(BASE + ["--sequence_parallel_size", "1"]).sequence_parallel_size == 1
+    with pytest.raises(ValueError, match="sequence parallelism is not offered.*gradcache_mini_batch_size"):
+        parse_sft_args(BASE + ["--sequence_parallel_size", "2"])
+
+
+def test_max_pixels_is_the_max_pixels_variable(monkeypatch):
+    from mmembed.encoding.media import MediaBudget
+
+    monkeypatch.setenv("MAX_PIXELS", "9999")  # restored afterwards by monkeypatch
+    parse_sft_args(BASE + ["--max_pixels", "50176"])
+    assert MediaBudget.from_env().max_pixels == 50176
+    with pytest.raises(ValueError, match="--max_pixels must be > 0"):
+        parse_sft_args(BASE + ["--max_pixels", "0"])
+
+
+def test_columns_renames_fields_before_rows_are_read(tmp_path):
+    from mmembed.data import load_samples
+    from mmembed.data.sample import Sample
+    from mmembed.training.sft import TrainingData
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps({"text1": "a cat", "text2": "a kitten", "hard": ["a dog"]}) + "\n")
+    mapping = {"text1": "query", "text2": "response", "hard": "rejected_response"}
+    ds = load_samples([str(path)], columns=mapping, cache_dir=str(tmp_path / "cache")).dataset
+    s = Sample.from_json(ds[0]["sample"])
+    assert (s.anchor.text, s.positives[0].text, [n.text for n in s.negatives]) == ("a cat", "a kitten", ["a dog"])
+    args = parse_sft_args(BASE + ["--columns", json.dumps(mapping)])
+    assert json.loads(args.columns) == mapping and "columns=json.loads(args.columns)" in _source(TrainingData.load)
+    for bad in ("[1]", "{not json", '{"a": 1}'):
+        with pytest.raises(ValueError, match="--columns"):
+            parse_sft_args(BASE + ["--columns", bad])
+
+
+def _source(fn) -> str:
+    import inspect
+
+    return inspect.getsource(fn)
+
+
+def test_lora_flags_reach_peft(minilm_path):
+    from mmembed.encoding.templates import get_template
+    from mmembed.model.embedding import load_backbone
+    from mmembed.training.sft import apply_lora
+
+    template = get_template(None, None, "bert")
+    args = parse_sft_args(["--model", minilm_path, "--dataset", "d.jsonl", "--use_dora", "true", "--use_rslora", "true",
+                           "--lora_bias", "lora_only", "--init_weights", "gaussian", "--target_regex", r".*\.(query|value)$",
+                           "--modules_to_save", "pooler"])
+    model = apply_lora(load_backbone(minilm_path), args, template)
+    config = model.peft_config["default"]
+    assert config.use_dora and config.use_rslora and config.bias == "lora_only" and config.init_lora_weights == "gaussian"
+    assert config.target_modules == r".*\.(query|value)$" and set(config.modules_to_save) == {"pooler"}
+    names = [n for n, _ in model.named_parameters() if "lora_magnitude_vector" in n]  # DoRA's extra vector
+    assert names and all(".query." in n or ".value." in n for n in names)
+
+
+def test_adapters_start_lora_training_from_an_existing_adapter(minilm_path, tmp_path):
+    from mmembed.encoding.templates import get_template
+    from mmembed.model.embedding import load_backbone
+    from mmembed.training.sft import apply_lora
+
+    template = get_template(None, None, "bert")
+    first = apply_lora(load_backbone(minilm_path), parse_sft_args(["--model", minilm_path, "--dataset", "d.jsonl",
+                                                                   "--lora_rank", "4", "--init_weights", "false"]),
+                       template)  # init false: B is random too, so the adapter changes the output
+    first.save_pretrained(str(tmp_path / "adapter"))
+    saved = {n: p.detach().clone() for n, p in first.named_parameters() if "lora_" in n}
+    args = parse_sft_args(["--model", minilm_path, "--dataset", "d.jsonl", "--adapters", str(tmp_path / "adapter")])
+    again = apply_lora(load_backbone(minilm_path), args, template)
+    loaded = {n: p for n, p in again.named_parameters() if "lora_" in n}
+    assert loaded.keys() == saved.keys() and all(p.requires_grad for p in loaded.values())
+    for n in saved:
+        torch.testing.assert_close(loaded[n], saved[n])
+    with pytest.raises(ValueError, match="--adapters continues a LoRA adapter"):
+        parse_sft_args(["--model", minilm_path, "--dataset", "d.jsonl", "--adapters", "x", "--tuner_type", "full"])
+
+
+def test_vit_lr_and_aligner_lr_become_optimizer_groups_by_template_part(tiny_model, tmp_path):
+    from mmembed.training.sft import build_trainer
+
+    model = tiny_model("qwen2_vl")
+    args = parse_sft_args(["--model", model, "--dataset", os.path.join(MM, "gme_train.jsonl"), "--tuner_type", "full",
+                           "--freeze_vit", "false", "--freeze_aligner", "false", "--learning_rate", "1e-4",
+                           "--vit_lr", "1e-3", "--aligner_lr", "2e-3", "--output_dir", str(tmp_path),
+                           "--report_to", "none"])
+    trainer = build_trainer(args)
+    optimizer = trainer.create_optimizer()
+    lr_of = {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
+    from mmembed.encoding.templates import get_template
+
+    parts = get_template("qwen2_gme").parts  # what the tiny Qwen2-VL resolves to
+    aligner, vit = tuple(p + "." for p in parts["aligner"]), tuple(p + "." for p in parts["vit"])
+    seen = set()
+    for name, p in trainer.model.backbone.named_parameters():
+        if not p.requires_grad:
+            continue
+        want = 2e-3 if name.startswith(aligner) else 1e-3 if name.startswith(vit) else 1e-4
+        assert lr_of[id(p)] == want, name
+        seen.add(want)
+    assert seen == {1e-4, 1e-3, 2e-3}
+    # weight decay is still split as the Trainer splits it (no decay on biases and norms)
+    assert {g["weight_decay"] for g in optimizer.param_groups} == {0.0, 0.1}
+
+
+def test_resume_only_model_loads_weights_and_starts_afresh(minilm_path, tmp_path):
+    from safetensors.torch import load_file
+
+    from mmembed.training.sft import run_sft
+
+    rows = tmp_path / "train.jsonl"
+    with open(os.path.join(DATA, "stsb_train_pairs.jsonl"), encoding="utf-8") as f:
+        rows.write_text("".join(f.readline() for _ in range(8)))
+    common = ["--model", minilm_path, "--dataset", str(rows), "--tuner_type", "full", "--per_device_train_batch_size", "4",
+              "--gradient_accumulation_steps", "1", "--max_length", "32", "--report_to", "none", "--disable_tqdm", "true",
+              "--dataloader_num_workers", "0", "--learning_rate", "1e-3"]
+    first = run_sft(parse_sft_args(common + ["--max_steps", "2", "--output_dir", str(tmp_path / "a")]))
+    # lr 0: the weights stay what was loaded, so the saved model equals the checkpoint's
+    second = run_sft(parse_sft_args(common + ["--max_steps", "1", "--learning_rate", "0", "--output_dir", str(tmp_path / "b"),
+                                             "--resume_from_checkpoint", first["last_checkpoint"],
+                                             "--resume_only_model", "true"]))
+    assert second["last_checkpoint"].endswith("checkpoint-1")  # the step count starts afresh
+    w1 = load_file(os.path.join(first["last_checkpoint"], "model.safetensors"))
+    w2 = load_file(os.path.join(second["last_checkpoint"], "model.safetensors"))
+    base = load_file(os.path.join(minilm_path, "model.safetensors"))
+    key = next(k for k in w1 if "query.weight" in k)
+    assert (w1[key] - base[key]).abs().max() > 1e-5  # the first run moved the weights
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k])
+    with pytest.raises(ValueError, match="--resume_only_model needs --resume_from_checkpoint"):
+        parse_sft_args(BASE + ["--resume_only_model", "true"])
