@@ -16,6 +16,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, "examples", "data")
 
 
+def write_jsonl(path, rows) -> str:
+    """Write ``rows`` (dicts, or strings written as they are) as a JSONL file; returns its path."""
+    os.makedirs(os.path.dirname(os.path.abspath(str(path))), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write((row if isinstance(row, str) else json.dumps(row, ensure_ascii=False)) + "\n")
+    return str(path)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

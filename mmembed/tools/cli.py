@@ -131,11 +131,10 @@ def cmd_embed(argv: list[str]) -> int:
 
 
 def _bool(s: str) -> bool:
-    if s.lower() in ("true", "1", "yes"):
-        return True
-    if s.lower() in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
+    """true/false as ``mmembed sft``'s flags take them (transformers' parser)."""
+    from transformers.hf_argparser import string_to_bool
+
+    return string_to_bool(s)
 
 
 def cmd_export(argv: list[str]) -> int:

@@ -35,6 +35,7 @@ from typing import Any, Sequence
 
 import numpy as np
 from fastapi import Request  # at module level: FastAPI resolves the handlers' annotations here
+from transformers.hf_argparser import string_to_bool  # true/false as mmembed sft's flags take them
 
 from ..data.paths import SCHEME_RE
 from ..data.sample import MEDIA_KINDS, DataError, Item, json_type
@@ -425,14 +426,6 @@ def serve(config: ServeConfig, embedder: Embedder | None = None) -> None:
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
 
 
-def _bool(s: str) -> bool:
-    if s.lower() in ("true", "1", "yes"):
-        return True
-    if s.lower() in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {s!r}")
-
-
 def parse_serve_args(argv: Sequence[str]) -> ServeConfig:
     p = argparse.ArgumentParser(prog="mmembed serve", allow_abbrev=False,
                                 description="OpenAI-compatible POST /v1/embeddings with dynamic batching.")
@@ -445,7 +438,7 @@ def parse_serve_args(argv: Sequence[str]) -> ServeConfig:
                         "data: URIs are accepted")
     p.add_argument("--max_batch_size", type=int, default=64, help="inputs embedded together at most")
     p.add_argument("--max_wait_ms", type=float, default=2.0, help="how long a batch waits for more requests")
-    p.add_argument("--batching", type=_bool, default=True, help="false: one encode call per request")
+    p.add_argument("--batching", type=string_to_bool, default=True, help="false: one encode call per request")
     p.add_argument("--max_inputs", type=int, default=2048, help="inputs per request at most")
     p.add_argument("--batch_size", dest="encode_batch_size", type=int, default=32, help="Embedder.encode's batch size")
     p.add_argument("--device", default=None)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 
 import pytest
+from conftest import write_jsonl
 from PIL import Image
 
 from mmembed.data import (
@@ -18,14 +18,6 @@ from mmembed.data import (
     parse_spec,
     split_dataset,
 )
-
-
-def write_jsonl(path, rows):
-    os.makedirs(os.path.dirname(str(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
-    return str(path)
 
 
 def qrows(n, prefix="q"):

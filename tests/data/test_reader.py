@@ -12,6 +12,7 @@ import json
 import os
 
 import pytest
+from conftest import write_jsonl
 from PIL import Image
 
 from mmembed.data import DataError, Item, Sample, iter_raw_rows, parse_row, read_file
@@ -28,13 +29,6 @@ def media(tmp_path):
     (tmp_path / "speech.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVE")
     (tmp_path / "broken.png").write_text("this is not an image")
     return tmp_path
-
-
-def write_jsonl(path, rows):
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write((row if isinstance(row, str) else json.dumps(row, ensure_ascii=False)) + "\n")
-    return str(path)
 
 
 def read_one(tmp_path, row, name="data.jsonl"):

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import DATA
+from conftest import DATA, write_jsonl
 from PIL import Image
 
 from mmembed.losses.base import Layout
@@ -27,13 +27,6 @@ from mmembed.training.charts import (
 from mmembed.training.sft import run_sft
 
 
-def _write_rows(path, rows):
-    with open(path, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """STS-B pairs in ms-swift's query form, every other row with a hard negative."""
@@ -42,7 +35,7 @@ def data(tmp_path_factory):
         pairs = [json.loads(line) for line in f][:24]
     rows = [{"query": p["query"], "response": p["response"],
              "rejected_response": [pairs[(i + 5) % len(pairs)]["response"]] * (i % 2)} for i, p in enumerate(pairs)]
-    return _write_rows(d / "train.jsonl", rows[:16]), _write_rows(d / "val.jsonl", rows[16:])
+    return write_jsonl(d / "train.jsonl", rows[:16]), write_jsonl(d / "val.jsonl", rows[16:])
 
 
 def _sft(model, train, out, *extra):

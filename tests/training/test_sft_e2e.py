@@ -10,20 +10,13 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import DATA, REPO
+from conftest import DATA, REPO, write_jsonl
 
 from mmembed.training.arguments import parse_sft_args
 from mmembed.training.sft import run_sft
 from mmembed.training.trainer import COMPLETE_MARKER, NonFiniteLossError, find_last_complete_checkpoint
 
 TEXTS = ["A man is playing a flute.", "Two dogs run through the snow after a red ball.", "The stock market fell today."]
-
-
-def _write_rows(path, rows):
-    with open(path, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +29,8 @@ def group_data(tmp_path_factory):
     for i, p in enumerate(pairs[:24]):
         negs = [pairs[(i + k + 7) % len(pairs)]["response"] for k in range(i % 3)]
         rows.append({"query": p["query"], "response": p["response"], "rejected_response": negs})
-    train = _write_rows(d / "train.jsonl", rows[:16])
-    val = _write_rows(d / "val.jsonl", rows[16:24])
+    train = write_jsonl(d / "train.jsonl", rows[:16])
+    val = write_jsonl(d / "val.jsonl", rows[16:24])
     return train, val
 
 
@@ -154,7 +147,7 @@ def test_non_finite_loss_stops_the_run(minilm_path, group_data, tmp_path, monkey
 def test_pair_loss_training_reports_correlations(minilm_path, tmp_path):
     with open(os.path.join(DATA, "stsb_train_scored.jsonl"), encoding="utf-8") as f:
         rows = [json.loads(line) for line in f][:24]
-    data = (_write_rows(tmp_path / "t.jsonl", rows[:16]), _write_rows(tmp_path / "v.jsonl", rows[16:]))
+    data = (write_jsonl(tmp_path / "t.jsonl", rows[:16]), write_jsonl(tmp_path / "v.jsonl", rows[16:]))
     metrics = run_sft(_args(minilm_path, data, tmp_path / "run", "--loss_type", "cosine_similarity", "--max_steps", "2",
                             "--save_steps", "2", "--eval_steps", "2"))
     assert -1.0 <= metrics["eval_spearman_cosine"] <= 1.0
@@ -166,7 +159,7 @@ def test_overlong_rows_are_deleted_and_counted(minilm_path, tmp_path, caplog):
     rows = [{"query": f"short query {i}", "response": "short answer"} for i in range(6)]
     rows[2]["response"] = long_text
     rows[4]["query"] = long_text
-    data = (_write_rows(tmp_path / "t.jsonl", rows), _write_rows(tmp_path / "v.jsonl", rows[:2]))
+    data = (write_jsonl(tmp_path / "t.jsonl", rows), write_jsonl(tmp_path / "v.jsonl", rows[:2]))
     with caplog.at_level("WARNING", logger="mmembed"):
         run_sft(_args(minilm_path, data, tmp_path / "run", "--max_steps", "1", "--eval_strategy", "no", "--max_length", "32"))
     assert any("2 of 6 rows are longer than --max_length 32" in r.getMessage() for r in caplog.records)
@@ -214,7 +207,7 @@ def test_trainer_evaluation_uses_the_losss_infonce_settings(minilm_path, tmp_pat
     rows = [{"query": p["query"], "response": p["response"],
              "rejected_response": [pairs[(i + k + 5) % 20]["response"] for k in range(1 + i % 3)]}
             for i, p in enumerate(pairs[:6])]
-    val = _write_rows(tmp_path / "val.jsonl", rows)
+    val = write_jsonl(tmp_path / "val.jsonl", rows)
     trainer = build_trainer(_args(minilm_path, (val, val), tmp_path / "out", "--tuner_type", "full", "--seed", "7",
                                   "--per_device_eval_batch_size", "4"))
     got = trainer.evaluate()
