@@ -31,7 +31,8 @@ Timing: every optimizer step ends with ``torch.cuda.synchronize()``; the first `
 steps (allocator growth, kernel selection, worker start) are not timed. samples/s = timed
 steps x batch / their seconds; tokens/s counts real (unpadded) tokens; "data %" is the time
 the training loop waits in ``next()`` for its batch over the step time (target < 10% on
-every mmembed run); "pad %" the padded share of the token grid the model was given. Peak
+every mmembed run); "pad %" the padded share of the collated batch (before any chunking or
+packing inside the model). Peak
 memory: ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` over the whole run
 (model load, optimizer state, every step); on the CPU (``--dry_run``) peak RSS instead.
 
@@ -685,14 +686,17 @@ def print_table(res: dict, peak_given: float | None) -> None:
           f"{meta['workers'] if meta['workers'] is not None else 'each side default (gme: 2)'}"
           f"{'; mmembed text flags: ' + meta['mmembed_args'] if meta.get('mmembed_args') else ''}"
           f"{'; gme flags: ' + meta['gme_args'] if meta.get('gme_args') else ''}")
-    print(f"text: STS-B train pairs, max length {TEXT['max_length']}, lr {TEXT['lr']} linear, weight decay "
-          f"{TEXT['weight_decay']}, full tuning, no gradient checkpointing, {s['steps']} steps of which {s['warmup']} "
-          f"untimed (batch {s['oom_batch']}: {s['oom_steps']} steps); s-t: MultipleNegativesRankingLoss scale "
-          f"{TEXT['scale']:g}; mmembed: infonce, temperature {TEXT['temperature']}; all-MiniLM-L6-v2 "
-          f"{'real weights' if meta['minilm_real'] else 'random weights from its config'}")
-    print(f"gme: LoRA rank {LORA_RANK} on the language model, vision tower + aligner frozen, gradient checkpointing, "
-          f"caption -> {s['image_size']}x{s['image_size']} picture + 1 negative picture, lr {GME_LR}, "
-          f"{s['gme_steps']} steps of which {s['gme_warmup']} untimed")
+    kinds = {r["kind"] for r in runs}
+    if "text" in kinds:
+        print(f"text: STS-B train pairs, max length {TEXT['max_length']}, lr {TEXT['lr']} linear, weight decay "
+              f"{TEXT['weight_decay']}, full tuning, no gradient checkpointing, {s['steps']} steps of which {s['warmup']} "
+              f"untimed (batch {s['oom_batch']}: {s['oom_steps']} steps); s-t: MultipleNegativesRankingLoss scale "
+              f"{TEXT['scale']:g}; mmembed: infonce, temperature {TEXT['temperature']}; all-MiniLM-L6-v2 "
+              f"{'real weights' if meta['minilm_real'] else 'random weights from its config'}")
+    if "gme" in kinds:
+        print(f"gme: LoRA rank {LORA_RANK} on the language model, vision tower + aligner frozen, gradient checkpointing, "
+              f"caption -> {s['image_size']}x{s['image_size']} picture + 1 negative picture, lr {GME_LR}, "
+              f"{s['gme_steps']} steps of which {s['gme_warmup']} untimed")
     mem_unit = "MiB" if env["cuda"] else "MiB (CPU: peak RSS)"
     head = (f"{'run':<22}{'side':<16}{'batch':>6}{'samples/s':>11}{'tokens/s':>11}{'step ms':>9}{'data %':>8}"
             f"{'pad %':>7}{'alloc':>9}{'reserved':>10}{'TFLOP/s':>9}{'MFU':>7}{'HFU':>7}{'speed':>8}{'memory':>8}")
@@ -731,17 +735,17 @@ def print_table(res: dict, peak_given: float | None) -> None:
 
         print(f"{label:<22}{side:<16}{r['batch']:>6}{d['sps']:>11.1f}{d['tps']:>11.0f}{d['ms']:>9.1f}"
               f"{d['data'] * 100:>8.1f}{d['pad'] * 100:>7.1f}{f(alloc, '.0f'):>9}{f(reserved, '.0f'):>10}"
-              f"{d['tflops']:>9.2f}{f(d.get('mfu') and d['mfu'] * 100, '.1f'):>7}"
+              f"{d['tflops']:>9.3g}{f(d.get('mfu') and d['mfu'] * 100, '.1f'):>7}"
               f"{f(d.get('hfu') and d['hfu'] * 100, '.1f'):>7}{speed:>8}{mem:>8}")
-    print("(samples/s, tokens/s (real tokens), step ms, data % (wait for the batch / step), pad % (padding in the "
-          "token grid) over the timed steps; MFU / HFU in % of "
+    print("(samples/s, tokens/s (real tokens), step ms, data % (wait for the batch / step), pad % (padding in the collated "
+          "batch, before any chunking or packing inside the model) over the timed steps; MFU / HFU in % of "
           + (f"{peak / 1e12:.0f} TFLOP/s dense bf16" if peak else "a peak not known here (CPU or unknown GPU)") + ")")
     print("model FLOPs per step (real tokens; padding, recomputation and the non-matmul work not counted): full tuning "
           "6 N T + 3 A; LoRA 4 N T + 6 N_lora T + 3 A (frozen weights: no weight gradients); A = attention forward = "
           "4 W L sum(s^2), halved for causal (Qwen); frozen vision tower, forward only: 2 N_vit P + 4 W_vit L_vit "
           "sum(P_i^2) + 2 N_merger P / 4; HFU adds gradient checkpointing's recomputed forward (2 N T + 2 N_lora T + A)")
     for k, v in meta["shapes"].items():
-        extra = (f", N_vit {v['vit_linear']:,} per patch, N_merger {v['merger_linear']:,}, W_vit {v['vit_width']}, "
+        extra = (f", N_vit {v['vit_linear']:,} (per patch), N_merger {v['merger_linear']:,}, W_vit {v['vit_width']}, "
                  f"L_vit {v['vit_layers']}" if v["vit_linear"] else "")
         print(f"  {k}: N {v['text_linear']:,}, N_lora (rank {LORA_RANK}) {v['lora']:,}, W {v['text_width']}, "
               f"L {v['text_layers']}, {'causal' if v['causal'] else 'bidirectional'}{extra}")
