@@ -21,8 +21,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 OUT=.whl
-exclude=$(git rev-parse --git-path info/exclude)
-grep -qxF '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >>"$exclude"
 mkdir -p "$OUT"
 
 # this machine's pip may name local indexes that are absent; their warnings say nothing here
