@@ -60,6 +60,7 @@ def run_mmembed(steps: int, out: str, seed: int) -> dict:
         "--weight_decay", str(COMMON["weight_decay"]), "--adam_beta2", "0.999", "--lr_scheduler_type", "linear",
         "--max_steps", str(steps), "--gradient_checkpointing", "false", "--save_strategy", "no",
         "--logging_steps", "1000", "--logging_first_step", "false", "--seed", str(seed),
+        "--data_seed", str(seed),  # the data order moves with the seed, as sentence-transformers' does
         "--disable_tqdm", "true", "--output_dir", out,
     ])
     t0 = time.time()
