@@ -16,6 +16,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, "examples", "data")
 
 
+def stsb_pairs(n: int) -> list[dict]:
+    """The first ``n`` bundled STS-B train pairs (query/response rows)."""
+    with open(os.path.join(DATA, "stsb_train_pairs.jsonl"), encoding="utf-8") as f:
+        return [json.loads(line) for line in f][:n]
+
+
 def write_jsonl(path, rows) -> str:
     """Write ``rows`` (dicts, or strings written as they are) as a JSONL file; returns its path."""
     os.makedirs(os.path.dirname(os.path.abspath(str(path))), exist_ok=True)

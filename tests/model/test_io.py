@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import DATA
+from conftest import stsb_pairs
 
 from mmembed.training.arguments import parse_sft_args
 from mmembed.training.sft import run_sft
@@ -19,8 +19,7 @@ ST_FILES = ("modules.json", "sentence_bert_config.json", os.path.join("1_Pooling
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    with open(os.path.join(DATA, "stsb_train_pairs.jsonl"), encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f][:8]
+    rows = stsb_pairs(8)
     path.write_text("".join(json.dumps({"query": r["query"], "response": r["response"]}) + "\n" for r in rows))
     return str(path)
 

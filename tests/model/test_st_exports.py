@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import DATA
+from conftest import stsb_pairs
 
 from mmembed.training.arguments import parse_sft_args
 from mmembed.training.sft import run_sft
@@ -35,8 +35,7 @@ TRAIN_SYSTEM = {"bert": "query:", "modernbert": None, "gte_qwen2": None, "qwen3_
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     folder = tmp_path_factory.mktemp("data")
-    with open(os.path.join(DATA, "stsb_train_pairs.jsonl"), encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f][:12]
+    rows = stsb_pairs(12)
     for name, part in (("train.jsonl", rows[:8]), ("val.jsonl", rows[8:])):
         (folder / name).write_text("".join(json.dumps({"query": r["query"], "response": r["response"]}) + "\n" for r in part))
     return str(folder / "train.jsonl"), str(folder / "val.jsonl")

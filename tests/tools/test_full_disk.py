@@ -16,7 +16,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import DATA
+from conftest import DATA, stsb_pairs
 from forked_cli import run_cli
 
 from mmembed.training.charts import CHARTS_DIR
@@ -61,8 +61,7 @@ def _names(folder):
 def run(tmp_path_factory, minilm_path):
     """A LoRA run whose disk fills up as its third checkpoint is saved."""
     d = tmp_path_factory.mktemp("full")
-    with open(os.path.join(DATA, "stsb_train_pairs.jsonl"), encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f][:8]
+    rows = stsb_pairs(8)
     data = d / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     (d / "texts.txt").write_text("".join(r["query"] + "\n" for r in rows))

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import DATA, write_jsonl
+from conftest import stsb_pairs, write_jsonl
 from PIL import Image
 
 from mmembed.losses.base import Layout
@@ -31,8 +31,7 @@ from mmembed.training.sft import run_sft
 def data(tmp_path_factory):
     """STS-B pairs in ms-swift's query form, every other row with a hard negative."""
     d = tmp_path_factory.mktemp("data")
-    with open(os.path.join(DATA, "stsb_train_pairs.jsonl"), encoding="utf-8") as f:
-        pairs = [json.loads(line) for line in f][:24]
+    pairs = stsb_pairs(24)
     rows = [{"query": p["query"], "response": p["response"],
              "rejected_response": [pairs[(i + 5) % len(pairs)]["response"]] * (i % 2)} for i, p in enumerate(pairs)]
     return write_jsonl(d / "train.jsonl", rows[:16]), write_jsonl(d / "val.jsonl", rows[16:])

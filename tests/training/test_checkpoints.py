@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import DATA
+from conftest import stsb_pairs
 from forked_cli import run_cli
 from safetensors.torch import load_file
 
@@ -28,8 +28,7 @@ REQUIRED = ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json"
 def setup(tmp_path_factory, minilm_path):
     """8 STS-B pairs (4 steps of 2 rows) and the uninterrupted reference run, all checkpoints kept."""
     d = tmp_path_factory.mktemp("ckpt")
-    with open(os.path.join(DATA, "stsb_train_pairs.jsonl"), encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f][:8]
+    rows = stsb_pairs(8)
     data = d / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     common = ["sft", "--model", minilm_path, "--dataset", str(data), "--per_device_train_batch_size", "2",

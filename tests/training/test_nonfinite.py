@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import DATA, REPO
+from conftest import DATA, REPO, stsb_pairs
 from forked_cli import run_cli
 
 from mmembed.training.charts import CHARTS_DIR
@@ -19,8 +19,7 @@ from mmembed.training.checkpoints import find_last_complete_checkpoint, is_compl
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("nonfinite")
-    with open(os.path.join(DATA, "stsb_train_pairs.jsonl"), encoding="utf-8") as f:
-        pairs = [json.loads(line) for line in f][:16]
+    pairs = stsb_pairs(16)
     # each query's own text as a hard negative: at a tiny temperature the logits are ~1e30 apart
     groups = [{"query": p["query"], "response": p["response"], "rejected_response": [pairs[(i + 3) % 16]["response"], p["query"]]}
               for i, p in enumerate(pairs[:8])]

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import DATA, REPO, write_jsonl
+from conftest import DATA, REPO, stsb_pairs, write_jsonl
 
 from mmembed.training.arguments import parse_sft_args
 from mmembed.training.sft import run_sft
@@ -23,8 +23,7 @@ TEXTS = ["A man is playing a flute.", "Two dogs run through the snow after a red
 def group_data(tmp_path_factory):
     """STS-B pairs in ms-swift's query form, with 0, 1 or 2 hard negatives per row."""
     d = tmp_path_factory.mktemp("data")
-    with open(os.path.join(DATA, "stsb_train_pairs.jsonl"), encoding="utf-8") as f:
-        pairs = [json.loads(line) for line in f][:40]
+    pairs = stsb_pairs(40)
     rows = []
     for i, p in enumerate(pairs[:24]):
         negs = [pairs[(i + k + 7) % len(pairs)]["response"] for k in range(i % 3)]
@@ -202,8 +201,7 @@ def test_trainer_evaluation_uses_the_losss_infonce_settings(minilm_path, tmp_pat
 
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    with open(os.path.join(DATA, "stsb_train_pairs.jsonl"), encoding="utf-8") as f:
-        pairs = [json.loads(line) for line in f][:20]
+    pairs = stsb_pairs(20)
     rows = [{"query": p["query"], "response": p["response"],
              "rejected_response": [pairs[(i + k + 5) % 20]["response"] for k in range(1 + i % 3)]}
             for i, p in enumerate(pairs[:6])]
