@@ -7,7 +7,8 @@ Qwen-VL and Qwen-Audio models.
 * :func:`load_audio` -> a mono ``float32`` waveform at the requested rate.
 
 A reference is what the reader leaves in an ``Item``: an absolute path, a ``file://`` URI,
-a ``data:...;base64,`` URI or an ``http(s)://`` URL (fetched with a timeout). Anything that
+a ``data:...;base64,`` URI or an ``http(s)://`` URL (downloaded once into the media cache, with
+a timeout and a size limit, and read from there; see :mod:`mmembed.encoding.remote`). Anything that
 cannot be loaded raises :class:`~mmembed.data.paths.MediaFileError` naming the file, line
 and field (``where=(source, line, field)``; default ``("<input>", 0, None)``) and the
 reference; nothing is skipped silently.
@@ -60,9 +61,6 @@ import importlib.util
 import io
 import math
 import os
-import socket
-import urllib.error
-import urllib.request
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -77,11 +75,10 @@ from qwen_vl_utils import vision_process as qvu
 
 from ..data.paths import SCHEME_RE, MediaFileError
 from ..data.sample import Origin
+from . import remote
+from .remote import HTTP_TIMEOUT
 
 __all__ = ["HTTP_TIMEOUT", "MediaBudget", "Video", "load_audio", "load_image", "load_video", "video_reader"]
-
-#: Seconds to wait for an http(s) server before the reference is reported unreadable.
-HTTP_TIMEOUT = 30.0
 
 #: Frames per second qwen-vl-utils assumes for a video given as a list of frames.
 FRAME_LIST_FPS = 2.0
@@ -220,40 +217,30 @@ def _local_path(ref: str) -> str | None:
     raise ValueError(f"unsupported URI scheme {scheme!r}; use a local path, file://, http(s):// or data:")
 
 
-def _fetch(ref: str) -> bytes:
-    """The bytes of a data: URI or an http(s) URL (raises ValueError with the reason)."""
-    if ref[:5].lower() == "data:":
-        header, sep, payload = ref[5:].partition(",")
-        if not sep:
-            raise ValueError("malformed data: URI (no ',')")
-        if header.lower().endswith(";base64"):
-            try:
-                return base64.b64decode("".join(payload.split()), validate=True)
-            except (binascii.Error, ValueError) as e:
-                raise ValueError(f"invalid base64 in data: URI ({e})") from None
-        return unquote_to_bytes(payload)
-    request = urllib.request.Request(ref, headers={"User-Agent": "mmembed"})
-    try:
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as response:
-            return response.read()
-    except urllib.error.HTTPError as e:
-        raise ValueError(f"HTTP {e.code} {e.reason}") from None
-    except urllib.error.URLError as e:
-        raise ValueError(f"cannot fetch URL ({e.reason})") from None
-    except (socket.timeout, TimeoutError):
-        raise ValueError(f"no answer within {HTTP_TIMEOUT:g} s") from None
-    except OSError as e:
-        raise ValueError(f"cannot fetch URL ({e})") from None
+def _decode_data_uri(ref: str) -> bytes:
+    """The bytes of a data: URI (raises ValueError with the reason)."""
+    header, sep, payload = ref[5:].partition(",")
+    if not sep:
+        raise ValueError("malformed data: URI (no ',')")
+    if header.lower().endswith(";base64"):
+        try:
+            return base64.b64decode("".join(payload.split()), validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise ValueError(f"invalid base64 in data: URI ({e})") from None
+    return unquote_to_bytes(payload)
 
 
 def _open(ref: str, where: Origin | None, kind: str) -> str | io.BytesIO:
-    """A local path (checked to exist) or the fetched bytes of ``ref``."""
+    """A local path (checked to exist; for a URL, its file in the media cache, downloaded
+    first if needed) or the decoded bytes of a data: URI."""
     if not isinstance(ref, str) or not ref.strip():
         raise _error(where, ref, f"a {kind} reference must be a non-empty path or URL string")
     try:
         path = _local_path(ref.strip())
         if path is None:
-            return io.BytesIO(_fetch(ref.strip()))
+            if ref.strip()[:5].lower() == "data:":
+                return io.BytesIO(_decode_data_uri(ref.strip()))
+            return remote.fetch(ref)
     except ValueError as e:
         raise _error(where, ref, f"cannot read {kind} ({e})") from None
     if not os.path.exists(path):

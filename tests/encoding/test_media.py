@@ -190,10 +190,15 @@ def test_image_budget_argument_overrides_env(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def http_root(tmp_path):
-    """An http.server on 127.0.0.1 serving tmp_path/www; yields its base URL."""
+def http_root(tmp_path, monkeypatch):
+    """An http.server on 127.0.0.1 serving tmp_path/www; yields its base URL. URLs are fetched
+    online (the suite runs with HF_HUB_OFFLINE=1) into a media cache of the test's own
+    (tests/encoding/test_remote_media.py tests the cache itself)."""
     root = tmp_path / "www"
     root.mkdir()
+    monkeypatch.setenv("MMEMBED_MEDIA_CACHE", str(tmp_path / "media-cache"))
+    for name in ("HF_HUB_OFFLINE", "MMEMBED_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args):
