@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any, Sequence
 
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 
 from ..data.sample import Item
+from ..encoding import remote
 from ..encoding.inputs import InputBuilder, tokenizer_of
 from ..encoding.templates import Template, get_template, template_from_config
 from .adapters import load_lora
@@ -161,6 +163,7 @@ class Embedder:
         texts = [self.template.render(it) for it in items]
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # similar lengths share a batch
         out: list[np.ndarray | None] = [None] * len(texts)
+        fetched = remote.tally()
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
             where = [(*origins[i], "")[:3] if origins else ("<input>", i, "") for i in idx]
@@ -169,6 +172,9 @@ class Embedder:
             emb = self.model(**enc)["last_hidden_state"].float().cpu().numpy()
             for j, i in enumerate(idx):
                 out[i] = emb[j]
+        fetched = remote.tally() - fetched
+        if fetched:  # URLs downloaded (each logged) or first found in the media cache by this call
+            logging.getLogger("mmembed").info(fetched.summary())
         if not out:
             return np.zeros((0, 0), dtype=np.float32)
         return np.stack(out).astype(np.float32)

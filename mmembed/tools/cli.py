@@ -103,7 +103,11 @@ def cmd_embed(argv: list[str]) -> int:
                    help="--input is a training file: write the model's view of every row as a teacher, OUTPUT_embeddings.npy "
                         "[rows, 2 + negatives, D] and OUTPUT_scores.npy [rows, 1 + negatives] (NaN-padded), for "
                         "--teacher_embeddings_file / --teacher_scores_file")
+    p.add_argument("--offline", type=_bool, nargs="?", const=True, default=False,
+                   help="fetch no http(s) media (as MMEMBED_OFFLINE=1): a URL not in the media cache is an error")
     a = p.parse_args(argv)
+    if a.offline:
+        os.environ["MMEMBED_OFFLINE"] = "1"
     import numpy as np
 
     from ..files import replaced_when_done

@@ -79,6 +79,7 @@ class SftArguments(TrainingArguments):
     val_dataset_shuffle: bool = field(default=False, metadata={"help": "shuffle the --val_dataset rows"})
     data_seed: int | None = field(default=42, metadata={"help": "seed of the split, #N sampling, --dataset_shuffle and the sampler (ms-swift's default 42; not --seed)"})
     strict: bool = field(default=True, metadata={"help": "false: skip broken rows and report them"})
+    offline: bool = field(default=False, metadata={"help": "fetch no http(s) media (as MMEMBED_OFFLINE=1 or HF_HUB_OFFLINE=1): a URL not in the media cache is an error"})
     lazy_tokenize: bool = True
     load_from_cache_file: bool = True
     dataset_num_proc: int = 1

@@ -326,6 +326,7 @@ class TrainingData:
             val, files["val"] = val_loaded.dataset, val_loaded.records
         else:
             val = loaded.val
+        fetch_remote_media([train] + ([val] if val is not None else []))
         if args.truncation_strategy == "delete":
             builder = InputBuilder(encoding.template, encoding.processing, encoding.max_length, truncate=False)
             train = drop_overlong(train, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "train")
@@ -339,6 +340,22 @@ class TrainingData:
         if data.teacher_key and data.val is not None:
             check_every_row(data.val)
         return data
+
+
+def fetch_remote_media(datasets) -> None:
+    """Download every http(s) media file of the rows into the media cache now (once; a cached
+    one is not fetched again), so that a URL that fails does so before training, and steps,
+    epochs and data-loader workers read the cache. Logs one line per download and a summary."""
+    from ..encoding import remote
+
+    def refs():
+        for ds in datasets:
+            for batch in ds.select_columns(["sample"]).iter(batch_size=1024):
+                for text in batch["sample"]:
+                    if "://" in text:  # most rows have no URL: skip decoding them
+                        yield from remote.sample_urls(Sample.from_json(text))
+
+    remote.prefetch(refs())
 
 
 def build_trainer(args: SftArguments) -> EmbeddingTrainer:
@@ -487,6 +504,8 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     from transformers import set_seed
 
     set_seed(args.seed)
+    if args.offline:  # the media loader reads the switch where data-loader workers see it too
+        os.environ["MMEMBED_OFFLINE"] = "1"
     resume = resume_checkpoint(args)
     prepare_output_dir(args, resume)
     trainer = build_trainer(args)
