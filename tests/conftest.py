@@ -101,3 +101,31 @@ def tiny_model(tmp_path_factory):
         return built[kind]
 
     return get
+
+
+def write_video(path, frames: int = 4, size: int = 32, rate: int = 4) -> str:
+    """A real little MPEG-4 video (grey frames) at ``path``; returns the path. (decord cannot
+    read frames as small as 16 x 16.)"""
+    import av
+    import numpy as np
+
+    with av.open(str(path), mode="w") as c:
+        s = c.add_stream("mpeg4", rate=rate)
+        s.width, s.height, s.pix_fmt = size, size, "yuv420p"
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(np.full((size, size, 3), 8 * i, np.uint8), format="rgb24")
+            for packet in s.encode(frame):
+                c.mux(packet)
+        for packet in s.encode():
+            c.mux(packet)
+    return str(path)
+
+
+def write_wav(path, seconds: float = 0.1, rate: int = 16000) -> str:
+    """A real little WAV file (a 440 Hz tone) at ``path``; returns the path."""
+    import numpy as np
+    import soundfile
+
+    t = np.arange(int(seconds * rate)) / rate
+    soundfile.write(str(path), (0.1 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), rate)
+    return str(path)

@@ -8,6 +8,7 @@ Validate a file without training::
 
 from .dataset import EmbeddingDataset, LoadResult, SpecError, load_samples, parse_spec, split_dataset
 from .formats import iter_raw_rows
+from .labels import LabelRule
 from .reader import read_file
 from .rows import parse_row
 from .sample import DataError, Item, Sample
@@ -16,6 +17,7 @@ __all__ = [
     "DataError",
     "EmbeddingDataset",
     "Item",
+    "LabelRule",
     "LoadResult",
     "Sample",
     "SpecError",

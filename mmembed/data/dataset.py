@@ -29,6 +29,7 @@ import numpy as np
 import torch.utils.data
 
 from .formats import DATA_EXTENSIONS, iter_rows_or_errors
+from .labels import LabelRule
 from .paths import MediaFileError
 from .rows import parse_row
 from .sample import DataError, Sample
@@ -38,7 +39,7 @@ __all__ = ["EmbeddingDataset", "LoadResult", "SpecError", "load_samples", "parse
 logger = logging.getLogger(__name__)
 
 # Bump when the reader's output for the same file changes, so old caches are not reused.
-_CACHE_VERSION = "mmembed-samples-2"
+_CACHE_VERSION = "mmembed-samples-3"
 _REPORT_LIMIT = 50
 
 
@@ -154,15 +155,19 @@ def _features():
 
 
 def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: str, work_dir: str,
-              columns: dict[str, str] | None = None):
+              columns: dict[str, str] | None = None, labels: dict | None = None,
+              media_kinds: tuple[str, ...] | None = None):
     """Arrow rows for the given file shards; a bad row becomes an ``error`` row.
 
     ``version`` only feeds the cache fingerprint; ``work_dir`` is where relative media paths
     are tried besides the data file's folder (so it keys the cache too); ``columns`` renames
-    row fields (old -> new) before a row is read. With ``strict`` a shard stops at its first
-    bad row (the caller raises it).
+    row fields (old -> new) before a row is read; ``labels`` (a :class:`LabelRule` as a
+    dict) and ``media_kinds`` are :func:`parse_row`'s. With ``strict`` a shard stops at its
+    first bad row (the caller raises it).
     """
     del version
+    rule = LabelRule.from_dict(labels) if labels else None
+    kinds = frozenset(media_kinds) if media_kinds is not None else None
     for path, _mtime_ns, _size, shard, num_shards in shards:
         base_dir = os.path.dirname(path)
         for line, raw in iter_rows_or_errors(path, shard, num_shards):
@@ -172,9 +177,12 @@ def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: s
                 if columns and isinstance(raw, dict):
                     raw = {columns.get(k, k): v for k, v in raw.items()}
                 try:
-                    sample = parse_row(raw, path, line, base_dir, verify_images=verify_images, work_dir=work_dir)
+                    sample = parse_row(raw, path, line, base_dir, verify_images=verify_images, work_dir=work_dir,
+                                       labels=rule, media_kinds=kinds)
                 except DataError as e:
                     err = e
+                except RecursionError:  # raised inside datasets' generator it would become its own error
+                    err = DataError(path, line, None, "row nested too deeply to read")
                 else:
                     yield {"sample": sample.to_json(), "source": path, "line": line, "error": None}
                     continue
@@ -245,7 +253,7 @@ def _from_cache(ds, started: float) -> bool:
 
 def _load_files(
     files: list[str], *, strict: bool, verify_images: bool, cache_dir: str | None, num_proc: int, force: bool,
-    columns: dict[str, str] | None = None,
+    columns: dict[str, str] | None = None, labels: LabelRule | None = None, media_kinds: frozenset[str] | None = None,
 ):
     """Arrow dataset of the files' good rows (with their ``row`` in their file), the bad rows
     as DataErrors, and the rows read per file."""
@@ -255,7 +263,8 @@ def _load_files(
         n = num_proc if num_proc > 1 and path.lower().endswith(".jsonl") else 1
         shards += [(path, st.st_mtime_ns, st.st_size, i, n) for i in range(n)]
     gen_kwargs = {"shards": shards, "strict": strict, "verify_images": verify_images, "version": _CACHE_VERSION,
-                  "work_dir": os.getcwd(), "columns": columns}
+                  "work_dir": os.getcwd(), "columns": columns, "labels": labels.as_dict() if labels else None,
+                  "media_kinds": tuple(sorted(media_kinds)) if media_kinds is not None else None}
     started = time.time()
     ds = _build(gen_kwargs, cache_dir, num_proc, force)
     errors = _errors(ds)
@@ -309,7 +318,7 @@ def _draw_seed(rng: np.random.RandomState) -> int:
     return int(rng.randint(0, np.iinfo(np.int32).max))
 
 
-def _sample_and_split(ds, n: int | None, ratio: float, shuffle: bool, rng: np.random.RandomState):
+def _sample_and_split(ds, n: int | None, ratio: float, shuffle: bool, rng: np.random.RandomState, path: str = ""):
     """One spec's ``(train, val)`` in ms-swift's order of draws: with a ratio, the validation
     rows are split off the whole file first (``max(int(min(rows, N) * ratio), 1)`` of them),
     then the ``N - val`` training rows are sampled from the rest."""
@@ -322,7 +331,8 @@ def _sample_and_split(ds, n: int | None, ratio: float, shuffle: bool, rng: np.ra
         return None, ds.select(sample_indices(len(ds), n, rng, shuffle))
     n_val = max(int(min(len(ds), n) * ratio), 1)
     if n - n_val <= 0 or n_val >= len(ds):
-        raise ValueError(f"cannot split {len(ds)} row(s) with ratio {ratio}: no training rows would remain")
+        raise DataError(path, 0, None, f"{len(ds)} usable row(s): splitting off {n_val} for validation "
+                                       f"(split ratio {ratio}) leaves no training rows")
     parts = ds.train_test_split(test_size=n_val, shuffle=shuffle, seed=_draw_seed(rng))
     train = parts["train"]
     return train.select(sample_indices(len(train), n - n_val, rng, shuffle)), parts["test"]
@@ -340,6 +350,8 @@ def load_samples(
     split_ratio: float = 0.0,
     shuffle: bool = False,
     columns: dict[str, str] | None = None,
+    labels: LabelRule | None = None,
+    media_kinds: frozenset[str] | None = None,
 ) -> LoadResult:
     """Read dataset specs into one Arrow-backed ``datasets.Dataset`` of samples.
 
@@ -357,14 +369,19 @@ def load_samples(
 
     ``strict=True``: the first bad row raises its :class:`DataError`. ``strict=False``: bad
     rows are skipped, listed in ``LoadResult.skipped`` and logged as a warning (never
-    silently). The Arrow cache (``cache_dir`` or the ``datasets`` default) is keyed by every
+    silently). A spec that gives no usable row (an empty file, only blank lines, or every
+    row bad with ``strict=False``) is a :class:`DataError` naming it. ``labels`` (the
+    loss's :class:`~mmembed.data.labels.LabelRule`) and ``media_kinds`` (the media kinds
+    the model takes) make a row whose label or media the training cannot use a bad row
+    too. The Arrow cache (``cache_dir`` or the ``datasets`` default) is keyed by every
     file's path, size and mtime and by the options, so an edited file is read again; a cache
     that recorded a missing or unreadable media file is read again too (the media may have
     been fixed since); ``load_from_cache_file=False`` always re-reads. ``num_proc > 1`` reads
     files (and byte ranges of ``.jsonl`` files) in parallel processes, keeping row order.
-    ``verify_images=False`` skips opening each local image's header with PIL (existence is
-    still checked). ``columns`` renames row fields before they are read (``--columns``,
-    ms-swift's mapping: ``{"text1": "query", "text2": "response"}``).
+    ``verify_images=False`` skips reading each local media file's header (PIL for images,
+    PyAV for videos and audio; existence is still checked). ``columns`` renames row fields
+    before they are read (``--columns``, ms-swift's mapping: ``{"text1": "query", "text2":
+    "response"}``).
     """
     import datasets
 
@@ -388,18 +405,16 @@ def load_samples(
             num_proc=max(1, int(num_proc or 1)),
             force=not load_from_cache_file,
             columns=columns,
+            labels=labels,
+            media_kinds=media_kinds,
         )
         skipped += bad
         records.update(read)
-        if n is not None:
-            if len(ds) == 0:
-                raise SpecError(f"dataset {path!r} has no valid rows to sample {n} from")
-            if n > len(ds):
-                logger.warning("%s#%d: more than its %d rows, so rows repeat", path, n, len(ds))
-        if len(ds) == 0 and split_ratio == 0 and n is None:
-            parts.append(ds)
-            continue
-        train, val = _sample_and_split(ds, n, split_ratio, shuffle, rng)
+        if len(ds) == 0:
+            raise _no_rows(path, bad, skipped, sum(records.values()))
+        if n is not None and n > len(ds):
+            logger.warning("%s#%d: more than its %d rows, so rows repeat", path, n, len(ds))
+        train, val = _sample_and_split(ds, n, split_ratio, shuffle, rng, path)
         if train is not None:
             parts.append(train)
         if val is not None:
@@ -421,6 +436,18 @@ def load_samples(
     if skipped:
         logger.warning("%s", result.report())
     return result
+
+
+def _no_rows(path: str, bad: list[DataError], skipped: list[DataError], rows_read: int) -> DataError:
+    """The error for a spec that gives no usable row (``bad``: its skipped rows); the rows
+    skipped so far (``skipped``, of ``rows_read``) are logged first."""
+    if skipped:
+        logger.warning("%s", LoadResult(dataset=None, skipped=skipped, rows_read=rows_read).report())
+    if not bad:
+        what = "a folder of data files that hold" if os.path.isdir(path) else "the file holds"
+        return DataError(path, 0, None, f"no usable rows: {what} no rows (empty, or only blank lines)")
+    return DataError(path, 0, None, f"no usable rows, {len(bad)} skipped (strict=False; listed above); "
+                                    f"the first: {bad[0]}")
 
 
 # ----------------------------------------------------------------------------- split / torch

@@ -12,12 +12,13 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 from .paths import MEDIA_FIELDS
-from .rows import GROUP_FIELDS, NEGATIVE_FIELDS, NEGATIVE_N_RE, QUERY_ALIASES, TEACHER_FIELDS
+from .rows import GROUP_FIELDS, MESSAGES_FIELDS, NEGATIVE_FIELDS, NEGATIVE_N_RE, QUERY_ALIASES, TEACHER_FIELDS
 from .sample import DataError
 
 __all__ = ["DATA_EXTENSIONS", "iter_raw_rows", "iter_rows_or_errors"]
@@ -31,6 +32,8 @@ _UTF8_BOM = b"\xef\xbb\xbf"
 _LIST_FIELDS = frozenset(NEGATIVE_FIELDS + GROUP_FIELDS + MEDIA_FIELDS + TEACHER_FIELDS)
 # ... and of these read as numbers.
 _NUMBER_FIELDS = frozenset(QUERY_ALIASES["label"])
+# every row has one of these (its anchor)
+_ANCHOR_FIELDS = frozenset(QUERY_ALIASES["query"] + MESSAGES_FIELDS)
 
 
 def iter_raw_rows(path: str) -> Iterator[tuple[int, Any]]:
@@ -41,16 +44,20 @@ def iter_raw_rows(path: str) -> Iterator[tuple[int, Any]]:
     * ``.json``: a JSON array (``line`` is where each element starts), or JSON Lines content,
       or whitespace-separated JSON objects (e.g. one pretty-printed object).
     * ``.csv`` / ``.tsv``: a header row, then one row per record; ``line`` is the line the
-      record starts on. Empty cells are absent fields (except text columns, which stay
-      ``""``); cells of list columns (``rejected_response``, ``images``, ``messages``, ...)
-      that start with ``[`` are decoded as JSON; ``label``/``score`` cells become floats
-      when they parse as numbers (otherwise
-      :func:`~mmembed.data.rows.parse_row` reports them).
+      record starts on. Quoting is read strictly: a quote left open (which would swallow
+      the rest of the file into one cell) or text after a closing quote is an error naming
+      the line (the rest of the file is not read). Empty cells are absent fields (except
+      text columns, which stay ``""``); cells of list columns (``rejected_response``,
+      ``images``, ``messages``, ...) that start with ``[`` (or ``{``, except negatives)
+      must be JSON and are decoded; ``label``/``score`` cells become floats when they
+      parse as numbers (otherwise :func:`~mmembed.data.rows.parse_row` reports them).
+      Bytes that are not UTF-8 make their row an error; the next rows are read.
     * ``.parquet``: ``line`` is the 1-based row number.
 
     Rows are usually dicts; a JSON value that is not an object is yielded as it is so that
-    :func:`~mmembed.data.rows.parse_row` can report it. Raises :class:`DataError` (naming
-    file, line and the parse problem) at the first row that cannot be parsed at all.
+    :func:`~mmembed.data.rows.parse_row` can report it. JSON nested deeper than Python's
+    parser goes is a row error like any other invalid JSON. Raises :class:`DataError`
+    (naming file, line and the parse problem) at the first row that cannot be parsed at all.
     """
     for line, row in iter_rows_or_errors(path):
         if isinstance(row, DataError):
@@ -97,7 +104,13 @@ def _extension(path: str) -> str:
 
 
 def _json_error(path: str, line: int, e: json.JSONDecodeError, what: str = "invalid JSON") -> DataError:
-    return DataError(path, line, None, f"{what}: {e.msg} (column {e.colno})")
+    hint = ""
+    if e.msg == "Extra data" and e.doc[e.pos : e.pos + 1] == ",":
+        hint = "; JSON Lines rows are not separated by commas: remove the ',' after the row"
+    return DataError(path, line, None, f"{what}: {e.msg} (column {e.colno}){hint}")
+
+
+_TOO_DEEP = "invalid JSON: nested too deeply for the parser (a row holds strings, numbers and lists of them)"
 
 
 def _count_newlines(f, end: int) -> int:
@@ -151,6 +164,8 @@ def _iter_jsonl(path: str, shard: int = 0, num_shards: int = 1) -> Iterator[tupl
                 yield n, json.loads(text)
             except json.JSONDecodeError as e:
                 yield n, _json_error(path, n, e)
+            except RecursionError:
+                yield n, DataError(path, n, None, _TOO_DEEP)
 
 
 class _LineCounter:
@@ -194,15 +209,31 @@ def _iter_json(path: str) -> Iterator[tuple[int, Any]]:
     try:
         json.loads(text[i : eol if eol >= 0 else len(text)])
         jsonl = True
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         jsonl = False
     if jsonl:
         del text
         # JSON Lines content in a .json file: read line by line so one bad line does not
         # hide the rest.
-        yield from _iter_jsonl(path)
+        rows = _iter_jsonl(path)
+    else:
+        rows = _iter_json_values(path, text, i)
+    first = next(rows, None)
+    if first is None:
         return
-    yield from _iter_json_values(path, text, i)
+    second = next(rows, None)
+    if second is None and _holds_rows(first[1]):
+        keys = ", ".join(repr(k) for k in list(first[1])[:5]) + (", ..." if len(first[1]) > 5 else "")
+        yield first[0], DataError(
+            path, first[0], None,
+            f"the file is one JSON object (keys {keys}) holding rows, not a list of rows: a .json data file "
+            "is an array [{...}, {...}] or one row per line",
+        )
+        return
+    yield first
+    if second is not None:
+        yield second
+        yield from rows
 
 
 def _iter_json_array(path: str, text: str, i: int) -> Iterator[tuple[int, Any]]:
@@ -225,6 +256,9 @@ def _iter_json_array(path: str, text: str, i: int) -> Iterator[tuple[int, Any]]:
                         path, line_at(e.pos), e, f"invalid JSON in array element {index} (rest of file not read)"
                     ),
                 )
+                return
+            except RecursionError:
+                yield line_at(start), DataError(path, line_at(start), None, f"{_TOO_DEEP} (rest of file not read)")
                 return
             yield line_at(start), value
             index += 1
@@ -262,23 +296,45 @@ def _iter_json_values(path: str, text: str, i: int) -> Iterator[tuple[int, Any]]
         except json.JSONDecodeError as e:
             yield line_at(e.pos), _json_error(path, line_at(e.pos), e, "invalid JSON (rest of file not read)")
             return
+        except RecursionError:
+            yield line_at(i), DataError(path, line_at(i), None, f"{_TOO_DEEP} (rest of file not read)")
+            return
         yield line_at(i), value
         i = _skip_ws(text, end)
 
 
+def _holds_rows(value: Any) -> bool:
+    """A JSON object that is not a row but a container of rows (``{"train": [{...}, ...]}``,
+    ``{"0": {...}, "1": {...}}``): it has no field a row must start from, and its values are
+    objects or lists of objects."""
+    if not isinstance(value, dict) or not value or set(value) & _ANCHOR_FIELDS:
+        return False
+    return all(isinstance(v, dict) or (isinstance(v, list) and v and isinstance(v[0], dict)) for v in value.values())
+
+
 def _iter_csv(path: str, delimiter: str) -> Iterator[tuple[int, Any]]:
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f, delimiter=delimiter)
+    # surrogateescape: a byte that is not UTF-8 becomes a lone surrogate, found per row below
+    with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as f:
+        reader = csv.reader(f, delimiter=delimiter, strict=True)
+        done = 0  # the last line of the records read so far
         try:
             header = next(reader, None)
             if header is None:
+                return
+            bad = _not_utf8(path, 1, header)
+            if bad is not None:
+                yield 1, DataError(path, 1, None, f"header {bad.reason} (rest of file not read)")
                 return
             header = [h.strip() for h in header]
             done = reader.line_num
             for cells in reader:
                 line, done = done + 1, reader.line_num
                 if not cells:
+                    continue
+                bad = _not_utf8(path, line, cells, header)
+                if bad is not None:
+                    yield line, bad
                     continue
                 if len(cells) > len(header):
                     yield (
@@ -300,15 +356,29 @@ def _iter_csv(path: str, delimiter: str) -> Iterator[tuple[int, Any]]:
                         row[key] = cell
                 yield line, bad if bad is not None else row
         except csv.Error as e:
-            line = reader.line_num
-            yield line, DataError(path, line, None, f"invalid CSV (rest of file not read): {e}")
-        except UnicodeDecodeError as e:
-            yield (
-                reader.line_num + 1,
-                DataError(
-                    path, reader.line_num + 1, None, f"file is not valid UTF-8 (rest of file not read): {e.reason}"
-                ),
-            )
+            if "unexpected end of data" in str(e):
+                # a quote left open: the record would run to the end of the file
+                line = done + 1
+                yield line, DataError(path, line, None, "unclosed quote: a quoted cell of this row runs to the end "
+                                                        "of the file (rest of file not read)")
+            else:
+                at = reader.line_num
+                hint = " (a quote inside a quoted cell is written twice: \"\")" if "expected after" in str(e) else ""
+                yield at, DataError(path, at, None, f"invalid CSV (rest of file not read): {e}{hint}")
+
+
+def _not_utf8(path: str, line: int, cells: list[str], header: list[str] | None = None) -> DataError | None:
+    """The error for a row holding bytes that are not UTF-8 (lone surrogates here), or None."""
+    for i, cell in enumerate(cells):
+        m = _SURROGATE_RE.search(cell)
+        if m:
+            byte = ord(m.group()) - 0xDC00
+            key = header[i] if header is not None and i < len(header) else None
+            return DataError(path, line, key, f"is not valid UTF-8 (byte 0x{byte:02x}); save the file as UTF-8")
+    return None
+
+
+_SURROGATE_RE = re.compile("[\udc80-\udcff]")
 
 
 def _csv_cell(key: str, value: str) -> Any:
@@ -317,13 +387,20 @@ def _csv_cell(key: str, value: str) -> Any:
     if key in _LIST_FIELDS:
         if not s:
             return None
-        # Negatives are free text, so only a full "[...]" is read as a list there.
-        text_like = key in NEGATIVE_FIELDS
-        if (text_like and s[0] == "[" and s[-1] == "]") or (not text_like and s[0] in "[{"):
+        # A cell starting with "[" is a JSON list; negatives are free text otherwise (one
+        # negative), other list columns also take a JSON object ("{...}").
+        if s[0] == "[" or (s[0] == "{" and key not in NEGATIVE_FIELDS):
             try:
                 return json.loads(s)
             except json.JSONDecodeError as e:
-                raise ValueError(f"cell looks like JSON but does not parse: {e.msg} (column {e.colno})") from None
+                hint = ""
+                if "'" in s and '"' not in s:
+                    hint = "; JSON strings take double quotes: [\"a\", \"b\"]"
+                elif key in NEGATIVE_FIELDS:
+                    hint = "; a cell starting with '[' is read as a JSON list (a negative that starts with '[' goes inside one)"
+                raise ValueError(f"cell starts with '{s[0]}' but is not valid JSON: {e.msg} (column {e.colno}){hint}") from None
+            except RecursionError:
+                raise ValueError("cell is JSON nested too deeply for the parser") from None
         return value
     if key in _NUMBER_FIELDS:
         if not s:

@@ -12,9 +12,15 @@ A relative path is tried against the working directory (as ms-swift resolves it)
 against ``base_dir`` (the data file's folder): the one that exists is taken; both existing
 as different files is an error naming both, and neither is an error naming both tried
 paths. ``~`` expands; ``file://`` URIs become paths. ``http(s)://`` URLs and ``data:`` URIs are kept as they are
-(fetched later). Every local path must exist; local images must be readable by PIL (header
-only) unless ``verify_images=False``. An inline image ``{"bytes": ..., "path": ...}`` (a
-Hugging Face ``Image`` column read from parquet) becomes a ``data:`` URI.
+(fetched later). Every local path must exist and, unless ``verify_images=False``, its header
+must be readable: an image by PIL, a video by PyAV (a container with a video stream), an
+audio file by libsndfile or PyAV (with an audio stream). Only the header is read: a file
+that opens but cannot be decoded is found when it is decoded (by ``mmembed sft``'s length
+check, or when its batch is built), an error naming the row too. An inline image ``{"bytes": ..., "path": ...}`` (a Hugging Face ``Image`` column
+read from parquet) becomes a ``data:`` URI.
+
+A model that takes only some media kinds (``media_kinds``; a text model: none) makes a row
+with another kind an error naming the field, when the row is read.
 """
 
 from __future__ import annotations
@@ -72,8 +78,9 @@ class RowContext:
     source: str
     line: int
     base_dir: str
-    verify_images: bool
+    verify_images: bool  # read each local media file's header (images, videos, audio)
     work_dir: str | None = None  # the working directory relative paths are also tried against (None: the current one)
+    media_kinds: frozenset[str] | None = None  # the media kinds the model takes (None: any)
 
     def error(self, fieldname: str | None, message: str) -> DataError:
         return DataError(self.source, self.line, fieldname, message)
@@ -110,6 +117,14 @@ def bind_media(drafts: list[Draft], kind: str, entries: list[Any], key: str, ctx
     """
     if not entries and not any(d.slots[kind] for d in drafts):
         return [[] for _ in drafts]  # the common text-only case
+    if ctx.media_kinds is not None and kind not in ctx.media_kinds:
+        own = [s.fieldname for d in drafts for s in d.slots[kind] if s.value is not None]
+        takes = ", ".join(k for k in MEDIA_KINDS if k in ctx.media_kinds) or "text only"
+        raise ctx.error(
+            key if entries or not own else own[0],
+            f"the row has {kind} input, but the model takes {takes}; use a model (and template) that "
+            f"takes {kind} input, or remove the row",
+        )
     needed = [sum(s.value is None for s in d.slots[kind]) for d in drafts]
     if sum(needed) != len(entries):
         where = ", ".join(f"{d.fieldname}: {n}" for d, n in zip(drafts, needed) if n) or "none in the text"
@@ -190,10 +205,10 @@ def resolve_media(value: Any, kind: str, fieldname: str, ctx: RowContext) -> str
         path, st = _relative(path, kind, fieldname, ctx)
     if not stat.S_ISREG(st.st_mode):
         raise MediaFileError(ctx.source, ctx.line, fieldname, f"{kind} path is not a file: {path}")
-    if kind == "image" and ctx.verify_images:
-        problem = _unreadable_image(path, st.st_mtime_ns)
+    if ctx.verify_images:
+        problem = _UNREADABLE[kind](path, st.st_mtime_ns)
         if problem:
-            raise MediaFileError(ctx.source, ctx.line, fieldname, f"unreadable image {path}: {problem}")
+            raise MediaFileError(ctx.source, ctx.line, fieldname, f"unreadable {kind} {path}: {problem}")
     return path
 
 
@@ -232,3 +247,37 @@ def _unreadable_image(path: str, mtime_ns: int) -> str | None:
     except Exception as e:  # PIL raises many kinds; any of them means unusable
         return f"{type(e).__name__}: {e}"
     return None
+
+
+def _stream_problem(path: str, kind: str) -> str | None:
+    """Why PyAV cannot open ``path`` as a container with a ``kind`` stream (header only), or None."""
+    import av
+
+    try:
+        with av.open(path) as container:
+            if not getattr(container.streams, kind):
+                return f"no {kind} stream in the file"
+    except Exception as e:  # PyAV raises its own error types (InvalidDataError, ...)
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+@functools.lru_cache(maxsize=65536)
+def _unreadable_video(path: str, mtime_ns: int) -> str | None:
+    """Why a video file cannot be opened (PyAV, header only), or None. Cached per path+mtime."""
+    return _stream_problem(path, "video")
+
+
+@functools.lru_cache(maxsize=65536)
+def _unreadable_audio(path: str, mtime_ns: int) -> str | None:
+    """Why an audio file cannot be opened by libsndfile nor PyAV (header only), or None."""
+    import soundfile
+
+    try:
+        soundfile.info(path)
+        return None
+    except Exception:  # not a format libsndfile knows: the loader falls back to PyAV too
+        return _stream_problem(path, "audio")
+
+
+_UNREADABLE = {"image": _unreadable_image, "video": _unreadable_video, "audio": _unreadable_audio}

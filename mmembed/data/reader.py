@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 from .formats import DATA_EXTENSIONS, iter_raw_rows
+from .labels import LabelRule
 from .paths import MediaFileError
 from .rows import parse_row
 from .sample import Sample
@@ -24,11 +25,15 @@ from .sample import Sample
 __all__ = ["DATA_EXTENSIONS", "MediaFileError", "iter_raw_rows", "parse_row", "read_file"]
 
 
-def read_file(path: str, *, verify_images: bool = True) -> list[Sample]:
+def read_file(path: str, *, verify_images: bool = True, labels: LabelRule | None = None,
+              media_kinds: frozenset[str] | None = None) -> list[Sample]:
     """Read and validate a whole (small) file into a list of Samples.
 
     For validation or small files; use :func:`mmembed.data.load_samples` for training data,
     which streams to Arrow. Raises the first :class:`~mmembed.data.sample.DataError`.
+    ``labels`` (a loss's ``labels``, e.g. ``build_loss("contrastive").labels``) and
+    ``media_kinds`` check the rows against a loss and a model as training does.
     """
     base_dir = os.path.dirname(os.path.abspath(path))
-    return [parse_row(raw, path, line, base_dir, verify_images=verify_images) for line, raw in iter_raw_rows(path)]
+    return [parse_row(raw, path, line, base_dir, verify_images=verify_images, labels=labels, media_kinds=media_kinds)
+            for line, raw in iter_raw_rows(path)]

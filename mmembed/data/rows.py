@@ -71,6 +71,7 @@ import os
 import re
 from typing import Any
 
+from .labels import LabelRule
 from .paths import TAG_RE, Draft, RowContext, Slot, bind_media
 from .sample import MEDIA_KINDS, Item, Sample, json_type
 
@@ -125,6 +126,8 @@ def parse_row(
     *,
     verify_images: bool = True,
     work_dir: str | None = None,
+    labels: LabelRule | None = None,
+    media_kinds: frozenset[str] | None = None,
 ) -> Sample:
     """Normalize one raw row (query form or messages form, detected per row) into a Sample.
 
@@ -135,8 +138,11 @@ def parse_row(
     every breach of the data contract: not an object, a missing or mistyped field, a tag
     count that differs from the path count, a missing or (with ``verify_images``)
     unreadable local media file, an unknown role, a member with empty text and no media.
+    ``labels`` (a loss's :class:`~mmembed.data.labels.LabelRule`) checks the row's label
+    against what the loss takes; ``media_kinds`` (the kinds the model takes, e.g.
+    ``frozenset()`` for a text model) makes media of any other kind an error.
     """
-    ctx = RowContext(source, line, os.path.abspath(base_dir), verify_images, work_dir)
+    ctx = RowContext(source, line, os.path.abspath(base_dir), verify_images, work_dir, media_kinds)
     if not isinstance(raw, dict):
         raise ctx.error(None, f"row is not a JSON object (got {json_type(raw)})")
     messages_key = _present_key(raw, MESSAGES_FIELDS, ctx, "messages")
@@ -152,6 +158,10 @@ def parse_row(
     if raw.get("teacher_embeddings") is not None:
         sample.teacher_embeddings = check_teacher_embeddings(
             raw["teacher_embeddings"], len(sample.negatives), ctx.error, "teacher_embeddings")
+    if labels is not None:
+        problem = labels.problem(sample.label)
+        if problem:
+            raise ctx.error(_present_key(raw, QUERY_ALIASES["label"], ctx, "label") or "label", problem)
     return sample
 
 
@@ -278,7 +288,9 @@ def _as_media_entries(value: Any, fieldname: str, ctx: RowContext) -> list[Any]:
 def _parse_query_row(raw: dict, ctx: RowContext) -> Sample:
     qkey = _present_key(raw, QUERY_ALIASES["query"], ctx, "query")
     if qkey is None:
-        raise ctx.error("query", "missing field 'query' (the anchor; or 'messages' for the messages form)")
+        fields = ", ".join(repr(k) for k in list(raw)[:8]) + (", ..." if len(raw) > 8 else "")
+        raise ctx.error("query", "missing field 'query' (the anchor; or 'messages' for the messages form); "
+                                 f"the row's fields are {fields or 'none'}")
     rkey = _present_key(raw, QUERY_ALIASES["response"], ctx, "response")
     if rkey is None:
         raise ctx.error("response", "missing field 'response' (the positive)")
@@ -444,6 +456,7 @@ def _group_draft(messages: Any, fieldname: str, ctx: RowContext, offset: int = 0
     draft = Draft(fieldname, "")
     systems: list[str] = []
     texts: list[str] = []
+    roles: set[str] = set()  # the user / assistant roles seen
     for i, message in enumerate(messages, start=offset):
         mfield = f"{fieldname}[{i}]"
         if not isinstance(message, dict):
@@ -457,8 +470,11 @@ def _group_draft(messages: Any, fieldname: str, ctx: RowContext, offset: int = 0
                 systems.append(text)
             continue
         text = _content_text(content, cfield, draft, ctx)
+        roles.add(role)
         if text:
             texts.append(text)
+    if not roles:
+        raise ctx.error(fieldname, "holds only system messages; it needs a user (or assistant) message, the text to embed")
     draft.text = "\n".join(texts)
     draft.system = "\n".join(systems) or None
     return draft

@@ -10,9 +10,14 @@ values are these strings):
   s2_1, ...``; ``labels`` holds one score per pair (the row's ``label``).
 
 Tokenization (and media loading) happens here, lazily, batch by batch, through
-``InputBuilder``. What the loss takes beside the student's embeddings (its ``side``)
-is prepared here too, as a :class:`SideBatch` under ``batch["side"]``: the guide's and
-the teacher's model inputs for the same rows, or the teacher signals the data carries.
+``InputBuilder``. A row that fails here (a media file that opens but does not decode) is a
+:class:`~mmembed.data.sample.DataError` naming file, line and field; in a data-loader worker
+it travels to the main process as the batch itself (:data:`DATA_ERROR`, raised there by
+:func:`raise_batch_error`), since torch would turn it into a multi-line RuntimeError.
+
+What the loss takes beside the student's embeddings (its ``side``) is prepared here too,
+as a :class:`SideBatch` under ``batch["side"]``: the guide's and the teacher's model inputs
+for the same rows, or the teacher signals the data carries.
 """
 
 from __future__ import annotations
@@ -21,10 +26,24 @@ from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
 import torch
+import torch.utils.data
 
 from ..data.sample import DataError, Item, Sample
 from .inputs import InputBuilder
 from .templates import Template
+
+#: The key of the one-entry batch a data-loader worker returns in place of a batch it could
+#: not build: ``{DATA_ERROR: DataError}``. torch re-raises a worker's exception in the main
+#: process by calling its type with the worker's traceback as the only argument, which a
+#: DataError (file, line, field, reason) does not take, so it would arrive as a RuntimeError
+#: holding a traceback; pickled inside the batch it arrives whole.
+DATA_ERROR = "data_error"
+
+
+def raise_batch_error(batch: Any) -> None:
+    """Raise the DataError a data-loader worker returned in place of ``batch``, if it did."""
+    if isinstance(batch, dict) and DATA_ERROR in batch:
+        raise batch[DATA_ERROR]
 
 
 def sample_items(sample: Sample, layout: str) -> tuple[list[Item], list[float]]:
@@ -100,6 +119,15 @@ class EmbeddingCollator:
         self.builder = InputBuilder(self.template, self.tokenizer, self.max_length, self.truncation_side, self.truncate)
 
     def __call__(self, samples: Sequence[Sample]) -> dict[str, Any]:
+        try:
+            return self.collate(samples)
+        except DataError as e:
+            if torch.utils.data.get_worker_info() is None:
+                raise
+            return {DATA_ERROR: e}  # see DATA_ERROR: the main process raises it
+
+    def collate(self, samples: Sequence[Sample]) -> dict[str, Any]:
+        """The batch of ``samples`` (what calling the collator gives, outside workers)."""
         items: list[Item] = []
         origins: list[tuple[str, int, str]] = []
         labels: list[float] = []

@@ -11,6 +11,9 @@ Every loss is an :class:`EmbeddingLoss` (an ``nn.Module`` called as
   embeddings or scores);
 - :attr:`~EmbeddingLoss.cross_process`: how a batch spread over several processes is
   combined (:class:`CrossProcess`; ``mmembed.training.distributed`` carries each one out);
+- :attr:`~EmbeddingLoss.labels`: what each row's ``label`` must be
+  (:class:`~mmembed.data.labels.LabelRule`: required or not, allowed values or range),
+  checked on every row when the data is read, so a bad label names its file and line;
 - :meth:`~EmbeddingLoss.check_setup`: start-up checks against the model and the side
   inputs (:class:`Setup`), run before the first step.
 
@@ -31,6 +34,8 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
+
+from ..data.labels import LabelRule
 
 NEG_INF = float("-inf")
 
@@ -250,6 +255,15 @@ class EmbeddingLoss(nn.Module):
     def cross_process(self) -> CrossProcess:
         """How the loss is combined over several processes (default: on the whole gathered batch)."""
         return CrossProcess.WHOLE_BATCH
+
+    @property
+    def labels(self) -> LabelRule | None:
+        """What each row's ``label`` must be, checked when the rows are read (a bad one is an
+        error naming file and line, or a skipped row with ``--strict false``). Default: a
+        group loss reads no labels (None); a pair loss needs a number on every row."""
+        if self.layout is Layout.PAIR:
+            return LabelRule(type(self).__name__)
+        return None
 
     #: for GROUP_PARTS / ROW_PARTS: how many leading parts of ``split_parts`` are student
     #: embeddings (the Matryoshka wrapper truncates those and passes the rest through)

@@ -24,6 +24,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..data.labels import LabelRule
 from .base import CrossProcess, EmbeddingLoss, Layout, Setup, SideNeeds
 
 
@@ -147,6 +148,10 @@ class MatryoshkaLoss(EmbeddingLoss):
     @property
     def cross_process(self) -> CrossProcess:
         return getattr(self.inner, "cross_process", CrossProcess.WHOLE_BATCH)
+
+    @property
+    def labels(self) -> LabelRule | None:
+        return getattr(self.inner, "labels", None)
 
     @property
     def student_parts(self) -> int:  # type: ignore[override]

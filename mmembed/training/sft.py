@@ -143,23 +143,53 @@ def _frozen(args: SftArguments) -> set[str]:
     return frozen_parts(args.freeze_vit, args.freeze_aligner, args.freeze_llm)
 
 
-def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_proc: int, what: str):
+def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_proc: int, what: str,
+                  strict: bool = True):
     """``--truncation_strategy delete``: remove rows with any input over ``max_length`` tokens
-    (media expanded, as the model sees them), and say how many."""
+    (media expanded, as the model sees them), and say how many.
 
-    def keep(batch: dict[str, list]) -> list[bool]:
+    Measuring loads every row's media, so a media file that opens but does not decode is
+    found here, before training: an error naming its row, or with ``strict=False`` the row
+    is skipped and listed like the rows skipped when the data was read.
+    """
+
+    def measure(batch: dict[str, list]) -> dict[str, list]:
         samples = [Sample.from_json(s) for s in batch["sample"]]
-        return [n <= max_length for n in token_lengths(samples, builder, layout)]
+        try:
+            return {"n_tokens": token_lengths(samples, builder, layout), "load_error": [""] * len(samples)}
+        except DataError:
+            if strict:
+                raise
+        lengths, errors = [], []
+        for sample in samples:  # one at a time, to find the rows that fail
+            try:
+                lengths.append(token_lengths([sample], builder, layout)[0])
+                errors.append("")
+            except DataError as e:
+                lengths.append(0)
+                errors.append(json.dumps([e.source, e.line, e.field, e.reason], ensure_ascii=False))
+        return {"n_tokens": lengths, "load_error": errors}
 
-    before = len(ds)
-    ds = ds.filter(keep, batched=True, num_proc=num_proc if num_proc > 1 else None, desc=f"length check ({what})")
-    dropped = before - len(ds)
+    import datasets
+
+    # only the two new columns are written (not another copy of the rows)
+    features = datasets.Features({"n_tokens": datasets.Value("int64"), "load_error": datasets.Value("string")})
+    measured = ds.map(measure, batched=True, num_proc=num_proc if num_proc > 1 else None, features=features,
+                      remove_columns=ds.column_names, desc=f"length check ({what})")
+    lengths, errors = measured["n_tokens"], measured["load_error"]
+    skipped = [DataError(*json.loads(e)) for e in errors if e]
+    if skipped:
+        listed = "\n".join(f"  {e}" for e in skipped)
+        logger.warning("%s: skipped %d row(s) whose media cannot be loaded (--strict false):\n%s", what, len(skipped),
+                       listed)
+    keep = [i for i, (n, e) in enumerate(zip(lengths, errors)) if not e and n <= max_length]
+    dropped = len(ds) - len(skipped) - len(keep)
     if dropped:
         logger.warning(
             "%s: %d of %d rows are longer than --max_length %d tokens and were deleted (--truncation_strategy delete; "
-            "use left/right to truncate them instead)", what, dropped, before, max_length,
+            "use left/right to truncate them instead)", what, dropped, len(ds), max_length,
         )
-    return ds
+    return ds.select(keep) if len(keep) < len(ds) else ds
 
 
 def make_loss(args: SftArguments) -> EmbeddingLoss:
@@ -308,10 +338,13 @@ class TrainingData:
 
     @classmethod
     def load(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss) -> TrainingData:
-        # ms-swift's order: --data_seed (not --seed) drives the split, #N sampling and --dataset_shuffle
+        # ms-swift's order: --data_seed (not --seed) drives the split, #N sampling and --dataset_shuffle.
+        # Every row is checked now against what the loss takes as a label and the media the
+        # model takes, so a row training could not use is an error (or skipped) before training.
         load_opts = dict(strict=args.strict, seed=args.data_seed, num_proc=args.dataset_num_proc,
                          load_from_cache_file=args.load_from_cache_file,
-                         columns=json.loads(args.columns) if args.columns else None)
+                         columns=json.loads(args.columns) if args.columns else None,
+                         labels=loss.labels, media_kinds=frozenset(encoding.template.media))
         loaded = load_samples(args.dataset, split_ratio=0.0 if args.val_dataset else args.split_dataset_ratio,
                               shuffle=args.dataset_shuffle, **load_opts)
         train = loaded.dataset
@@ -329,11 +362,15 @@ class TrainingData:
         fetch_remote_media([train] + ([val] if val is not None else []))
         if args.truncation_strategy == "delete":
             builder = InputBuilder(encoding.template, encoding.processing, encoding.max_length, truncate=False)
-            train = drop_overlong(train, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "train")
+            train = drop_overlong(train, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "train",
+                                  args.strict)
             if val is not None:
-                val = drop_overlong(val, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "val")
-        if len(train) == 0:
-            raise ValueError("no training rows left after loading " + ", ".join(args.dataset))
+                val = drop_overlong(val, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "val",
+                                    args.strict)
+        if len(train) == 0:  # all deleted by the length check (loading itself refuses empty data)
+            raise UsageError(f"no training rows left: every row of {', '.join(args.dataset)} is longer than "
+                             f"--max_length {encoding.max_length} or has media that cannot be loaded (listed above; "
+                             "--truncation_strategy delete); raise --max_length or use --truncation_strategy right")
         data = cls(EmbeddingDataset(train, teacher_files), EmbeddingDataset(val, teacher_files) if val is not None else None,
                    files=files)
         data.teacher_key, data.teacher_width = data_teacher(args, loss, data.train)

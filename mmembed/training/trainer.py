@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback
 
+from ..encoding.collator import raise_batch_error
 from ..encoding.inputs import select_rows, split_rows
 from ..encoding.templates import template_from_config
 from ..eval.metrics import embedding_eval_metrics, pair_metrics
@@ -187,6 +188,7 @@ class EmbeddingTrainer(Trainer):
         embeddings, then each chunk is embedded again with graph and receives its cached
         gradient (DDP synchronizes on the last chunk only; DeepSpeed: see
         :meth:`_deepspeed_chunk_backward`). Same gradients, the memory of N rows."""
+        raise_batch_error(inputs)  # a row a data-loader worker could not collate
         if not self.gradcache_mini_batch_size:
             return super().training_step(model, inputs, num_items_in_batch)
         model.train()
@@ -300,6 +302,7 @@ class EmbeddingTrainer(Trainer):
             torch.distributed.all_reduce(rounds, op=torch.distributed.ReduceOp.MAX)
         batch = None
         for batch in loader:
+            raise_batch_error(batch)
             batch = self._prepare_inputs(batch)
             lab = batch.pop("labels")
             side = self._side(batch.pop("side", None))

@@ -244,12 +244,17 @@ def test_non_strict_rechecks_rows_skipped_for_media(tmp_path, cache):
     assert len(second.dataset) == 2 and second.skipped == []
 
 
-def test_empty_file_gives_no_rows(tmp_path, cache):
+def test_a_spec_without_rows_is_an_error_naming_it(tmp_path, cache):
+    path = str(tmp_path / "empty.jsonl")
     (tmp_path / "empty.jsonl").write_text("\n")
-    result = load_samples([str(tmp_path / "empty.jsonl")], cache_dir=cache)
-    assert len(result.dataset) == 0 and result.dataset.column_names == ["sample", "source", "line", "row"]
-    with pytest.raises(SpecError, match="no valid rows"):
-        load_samples([str(tmp_path / "empty.jsonl") + "#3"], cache_dir=cache)
+    for spec in (path, path + "#3"):
+        with pytest.raises(DataError, match=f"^{path}:0: no usable rows"):
+            load_samples([spec], cache_dir=cache)
+    # an empty file among others in a folder is no error: the folder has rows
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "empty.jsonl").write_text("")
+    write_jsonl(tmp_path / "folder" / "more.jsonl", qrows(2))
+    assert len(load_samples([str(tmp_path / "folder")], cache_dir=cache).dataset) == 2
 
 
 def test_more_processes_than_rows(tmp_path, cache):

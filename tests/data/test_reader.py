@@ -1,7 +1,7 @@
 """The data contract (DESIGN.md, "Contract 1: data rows") as tests of the row reader.
 
 Rows are written to real files in the layouts users copy from ms-swift's docs; media are
-small PNG files made with PIL.
+small PNG files made with PIL, a small MPEG-4 video and a WAV file.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import os
 
 import pytest
-from conftest import write_jsonl
+from conftest import write_jsonl, write_video, write_wav
 from PIL import Image
 
 from mmembed.data import DataError, Item, Sample, iter_raw_rows, parse_row, read_file
@@ -25,8 +25,8 @@ def media(tmp_path):
         Image.new("RGB", (8, 8), color).save(tmp_path / f"{name}.png")
     (tmp_path / "sub").mkdir()
     Image.new("RGB", (8, 8), "white").save(tmp_path / "sub" / "fish.png")
-    (tmp_path / "clip.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42")
-    (tmp_path / "speech.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVE")
+    write_video(tmp_path / "clip.mp4")  # real files: the reader opens each media file's header
+    write_wav(tmp_path / "speech.wav")
     (tmp_path / "broken.png").write_text("this is not an image")
     return tmp_path
 
@@ -624,7 +624,7 @@ BROKEN = {
         "not a JSON object",
     ),
     "csv: bad label": (["query,response,label", "a,b,0.5", "c,d,very", "e,f,1"], "d.csv", 3, "label", "number"),
-    "csv: broken list cell": (["query,response,images", 'a,b,"[""x.png"""'], "d.csv", 2, "images", "does not parse"),
+    "csv: broken list cell": (["query,response,images", 'a,b,"[""x.png"""'], "d.csv", 2, "images", "not valid JSON"),
     "csv: too many cells": (["query,response", "a,b,c"], "d.csv", 2, None, "3 cells"),
 }
 

@@ -1,6 +1,8 @@
 """A non-finite loss or gradient stops the run at the first bad step, whatever caused it (a tiny
-temperature, a huge learning rate, a bad label), with one line naming the step and the last
-whole checkpoint, exit code 1, and no checkpoint saved after it; on 2 processes both stop."""
+temperature, a huge learning rate, a huge teacher embedding in the data), with one line naming
+the step and the last whole checkpoint, exit code 1, and no checkpoint saved after it; on 2
+processes both stop. (A label out of its loss's range never gets this far: it is refused when
+the data is read, tests/data/test_bad_data.py.)"""
 
 import json
 import os
@@ -8,8 +10,9 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
-from conftest import DATA, REPO, stsb_pairs
+from conftest import REPO, stsb_pairs
 from forked_cli import run_cli
 
 from mmembed.training.charts import CHARTS_DIR
@@ -23,11 +26,15 @@ def data(tmp_path_factory):
     # each query's own text as a hard negative: at a tiny temperature the logits are ~1e30 apart
     groups = [{"query": p["query"], "response": p["response"], "rejected_response": [pairs[(i + 3) % 16]["response"], p["query"]]}
               for i, p in enumerate(pairs[:8])]
-    with open(os.path.join(DATA, "stsb_train_scored.jsonl"), encoding="utf-8") as f:
-        scored = [json.loads(line) for line in f][:8]
-    scored[5]["label"] = 1e30  # finite in float32, its squared error is not
+    # distillation from the data's teacher embeddings (all-MiniLM's width), one of them huge:
+    # finite in float32, its squared distance is not
+    rng = np.random.default_rng(0)
+    teacher = [{"query": p["query"], "response": p["response"],
+                "teacher_embeddings": (v / np.linalg.norm(v, axis=1, keepdims=True)).round(4).tolist()}
+               for p, v in zip(pairs[:8], rng.normal(size=(8, 2, 384)))]
+    teacher[5]["teacher_embeddings"][0][0] = 1e30
     files = {}
-    for name, rows in (("groups", groups), ("scored", scored)):
+    for name, rows in (("groups", groups), ("teacher", teacher)):
         files[name] = d / f"{name}.jsonl"
         files[name].write_text("".join(json.dumps(r) + "\n" for r in rows))
     return d, files
@@ -50,7 +57,7 @@ def _error_line(stderr):
 CASES = [
     ("temperature", "groups", (), {"INFONCE_TEMPERATURE": "1e-30"}, 1, "gradient norm is inf"),
     ("learning_rate", "groups", ("--learning_rate", "1e30"), {}, 2, "loss is nan"),
-    ("data", "scored", ("--loss_type", "cosine_similarity"), {}, None, "loss is inf"),  # the step of the bad row's batch
+    ("data", "teacher", ("--loss_type", "distill_mse"), {}, None, "loss is inf"),  # the step of the bad row's batch
 ]
 
 
@@ -70,11 +77,11 @@ def test_the_first_non_finite_step_stops_the_run(minilm_path, data, tmp_path, ca
 
 
 def test_two_processes_stop_together(minilm_path, data, tmp_path):
-    """The bad label sits in one process's share of the batch; both stop at the same step
-    (neither waits for a peer that has left), and both name the same checkpoint."""
+    """The bad teacher embedding sits in one process's share of the batch; both stop at the
+    same step (neither waits for a peer that has left), and both name the same checkpoint."""
     d, files = data
     out = tmp_path / "run"
-    argv = _args(minilm_path, files["scored"], out, "--loss_type", "cosine_similarity", "--per_device_train_batch_size", "1")
+    argv = _args(minilm_path, files["teacher"], out, "--loss_type", "distill_mse", "--per_device_train_batch_size", "1")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            "-m", "mmembed.tools.cli", *argv], env=env, capture_output=True, text=True, cwd=REPO, timeout=600)
