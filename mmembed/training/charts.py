@@ -56,11 +56,15 @@ def chart_series(log_history: Sequence[dict[str, Any]]) -> dict[str, tuple[list[
     return series
 
 
-def _figure(width: float = 6.4, height: float = 4.0):
+def _figure(width: float = 6.4, height: float = 4.0, margins: dict[str, float] | None = None):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), layout="constrained")
+    # constrained layout for panels with legends; line charts use fixed margins (half the
+    # drawing time: they are redrawn at every save)
+    fig = Figure(figsize=(width, height), layout="constrained" if margins is None else None)
+    if margins is not None:
+        fig.subplots_adjust(**margins)
     FigureCanvasAgg(fig)
     return fig
 
@@ -69,7 +73,7 @@ def plot_series(name: str, steps: Sequence[int], values: Sequence[float]):
     """A matplotlib ``Figure``: ``values`` over ``steps`` (its one line holds exactly them)."""
     from matplotlib.ticker import MaxNLocator
 
-    fig = _figure()
+    fig = _figure(margins={"left": 0.13, "right": 0.97, "bottom": 0.12, "top": 0.9})
     ax = fig.subplots()
     ax.plot(steps, values, marker="o" if len(steps) <= 30 else None, markersize=3, linewidth=1.5)
     ax.set_xlabel("step")
@@ -82,15 +86,23 @@ def plot_series(name: str, steps: Sequence[int], values: Sequence[float]):
     return fig
 
 
-def draw_series(log_history: Sequence[dict[str, Any]], folder: str) -> list[str]:
-    """One PNG per series of ``log_history`` in ``folder``; returns the paths written."""
+def draw_series(log_history: Sequence[dict[str, Any]], folder: str,
+                drawn: dict[str, tuple[list[int], list[float]]] | None = None) -> list[str]:
+    """One PNG per series of ``log_history`` in ``folder``; returns the paths of all of them.
+
+    ``drawn``: the series as last drawn into ``folder``, updated here; a chart whose series
+    has not changed since and whose file is there is not drawn again (the end of training
+    usually follows a save at the same step)."""
     os.makedirs(folder, exist_ok=True)
-    written = []
-    for name, (steps, values) in chart_series(log_history).items():
+    paths = []
+    for name, series in chart_series(log_history).items():
         path = os.path.join(folder, f"{name}.png")
-        plot_series(name, steps, values).savefig(path, dpi=100)
-        written.append(path)
-    return written
+        if drawn is None or drawn.get(name) != series or not os.path.isfile(path):
+            plot_series(name, *series).savefig(path, dpi=100)
+            if drawn is not None:
+                drawn[name] = series
+        paths.append(path)
+    return paths
 
 
 Similarities = dict[str, np.ndarray]  # kind ("positive", "hard negative", ...) -> cosines
@@ -212,6 +224,7 @@ class TrainingCharts(TrainerCallback):
     def __init__(self, similarities: Callable[[], Similarities | None] | None = None):
         self.similarities = similarities
         self.before: Similarities | None = None
+        self.drawn: dict[str, tuple[list[int], list[float]]] = {}  # series -> as last drawn
 
     def _measure(self) -> Similarities | None:
         """``similarities()`` with every random generator as it found it: a DataLoader draws
@@ -235,14 +248,14 @@ class TrainingCharts(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            draw_series(state.log_history, self.folder(args))
+            draw_series(state.log_history, self.folder(args), self.drawn)
 
     def on_train_end(self, args, state, control, **kwargs):
         after = self._measure() if self.before is not None else None
         if not state.is_world_process_zero:
             return
         folder = self.folder(args)
-        written = draw_series(state.log_history, folder)
+        written = draw_series(state.log_history, folder, self.drawn)
         if self.before is not None:
             path = os.path.join(folder, HISTOGRAM_FILE)
             plot_histogram(self.before, after, f"after training (step {state.global_step})").savefig(path, dpi=100)

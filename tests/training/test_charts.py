@@ -130,6 +130,29 @@ def test_chart_series_leaves_out_the_run_summary(tmp_path):
     assert draw_series(log, str(tmp_path)) == [str(tmp_path / f"{n}.png") for n in chart_series(log)]
 
 
+def test_a_chart_is_redrawn_only_when_its_series_changed(tmp_path, monkeypatch):
+    """The end of training usually follows a save at the same step: charts already drawn
+    with the same points are not drawn again, changed or missing ones are."""
+    from mmembed.training import charts
+
+    drawn_names = []
+    real = charts.plot_series
+    monkeypatch.setattr(charts, "plot_series", lambda name, *a: drawn_names.append(name) or real(name, *a))
+    log = [{"loss": 1.5, "grad_norm": 2.0, "step": 1}]
+    drawn: dict = {}
+    draw_series(log, str(tmp_path), drawn)
+    assert sorted(drawn_names) == ["grad_norm", "train_loss"]
+    drawn_names.clear()
+    assert draw_series(log, str(tmp_path), drawn) == [str(tmp_path / "train_loss.png"), str(tmp_path / "grad_norm.png")]
+    assert drawn_names == []
+    log.append({"loss": 1.2, "step": 2})
+    os.remove(tmp_path / "grad_norm.png")
+    draw_series(log, str(tmp_path), drawn)
+    assert sorted(drawn_names) == ["grad_norm", "train_loss"]  # one changed, one missing
+    with Image.open(tmp_path / "grad_norm.png") as im:
+        assert im.format == "PNG"
+
+
 def _cosine(emb, i, j):
     return float(emb[i] @ emb[j] / np.linalg.norm(emb[i]) / np.linalg.norm(emb[j]))
 
