@@ -169,10 +169,11 @@ class SftArguments(TrainingArguments):
             raise UsageError("--model is required (a local model folder)")
         if self.tuner_type and self.train_type and self.tuner_type != self.train_type:
             raise UsageError(f"--tuner_type {self.tuner_type} and --train_type {self.train_type} disagree")
+        flag = "--tuner_type" if self.tuner_type or not self.train_type else "--train_type"
         self.tuner_type = self.tuner_type or self.train_type or "lora"
         self.train_type = self.tuner_type
         if self.tuner_type not in TUNER_TYPES:
-            raise UsageError(f"--tuner_type must be one of {TUNER_TYPES}, got {self.tuner_type!r}")
+            raise UsageError(f"{flag} must be one of {', '.join(TUNER_TYPES)}, got {self.tuner_type!r}")
         _check_values(self)
         _check_names(self)
         _check_loss_args(self)
@@ -324,7 +325,7 @@ def _check_swift_flags(args: "SftArguments") -> None:
     if len(args.adapters) > 1:
         raise UsageError(f"--adapters takes one adapter to train on, got {len(args.adapters)}")
     if args.resume_only_model and not args.resume_from_checkpoint:
-        raise UsageError("--resume_only_model needs --resume_from_checkpoint (the checkpoint whose weights to load)")
+        raise UsageError("--resume_only_model true needs --resume_from_checkpoint (the checkpoint whose weights to load)")
     init = args.init_weights.lower()
     if init not in LORA_INITS and not re.fullmatch(r"pissa_niter_\d+", init):
         raise UsageError(f"--init_weights must be one of {', '.join(LORA_INITS)} or pissa_niter_N, "

@@ -12,6 +12,7 @@ from typing import Any
 from torch import nn
 
 from ..data import EmbeddingDataset, SpecError, load_samples
+from ..data.dataset import parse_spec
 from ..data.sample import DataError, Sample
 from ..data.teacher import SIGNALS, TeacherFiles, teacher_signal
 from ..encoding.collator import EmbeddingCollator, token_lengths
@@ -546,7 +547,16 @@ def check_settings(args: SftArguments) -> None:
     were checked when they were parsed): the model folders, the template and ``--max_length``
     against the model's config, the variables, and the loss with its options and side flags."""
     check_model_flags(args)
-    for flag, path, exists in (("--eval_sts", args.eval_sts, os.path.isfile), ("--eval_beir", args.eval_beir, os.path.isdir)):
+    for flag in ("dataset", "val_dataset"):
+        for spec in getattr(args, flag):
+            try:
+                parse_spec(spec)  # a path that is not there, a hub id, a bad #N: the user's data (exit status 1)
+            except SpecError as e:
+                raise SpecError(f"--{flag}: {e}") from None
+    files = [("--eval_sts", args.eval_sts, os.path.isfile), ("--eval_beir", args.eval_beir, os.path.isdir)]
+    files += [(f"--{flag}", path, os.path.isfile) for flag in ("teacher_scores_file", "teacher_embeddings_file")
+              for path in getattr(args, flag)]
+    for flag, path, exists in files:
         if path and not exists(path):  # the user's data, as a --dataset that is not there (exit status 1)
             raise SpecError(f"{flag} {path}: no such {'file' if exists is os.path.isfile else 'folder'}")
     check_environment()
@@ -557,7 +567,13 @@ def check_settings(args: SftArguments) -> None:
             and args.max_length > limit:
         raise UsageError(f"--max_length must be at most {limit} for this model (its position embeddings), "
                          f"got {args.max_length}")
-    check_side_flags(args, make_loss(args).side)
+    loss = make_loss(args)
+    check_side_flags(args, loss.side)
+    if hasattr(loss, "check_dims"):  # Matryoshka's widths against the model's, known from its config
+        try:
+            loss.check_dims(hidden_size(config))
+        except ValueError as e:
+            raise UsageError(f"--mrl_dims {args.mrl_dims!r}: {e}") from None
     check_lora_targets(args, template)
 
 

@@ -228,5 +228,5 @@ def test_resume_only_model_loads_weights_and_starts_afresh(minilm_path, tmp_path
     assert (w1[key] - base[key]).abs().max() > 1e-5  # the first run moved the weights
     for k in w1:
         torch.testing.assert_close(w2[k], w1[k])
-    with pytest.raises(ValueError, match="--resume_only_model needs --resume_from_checkpoint"):
+    with pytest.raises(ValueError, match="--resume_only_model true needs --resume_from_checkpoint"):
         parse_sft_args(BASE + ["--resume_only_model", "true"])
