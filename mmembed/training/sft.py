@@ -545,20 +545,9 @@ def check_settings(args: SftArguments) -> None:
     """What of the flags and environment can be checked without the model's weights, as usage
     errors before anything loads and before ``--output_dir`` is touched (the flags' own values
     were checked when they were parsed): the model folders, the template and ``--max_length``
-    against the model's config, the variables, and the loss with its options and side flags."""
+    against the model's config, the variables, the loss with its options and side flags, and
+    last that the data files the flags name are there (the user's data: exit status 1)."""
     check_model_flags(args)
-    for flag in ("dataset", "val_dataset"):
-        for spec in getattr(args, flag):
-            try:
-                parse_spec(spec)  # a path that is not there, a hub id, a bad #N: the user's data (exit status 1)
-            except SpecError as e:
-                raise SpecError(f"--{flag}: {e}") from None
-    files = [("--eval_sts", args.eval_sts, os.path.isfile), ("--eval_beir", args.eval_beir, os.path.isdir)]
-    files += [(f"--{flag}", path, os.path.isfile) for flag in ("teacher_scores_file", "teacher_embeddings_file")
-              for path in getattr(args, flag)]
-    for flag, path, exists in files:
-        if path and not exists(path):  # the user's data, as a --dataset that is not there (exit status 1)
-            raise SpecError(f"{flag} {path}: no such {'file' if exists is os.path.isfile else 'folder'}")
     check_environment()
     template = resolve_template(args.model, args.template, args.model_type, args.system)
     config = read_model_config(args.model)
@@ -575,6 +564,19 @@ def check_settings(args: SftArguments) -> None:
         except ValueError as e:
             raise UsageError(f"--mrl_dims {args.mrl_dims!r}: {e}") from None
     check_lora_targets(args, template)
+    # the data paths last: a flag that does not fit the loss says more than a file that is not there
+    for flag in ("dataset", "val_dataset"):
+        for spec in getattr(args, flag):
+            try:
+                parse_spec(spec)  # a path that is not there, a hub id, a bad #N: the user's data (exit status 1)
+            except SpecError as e:
+                raise SpecError(f"--{flag}: {e}") from None
+    files = [("--eval_sts", args.eval_sts, os.path.isfile), ("--eval_beir", args.eval_beir, os.path.isdir)]
+    files += [(f"--{flag}", path, os.path.isfile) for flag in ("teacher_scores_file", "teacher_embeddings_file")
+              for path in getattr(args, flag)]
+    for flag, path, exists in files:
+        if path and not exists(path):  # the user's data, as a --dataset that is not there (exit status 1)
+            raise SpecError(f"{flag} {path}: no such {'file' if exists is os.path.isfile else 'folder'}")
 
 
 def _lora_flags(args: SftArguments) -> str:
