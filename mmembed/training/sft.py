@@ -595,9 +595,12 @@ def check_lora_targets(args: SftArguments, template: Template) -> None:
 
     import torch
     from transformers import AutoModel
+    from transformers.integrations import is_deepspeed_zero3_enabled
 
     default = list(args.target_modules) == ["all-linear"] and not args.modules_to_save and not args.target_regex
     if args.tuner_type != "lora" or args.adapters or (default and not template.parts):
+        return
+    if is_deepspeed_zero3_enabled():  # transformers would build the copy under zero.Init; PEFT checks after the load
         return
     try:
         with torch.device("meta"):
