@@ -109,6 +109,15 @@ def check_model_flags(a, *flags: str) -> None:
         raise UsageError(f"--batch_size must be an integer >= 1, got {batch_size}")
 
 
+def check_input_files(*flags_and_paths: tuple[str, str | None]) -> None:
+    """The data files a command reads, there before its model loads (the user's data: exit status 1)."""
+    from ..data import SpecError
+
+    for flag, path in flags_and_paths:
+        if path is not None and not os.path.isfile(path):
+            raise SpecError(f"{flag} {path}: no such file")
+
+
 def cmd_embed(argv: list[str]) -> int:
     p = ArgumentParser(prog="mmembed embed", allow_abbrev=False)
     p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder")
@@ -122,6 +131,7 @@ def cmd_embed(argv: list[str]) -> int:
                         "--teacher_embeddings_file / --teacher_scores_file")
     a = p.parse_args(argv)
     check_model_flags(a, "--model")
+    check_input_files(("--input", a.input))
     import numpy as np
 
     from ..files import replaced_when_done
@@ -192,6 +202,7 @@ def cmd_eval(argv: list[str]) -> int:
     if not a.sts and not a.beir:
         raise UsageError("pass --sts FILE and/or --beir FOLDER (neither was given)")
     check_model_flags(a, "--model")
+    check_input_files(("--sts", a.sts))
     from ..data import SpecError
     from ..eval.beir import evaluate_beir, load_beir
     from ..model.embedder import Embedder
@@ -256,6 +267,7 @@ def cmd_mine(argv: list[str]) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     check_model_flags(a, "--model", "--guide_model")
+    check_input_files(("--dataset", a.dataset), ("--corpus", a.corpus))
     stats = mine_file(a.dataset, a.output, model=a.model, guide_model=a.guide_model, corpus=a.corpus,
                       config=config, torch_dtype=a.torch_dtype)
     print(stats.summary())
