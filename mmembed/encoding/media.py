@@ -90,16 +90,19 @@ _IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", "
 # ----------------------------------------------------------------------------- budget
 
 
-def _env_number(environ: Mapping[str, str], name: str, kind: type) -> Any:
+def _env_number(environ: Mapping[str, str], name: str, kind: type, positive: bool = False) -> Any:
+    """The variable as a number of ``kind``, None when unset; a ValueError naming it and its
+    value unless it is a finite number ``>= 0`` (``> 0`` when ``positive``)."""
     value = environ.get(name)
     if value is None or not value.strip():
         return None
+    allowed = "a number > 0" if positive else "a number >= 0"
     try:
         number = kind(float(value)) if kind is int else kind(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not a number") from None
-    if number < 0 or (kind is float and not math.isfinite(number)):
-        raise ValueError(f"environment variable {name}={value!r} must be a non-negative number")
+    except (ValueError, OverflowError):  # int(float("inf")) overflows
+        raise ValueError(f"environment variable {name}={value!r} is not a number; use {allowed}") from None
+    if number < 0 or (positive and number == 0) or (kind is float and not math.isfinite(number)):
+        raise ValueError(f"environment variable {name}={value!r} must be {allowed}")
     return number
 
 
@@ -129,9 +132,12 @@ class MediaBudget:
                 f"expected one of {', '.join(VIDEO_READERS)}"
             )
         if not self.fps > 0:
-            raise ValueError(f"FPS must be positive, got {self.fps}")
+            raise ValueError(f"FPS must be a number > 0, got {self.fps}")
         if self.fps_max_frames < qvu.FRAME_FACTOR:
             raise ValueError(f"FPS_MAX_FRAMES must be at least {qvu.FRAME_FACTOR}, got {self.fps_max_frames}")
+        if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
+            raise ValueError(f"MIN_PIXELS={self.min_pixels} is above MAX_PIXELS={self.max_pixels}; "
+                             "set MIN_PIXELS below MAX_PIXELS")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> MediaBudget:
@@ -140,15 +146,18 @@ class MediaBudget:
         reader = (env.get("FORCE_QWENVL_VIDEO_READER") or "").strip().lower() or None
         if reader in ("av", "torchvision"):  # torchvision's reader is PyAV underneath
             reader = "pyav"
-        fps = _env_number(env, "FPS", float)
+        fps = _env_number(env, "FPS", float, positive=True)
         min_frames = _env_number(env, "FPS_MIN_FRAMES", int)
         max_frames = _env_number(env, "FPS_MAX_FRAMES", int)
+        if min_frames is not None and max_frames is not None and min_frames > max_frames:
+            raise ValueError(f"FPS_MIN_FRAMES={min_frames} is above FPS_MAX_FRAMES={max_frames}; the minimum must not "
+                             "exceed the maximum")
         return cls(
-            max_pixels=_env_number(env, "MAX_PIXELS", int),
+            max_pixels=_env_number(env, "MAX_PIXELS", int, positive=True),
             min_pixels=_env_number(env, "MIN_PIXELS", int),
-            video_max_pixels=_env_number(env, "VIDEO_MAX_PIXELS", int),
+            video_max_pixels=_env_number(env, "VIDEO_MAX_PIXELS", int, positive=True),
             video_min_pixels=_env_number(env, "VIDEO_MIN_PIXELS", int),
-            video_total_pixels=_env_number(env, "VIDEO_TOTAL_PIXELS", int),
+            video_total_pixels=_env_number(env, "VIDEO_TOTAL_PIXELS", int, positive=True),
             fps=qvu.FPS if fps is None else fps,
             fps_min_frames=qvu.FPS_MIN_FRAMES if min_frames is None else min_frames,
             fps_max_frames=qvu.FPS_MAX_FRAMES if max_frames is None else max_frames,

@@ -210,7 +210,8 @@ def get_template(name: str | None = None, model_type: str | None = None, config_
     templates = builtin_templates()
     if name:
         if name not in templates:
-            raise ValueError(f"unknown template '{name}'; available: {', '.join(sorted(templates))}")
+            raise ValueError(f"unknown template '{name}' (--template); available: {', '.join(sorted(templates))}, "
+                             "or a .toml file of your own")
         return templates[name]
     for key in (model_type, config_model_type):
         if not key:
@@ -219,7 +220,8 @@ def get_template(name: str | None = None, model_type: str | None = None, config_
             if key in t.model_types or key == t.name:
                 return t
         if key is model_type:
-            raise ValueError(f"unknown --model_type '{model_type}'; known: {', '.join(sorted(m for t in templates.values() for m in t.model_types))}")
+            known = sorted(m for t in templates.values() for m in t.model_types)
+            raise ValueError(f"unknown --model_type '{model_type}'; known: {', '.join(known)} (or pass --template)")
     raise ValueError(
         f"cannot pick a template for model type '{config_model_type}'; pass --template (one of {', '.join(sorted(templates))})"
     )

@@ -28,6 +28,7 @@ themselves, so the public call ``loss({"last_hidden_state": emb}, labels)`` keep
 from __future__ import annotations
 
 import enum
+import inspect
 import math
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
@@ -273,6 +274,25 @@ class EmbeddingLoss(nn.Module):
     def build(cls, **options: Any) -> EmbeddingLoss:
         """Build from ``build_loss`` options (by default the constructor's arguments)."""
         return cls(**options)
+
+    @classmethod
+    def option_names(cls) -> frozenset[str] | None:
+        """The ``build_loss`` options (``--loss_kwargs`` keys) this loss takes, so that an
+        unknown key is refused by name before anything loads. Read from the signatures: the
+        named parameters of :meth:`build`, and when it passes ``**options`` on, those of the
+        constructor. None when the keys cannot be known (a constructor taking ``**kwargs``);
+        such a loss checks its own."""
+        names: set[str] = set()
+        for method in (cls.build, cls.__init__):
+            if method is cls.__init__ and method is nn.Module.__init__:
+                return frozenset(names)  # no constructor of its own: no options
+            params = list(inspect.signature(method).parameters.values())
+            if method is cls.__init__:
+                params = params[1:]  # self
+            names.update(p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+            if not any(p.kind is p.VAR_KEYWORD for p in params):
+                return frozenset(names)
+        return None
 
     def targets(self, labels: Tensor, n_rows: int) -> Tensor | Groups:
         """The batch's labels as the loss takes them: :class:`Groups` for the group layout

@@ -40,6 +40,13 @@ ENV_VARS: dict[str, str] = {
     "include_dd": "INFONCE_INCLUDE_DD",
 }
 
+# what each variable allows, for the message when a value does not parse
+ALLOWED: dict[str, str] = {
+    "temperature": "a number > 0 (default 0.1)",
+    "hard_negatives": "an integer >= 1, or unset to use every negative",
+    "fake_neg_margin": "a finite number (default 0.1)",
+}
+
 _TRUE = {"true", "1"}
 _FALSE = {"false", "0"}
 
@@ -124,7 +131,7 @@ class InfoNCEConfig:
             raw = env.get(var)
             if raw is None or raw.strip() == "":
                 continue
-            value = _parse(var, raw.strip(), f.default)
+            value = _parse(var, raw.strip(), f.default, ALLOWED.get(f.name, ""))
             try:
                 cls(**{f.name: value})  # range checks, reported against the variable
             except ValueError as exc:
@@ -133,7 +140,7 @@ class InfoNCEConfig:
         return cls(**values)
 
 
-def _parse(var: str, raw: str, default: Any) -> Any:
+def _parse(var: str, raw: str, default: Any, allowed: str) -> Any:
     """Parse one variable's text into the type of its field's default."""
     if isinstance(default, bool):
         low = raw.lower()
@@ -146,11 +153,11 @@ def _parse(var: str, raw: str, default: Any) -> Any:
         try:
             return int(raw)
         except ValueError:
-            raise ValueError(f"{var}={raw!r} is not an integer") from None
+            raise ValueError(f"{var}={raw!r} is not an integer; use {allowed}") from None
     try:
         return float(raw)
     except ValueError:
-        raise ValueError(f"{var}={raw!r} is not a number") from None
+        raise ValueError(f"{var}={raw!r} is not a number; use {allowed}") from None
 
 
 def env_temperature(default: float, environ: Mapping[str, str] | None = None) -> float:

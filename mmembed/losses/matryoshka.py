@@ -132,6 +132,11 @@ class MatryoshkaLoss(EmbeddingLoss):
             raise ValueError(f"options {sorted(inner_options)} are for an inner loss given by name, not a module")
         return cls(inner, dims)
 
+    @classmethod
+    def option_names(cls) -> None:
+        """``dims`` and ``inner``, and the inner loss's options, which its own build checks."""
+        return None
+
     def extra_repr(self) -> str:
         return f"dims={self.dims}"
 

@@ -118,6 +118,11 @@ def build_loss(name: str, **options: Any) -> nn.Module:
             loss = loss_fn({"last_hidden_state": embeddings}, labels)
     """
     cls = loss_class(name)
+    accepted = cls.option_names()
+    unknown = sorted(set(options) - accepted) if accepted is not None else []
+    if unknown:
+        raise ValueError(f"loss {name!r} takes no option {', '.join(map(repr, unknown))}; its options: "
+                         f"{', '.join(sorted(accepted)) or 'none'}")
     try:
         return cls.build(**options)
     except TypeError as exc:  # an option the constructor does not take

@@ -5,12 +5,13 @@ Flags follow ms-swift's spelling; ``mmembed COMMAND --help`` lists them.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import subprocess
 import sys
+
+from ..errors import ArgumentParser, UsageError, one_line, take_debug
 
 USAGE = """usage: mmembed COMMAND [flags]
 
@@ -30,18 +31,33 @@ def _setup_logging() -> None:
     logging.getLogger("mmembed").setLevel(level)
 
 
+def _env_int(name: str, default: int, low: int, high: int | None = None) -> int:
+    """An integer launch variable in ``[low, high]``, or a UsageError naming it."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value < low or (high is not None and value > high):
+        allowed = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
+        raise UsageError(f"{name}={raw!r} must be {allowed}")
+    return value
+
+
 def _maybe_relaunch(argv: list[str]) -> int | None:
     """ms-swift's launch habit: NPROC_PER_NODE (with NNODES, NODE_RANK, MASTER_ADDR,
     MASTER_PORT) re-runs the command under torchrun, once per process."""
-    nproc = int(os.environ.get("NPROC_PER_NODE", "1"))
-    nnodes = int(os.environ.get("NNODES", "1"))
+    nproc = _env_int("NPROC_PER_NODE", 1, 1)
+    nnodes = _env_int("NNODES", 1, 1)
     if (nproc <= 1 and nnodes <= 1) or "LOCAL_RANK" in os.environ:
         return None
+    node_rank = _env_int("NODE_RANK", 0, 0, nnodes - 1)
+    port = _env_int("MASTER_PORT", 29500, 1, 65535)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--nnodes={nnodes}",
-           f"--node_rank={os.environ.get('NODE_RANK', '0')}",
-           f"--master_addr={os.environ.get('MASTER_ADDR', '127.0.0.1')}",
-           f"--master_port={os.environ.get('MASTER_PORT', '29500')}",
-           "-m", "mmembed.tools.cli", *argv]
+           f"--node_rank={node_rank}", f"--master_addr={os.environ.get('MASTER_ADDR', '127.0.0.1')}",
+           f"--master_port={port}", "-m", "mmembed.tools.cli", *argv]
     return subprocess.call(cmd)
 
 
@@ -51,29 +67,9 @@ def cmd_sft(argv: list[str]) -> int:
         return code
     from ..training.arguments import parse_sft_args
     from ..training.sft import run_sft
-    from ..training.swift_flags import RefusedFlag
 
-    try:
-        args = parse_sft_args(argv)
-    except RefusedFlag as e:  # a usage error, as argparse reports one (exit status 2)
-        print(f"mmembed sft: error: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:  # our own argument checks
-        raise SystemExit(f"mmembed sft: {e}")
-    from ..data import DataError, SpecError
-    from ..files import WriteError
-    from ..training.arguments import UsageError
-    from ..training.checkpoints import IncompleteCheckpointError
-    from ..training.trainer import NonFiniteLossError
-
-    try:
-        metrics = run_sft(args)
-    except UsageError as e:  # flags that cannot work together (or with --output_dir's contents)
-        print(f"mmembed sft: error: {e}", file=sys.stderr)
-        return 2
-    except (DataError, SpecError, FileNotFoundError, NonFiniteLossError, IncompleteCheckpointError, WriteError) as e:
-        print(f"mmembed sft: error: {e}", file=sys.stderr)  # the user's input or disk, not a bug
-        return 1
+    args = parse_sft_args(argv)  # every flag checked: a UsageError names the bad one
+    metrics = run_sft(args)  # the settings that need the model's folder, checked before it loads
     if args.should_save:
         print(json.dumps(metrics, indent=2, default=str))
     _close_process_group()
@@ -92,8 +88,38 @@ def _close_process_group() -> None:
         dist.destroy_process_group()
 
 
+def check_model_flags(a, *flags: str) -> None:
+    """The flags every embedding command shares, checked before a model loads: the model
+    folders named by ``flags`` (when given), ``--batch_size``, ``--torch_dtype`` and the
+    media variables (``MAX_PIXELS``, ``FPS``, ...)."""
+    from ..encoding.media import MediaBudget
+    from ..model.embedding import check_model_folder, check_torch_dtype
+
+    try:
+        for flag in flags:
+            path = getattr(a, flag.lstrip("-"))
+            if path is not None:
+                check_model_folder(path, flag)
+        check_torch_dtype(a.torch_dtype)
+        MediaBudget.from_env()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    batch_size = getattr(a, "batch_size", None)
+    if batch_size is not None and batch_size < 1:
+        raise UsageError(f"--batch_size must be an integer >= 1, got {batch_size}")
+
+
+def check_input_files(*flags_and_paths: tuple[str, str | None]) -> None:
+    """The data files a command reads, there before its model loads (the user's data: exit status 1)."""
+    from ..data import SpecError
+
+    for flag, path in flags_and_paths:
+        if path is not None and not os.path.isfile(path):
+            raise SpecError(f"{flag} {path}: no such file")
+
+
 def cmd_embed(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="mmembed embed", allow_abbrev=False)
+    p = ArgumentParser(prog="mmembed embed", allow_abbrev=False)
     p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder")
     p.add_argument("--input", required=True, help=".txt (one text per line) or .jsonl/.json/.csv rows with query/text (+ images/videos/audios) or messages")
     p.add_argument("--output", required=True, help="where to write the [n, D] float32 .npy")
@@ -106,6 +132,8 @@ def cmd_embed(argv: list[str]) -> int:
     p.add_argument("--offline", type=_bool, nargs="?", const=True, default=False,
                    help="fetch no http(s) media (as MMEMBED_OFFLINE=1): a URL not in the media cache is an error")
     a = p.parse_args(argv)
+    check_model_flags(a, "--model")
+    check_input_files(("--input", a.input))
     if a.offline:
         os.environ["MMEMBED_OFFLINE"] = "1"
     import numpy as np
@@ -142,11 +170,20 @@ def _bool(s: str) -> bool:
 
 
 def cmd_export(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="mmembed export", allow_abbrev=False)
+    p = ArgumentParser(prog="mmembed export", allow_abbrev=False)
     p.add_argument("--adapters", "--ckpt_dir", dest="adapters", required=True, help="checkpoint folder")
     p.add_argument("--merge_lora", type=_bool, default=True)
     p.add_argument("--output_dir", default=None, help="default: CHECKPOINT-merged")
     a = p.parse_args(argv)
+    if not a.merge_lora:
+        raise UsageError("--merge_lora false: mmembed export writes a merged folder; pass --merge_lora true "
+                         "(a checkpoint already is the adapter)")
+    from ..model.embedding import check_model_folder
+
+    try:
+        check_model_folder(a.adapters, "--adapters")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     from .export import export_checkpoint
 
     out = export_checkpoint(a.adapters, a.output_dir, a.merge_lora)
@@ -155,7 +192,7 @@ def cmd_export(argv: list[str]) -> int:
 
 
 def cmd_eval(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="mmembed eval", allow_abbrev=False)
+    p = ArgumentParser(prog="mmembed eval", allow_abbrev=False)
     p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder")
     p.add_argument("--sts", help="scored pairs (rows with query, response, label in [0, 1] or 0-5)")
     p.add_argument("--beir", help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv")
@@ -167,7 +204,10 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--torch_dtype", default=None)
     a = p.parse_args(argv)
     if not a.sts and not a.beir:
-        raise SystemExit("mmembed eval: pass --sts FILE and/or --beir FOLDER")
+        raise UsageError("pass --sts FILE and/or --beir FOLDER (neither was given)")
+    check_model_flags(a, "--model")
+    check_input_files(("--sts", a.sts))
+    from ..data import SpecError
     from ..eval.beir import evaluate_beir, load_beir
     from ..model.embedder import Embedder
 
@@ -176,7 +216,7 @@ def cmd_eval(argv: list[str]) -> int:
         try:
             beir = load_beir(a.beir, a.split)
         except ValueError as e:
-            raise SystemExit(f"mmembed eval: {e}")
+            raise SpecError(str(e)) from None  # the user's data: exit status 1
     embedder = Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype)
     results: dict[str, dict] = {}
     if a.sts:
@@ -200,8 +240,8 @@ def cmd_eval(argv: list[str]) -> int:
 
 
 def cmd_mine(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="mmembed mine", allow_abbrev=False,
-                                description="Add hard negatives to a data file (see mmembed/mining.py for the rules).")
+    p = ArgumentParser(prog="mmembed mine", allow_abbrev=False,
+                       description="Add hard negatives to a data file (see mmembed/mining.py for the rules).")
     p.add_argument("--dataset", "--input", dest="dataset", required=True, help="rows in either ms-swift form")
     p.add_argument("--output", required=True, help=".jsonl or .json to write (rows in the form they were read)")
     p.add_argument("--model", default=None, help="dense mining with this model (default: BM25)")
@@ -229,7 +269,9 @@ def cmd_mine(argv: list[str]) -> int:
         config.validate()
         check_output_path(a.output)
     except ValueError as e:
-        raise SystemExit(f"mmembed mine: {e}")
+        raise UsageError(str(e)) from None
+    check_model_flags(a, "--model", "--guide_model")
+    check_input_files(("--dataset", a.dataset), ("--corpus", a.corpus))
     stats = mine_file(a.dataset, a.output, model=a.model, guide_model=a.guide_model, corpus=a.corpus,
                       config=config, torch_dtype=a.torch_dtype)
     print(stats.summary())
@@ -240,12 +282,31 @@ def cmd_mine(argv: list[str]) -> int:
 def cmd_serve(argv: list[str]) -> int:
     from .serve import parse_serve_args, serve
 
-    serve(parse_serve_args(argv))
+    config = parse_serve_args(argv)
+    check_model_flags(config, "--model")
+    serve(config)
     return 0
 
 
 COMMANDS = {"sft": cmd_sft, "train": cmd_sft, "embed": cmd_embed, "export": cmd_export, "eval": cmd_eval, "mine": cmd_mine,
             "serve": cmd_serve}
+
+
+def exit_code(error: BaseException) -> int | None:
+    """The exit status an error ends a command with: 2 for a usage error (a flag, option or
+    variable), 1 for the user's data or disk, None for anything else (a bug: its traceback)."""
+    from ..data import DataError, SpecError
+    from ..files import WriteError
+
+    if isinstance(error, UsageError):
+        return 2
+    known = [DataError, SpecError, FileNotFoundError, FileExistsError, WriteError]
+    # training's own, looked up only where training ran (importing them costs the Trainer's imports)
+    for module, name in (("mmembed.training.trainer", "NonFiniteLossError"),
+                         ("mmembed.training.checkpoints", "IncompleteCheckpointError")):
+        if module in sys.modules:
+            known.append(getattr(sys.modules[module], name))
+    return 1 if isinstance(error, tuple(known)) else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,15 +318,22 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"mmembed: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
+    try:
+        rest, debug = take_debug(rest)
+    except UsageError as e:  # a bad MMEMBED_DEBUG
+        print(f"mmembed {command}: error: {e}", file=sys.stderr)
+        return 2
+    if debug:
+        os.environ["MMEMBED_DEBUG"] = "1"  # the processes torchrun starts (NPROC_PER_NODE) show theirs too
     _setup_logging()
-    from ..data import DataError, SpecError
-    from ..files import WriteError
-
     try:
         return COMMANDS[command](rest)
-    except (DataError, SpecError, FileNotFoundError, FileExistsError, WriteError) as e:  # the user's input, not a bug
-        print(f"mmembed {command}: error: {e}", file=sys.stderr)
-        return 1
+    except Exception as e:
+        code = exit_code(e)
+        if code is None or debug:
+            raise
+        print(f"mmembed {command}: error: {one_line(e)}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -112,14 +113,20 @@ class MiningConfig:
     batch_size: int = 64
 
     def validate(self) -> None:
+        """A ValueError naming the flag (``mmembed mine``'s spelling) of the first bad value."""
         if self.num_negatives < 1:
-            raise ValueError(f"num_negatives must be >= 1, got {self.num_negatives}")
+            raise ValueError(f"--num_negatives must be an integer >= 1, got {self.num_negatives}")
         if not 0 <= self.range_min < self.range_max:
-            raise ValueError(f"need 0 <= range_min < range_max, got range_min={self.range_min}, range_max={self.range_max}")
+            raise ValueError(f"--range_min and --range_max need 0 <= range_min < range_max, got --range_min "
+                             f"{self.range_min} --range_max {self.range_max}")
         if self.relative_margin is not None and not 0 <= self.relative_margin < 1:
-            raise ValueError(f"relative_margin must lie in [0, 1), got {self.relative_margin}")
+            raise ValueError(f"--relative_margin must lie in [0, 1), got {self.relative_margin}")
+        for name in ("margin", "guide_margin"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"--{name} must be a finite number, got {value}")
         if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+            raise ValueError(f"--batch_size must be an integer >= 1, got {self.batch_size}")
 
 
 @dataclass
@@ -566,9 +573,9 @@ def _with_negative_groups(raw: dict, sample: Sample, new: list[Item], overwrite:
 def check_output_path(output: str) -> None:
     """``ValueError`` unless ``output`` is a ``.jsonl``/``.json`` file in an existing folder."""
     if not output.endswith((".jsonl", ".json")):
-        raise ValueError(f"output {output!r}: mining writes .jsonl (JSON Lines) or .json (a JSON array)")
+        raise ValueError(f"--output {output!r}: mining writes .jsonl (JSON Lines) or .json (a JSON array)")
     if not os.path.isdir(os.path.dirname(os.path.abspath(output))):
-        raise ValueError(f"output {output!r}: the folder does not exist")
+        raise ValueError(f"--output {output!r}: the folder does not exist")
 
 
 def _write_rows(rows: list[Any], output: str) -> None:

@@ -23,7 +23,6 @@ batch are served.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import logging
@@ -39,6 +38,7 @@ from transformers.hf_argparser import string_to_bool  # true/false as mmembed sf
 
 from ..data.paths import SCHEME_RE
 from ..data.sample import MEDIA_KINDS, DataError, Item, json_type
+from ..errors import ArgumentParser
 from ..model.embedder import Embedder, as_item
 
 log = logging.getLogger("mmembed.serve")
@@ -427,8 +427,8 @@ def serve(config: ServeConfig, embedder: Embedder | None = None) -> None:
 
 
 def parse_serve_args(argv: Sequence[str]) -> ServeConfig:
-    p = argparse.ArgumentParser(prog="mmembed serve", allow_abbrev=False,
-                                description="OpenAI-compatible POST /v1/embeddings with dynamic batching.")
+    p = ArgumentParser(prog="mmembed serve", allow_abbrev=False,
+                       description="OpenAI-compatible POST /v1/embeddings with dynamic batching.")
     p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -447,9 +447,11 @@ def parse_serve_args(argv: Sequence[str]) -> ServeConfig:
     config = ServeConfig(**vars(a))
     for name in ("max_batch_size", "max_inputs", "encode_batch_size"):
         if getattr(config, name) < 1:
-            p.error(f"--{name} must be at least 1")
-    if config.max_wait_ms < 0:
-        p.error("--max_wait_ms must be >= 0")
+            p.error(f"--{name} must be an integer >= 1, got {getattr(config, name)}")
+    if not config.max_wait_ms >= 0 or config.max_wait_ms == float("inf"):
+        p.error(f"--max_wait_ms must be a finite number >= 0, got {config.max_wait_ms}")
+    if not 0 <= config.port <= 65535:
+        p.error(f"--port must be an integer from 0 to 65535, got {config.port}")
     if config.allowed_media_dir is not None and not os.path.isdir(config.allowed_media_dir):
         p.error(f"--allowed_media_dir {config.allowed_media_dir!r} is not a folder")
     return config

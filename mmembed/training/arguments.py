@@ -10,24 +10,72 @@ deleted (``--truncation_strategy delete``).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from importlib.resources import files
 
 from transformers import HfArgumentParser, TrainingArguments
+from transformers.trainer_utils import IntervalStrategy, SchedulerType
+
+from ..errors import UsageError, one_line
+
+__all__ = ["SftArguments", "UsageError", "parse_sft_args"]
 
 TUNER_TYPES = ("lora", "full")
 DEEPSPEED_CONFIGS = ("zero2", "zero2_offload", "zero3", "zero3_offload")
 # transformers >= 5.23 calls gradient checkpointing "activation checkpointing"
 RENAMED_CHECKPOINTING = "activation_checkpointing" in TrainingArguments.__dataclass_fields__
 TRUNCATION_STRATEGIES = ("delete", "left", "right")
+# ms-swift's --attn_impl names (flash_attn: FlashAttention 2) and transformers' own
+ATTN_IMPLS = ("sdpa", "eager", "flash_attn", "flash_attention_2", "flash_attention_3", "flex_attention")
+# PEFT's init_lora_weights besides true/false ("pissa_niter_N" too)
+LORA_INITS = ("true", "false", "gaussian", "eva", "olora", "pissa", "corda", "loftq", "orthogonal")
 
 
-class UsageError(ValueError):
-    """Flags that cannot work together, found once the model is known (e.g. a Matryoshka width
-    above the model's): reported as one line before training starts."""
+def _finite(v) -> bool:
+    return math.isfinite(v)
+
+
+# What each numeric flag allows: (test, the words for it). A flag left unset (None) is not
+# tested; NaN fails every test. Checked before anything is derived from the values (a batch
+# of 0 rows would divide by zero in the default gradient accumulation) or loaded.
+LIMITS: dict[str, tuple] = {
+    "per_device_train_batch_size": (lambda v: v >= 1, "an integer >= 1"),
+    "per_device_eval_batch_size": (lambda v: v >= 1, "an integer >= 1"),
+    "gradient_accumulation_steps": (lambda v: v >= 1, "an integer >= 1"),
+    "eval_accumulation_steps": (lambda v: v >= 1, "an integer >= 1"),
+    "max_steps": (lambda v: v == -1 or v >= 1, "an integer >= 1, or -1 to train --num_train_epochs"),
+    "learning_rate": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "vit_lr": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "aligner_lr": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "weight_decay": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "adam_beta1": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "adam_beta2": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "adam_epsilon": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "max_grad_norm": (lambda v: _finite(v) and v >= 0, "a finite number >= 0 (0: no clipping)"),
+    "warmup_ratio": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "warmup_steps": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "logging_steps": (lambda v: _finite(v) and v > 0, "a number > 0 (below 1: a fraction of the total steps)"),
+    "save_steps": (lambda v: _finite(v) and v > 0, "a number > 0 (below 1: a fraction of the total steps)"),
+    "eval_steps": (lambda v: _finite(v) and v > 0, "a number > 0 (below 1: a fraction of the total steps)"),
+    "save_total_limit": (lambda v: v >= 1, "an integer >= 1 (or leave it out to keep every checkpoint)"),
+    "seed": (lambda v: 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
+    "data_seed": (lambda v: 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
+    "dataloader_num_workers": (lambda v: v >= 0, "an integer >= 0"),
+    "lora_rank": (lambda v: v >= 1, "an integer >= 1"),
+    "lora_alpha": (lambda v: v > 0, "a number > 0"),
+    "lora_dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "max_length": (lambda v: v >= 1, "an integer >= 1 (tokens per input)"),
+    "length_chunks": (lambda v: v >= 1, "an integer >= 1 (1: one padded call)"),
+    "gradcache_mini_batch_size": (lambda v: v >= 0, "an integer >= 0 (0: off)"),
+    "dataset_num_proc": (lambda v: v >= 1, "an integer >= 1"),
+    "split_dataset_ratio": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "max_pixels": (lambda v: v >= 1, "> 0 (pixels per image)"),
+}
 
 
 @dataclass
@@ -117,35 +165,28 @@ class SftArguments(TrainingArguments):
 
     def __post_init__(self):
         if self.task_type != "embedding":
-            raise ValueError(f"--task_type {self.task_type!r}: mmembed trains embedding models only (--task_type embedding)")
+            raise UsageError(f"--task_type {self.task_type!r}: mmembed trains embedding models only (--task_type embedding)")
         if not self.model:
-            raise ValueError("--model is required (a local model folder)")
+            raise UsageError("--model is required (a local model folder)")
         if self.tuner_type and self.train_type and self.tuner_type != self.train_type:
-            raise ValueError(f"--tuner_type {self.tuner_type} and --train_type {self.train_type} disagree")
+            raise UsageError(f"--tuner_type {self.tuner_type} and --train_type {self.train_type} disagree")
+        flag = "--tuner_type" if self.tuner_type or not self.train_type else "--train_type"
         self.tuner_type = self.tuner_type or self.train_type or "lora"
         self.train_type = self.tuner_type
         if self.tuner_type not in TUNER_TYPES:
-            raise ValueError(f"--tuner_type must be one of {TUNER_TYPES}, got {self.tuner_type!r}")
+            raise UsageError(f"{flag} must be one of {', '.join(TUNER_TYPES)}, got {self.tuner_type!r}")
+        _check_values(self)
+        _check_names(self)
         _check_loss_args(self)
         _check_swift_flags(self)
-        if self.gradcache_mini_batch_size < 0:
-            raise ValueError(f"--gradcache_mini_batch_size must be >= 0, got {self.gradcache_mini_batch_size}")
-        if self.truncation_strategy not in TRUNCATION_STRATEGIES:
-            raise ValueError(f"--truncation_strategy must be one of {TRUNCATION_STRATEGIES}, got {self.truncation_strategy!r}")
-        if self.padding_side not in (None, "left", "right"):
-            raise ValueError(f"--padding_side must be left or right, got {self.padding_side!r}")
-        if not 0.0 <= self.split_dataset_ratio < 1.0:
-            raise ValueError(f"--split_dataset_ratio must be in [0, 1), got {self.split_dataset_ratio}")
         if self.learning_rate is None:
             self.learning_rate = 1e-4 if self.tuner_type == "lora" else 1e-5
         if self.gradient_accumulation_steps is None:
             world = int(os.environ.get("WORLD_SIZE", "1"))
             self.gradient_accumulation_steps = default_gradient_accumulation(self.per_device_train_batch_size, world)
         if self.warmup_ratio is not None:  # transformers 5 folded warmup_ratio into a fractional warmup_steps
-            if not 0.0 <= self.warmup_ratio < 1.0:
-                raise ValueError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
             if self.warmup_steps:
-                raise ValueError("pass --warmup_ratio or --warmup_steps, not both")
+                raise UsageError("pass --warmup_ratio or --warmup_steps, not both")
             self.warmup_steps = self.warmup_ratio
         has_val = bool(self.val_dataset) or self.split_dataset_ratio > 0 or bool(self.eval_beir) or bool(self.eval_sts)
         if self.eval_strategy is None:
@@ -173,8 +214,8 @@ class SftArguments(TrainingArguments):
         if isinstance(self.deepspeed, str) and self.deepspeed in DEEPSPEED_CONFIGS:
             # ms-swift's names for the bundled configs; their "auto" values are filled from these flags
             self.deepspeed = str(files("mmembed.training").joinpath("ds_configs", f"{self.deepspeed}.json"))
-        elif isinstance(self.deepspeed, str) and not self.deepspeed.lstrip().startswith("{") and not os.path.isfile(self.deepspeed):
-            raise ValueError(f"--deepspeed {self.deepspeed!r}: not one of {DEEPSPEED_CONFIGS} and not a JSON file")
+        elif isinstance(self.deepspeed, str):
+            _check_deepspeed_json(self.deepspeed)
         self.deepspeed = _honour_optimizer_under_offload(self.deepspeed, str(getattr(self.optim, "value", self.optim)))
         if self.deepspeed:
             one_process_group_env(os.environ)
@@ -186,6 +227,80 @@ class SftArguments(TrainingArguments):
         if self.label_names is None:
             self.label_names = ["labels"]
         super().__post_init__()
+        _check_report_to(self.report_to)
+
+
+def _check_values(args: "SftArguments") -> None:
+    """Every numeric flag against :data:`LIMITS`, and the settings that would train nothing."""
+    for flag, (ok, allowed) in LIMITS.items():
+        value = getattr(args, flag)
+        if value is not None and not ok(value):
+            raise UsageError(f"--{flag} must be {allowed}, got {value!r}")
+    if not (args.max_steps >= 1 or (math.isfinite(args.num_train_epochs) and args.num_train_epochs > 0)):
+        raise UsageError(f"--num_train_epochs must be a number > 0 (or give --max_steps), got {args.num_train_epochs!r}")
+
+
+def _check_names(args: "SftArguments") -> None:
+    """The flags that take one of a set of names, and the template, before the model's config is read."""
+    from ..encoding.templates import POOLINGS, get_template
+    from ..model.embedding import check_torch_dtype
+
+    check_torch_dtype(args.torch_dtype)
+    choices = {
+        "truncation_strategy": TRUNCATION_STRATEGIES,
+        "padding_side": ("left", "right"),
+        "pooling": POOLINGS,
+        "attn_impl": ATTN_IMPLS,
+        "lr_scheduler_type": tuple(s.value for s in SchedulerType),
+        "eval_strategy": tuple(s.value for s in IntervalStrategy),
+    }
+    for flag, allowed in choices.items():
+        value = getattr(args, flag)
+        value = getattr(value, "value", value)  # transformers' enums
+        if value is not None and value not in allowed:
+            raise UsageError(f"--{flag} must be one of {', '.join(allowed)}, got {value!r}")
+    if args.attn_impl in ("flash_attn", "flash_attention_2") and importlib.util.find_spec("flash_attn") is None:
+        raise UsageError(f"--attn_impl {args.attn_impl} needs the flash-attn package, which is not installed "
+                         "(pip install flash-attn), or use --attn_impl sdpa")
+    if args.template or args.model_type:
+        get_template(args.template, args.model_type)  # a name that is neither shipped nor a .toml file
+    if not args.output_dir:
+        raise UsageError("--output_dir must name a folder, got ''")
+
+
+def _check_deepspeed_json(value: str) -> None:
+    """``--deepspeed`` as a JSON file or inline JSON: it must parse to an object, so a typo is
+    reported with the file's name and the place, not by DeepSpeed's loader."""
+    import json
+
+    inline = value.lstrip().startswith("{")
+    if not inline and not os.path.isfile(value):
+        raise UsageError(f"--deepspeed {value!r} is not one of {', '.join(DEEPSPEED_CONFIGS)} and not a JSON file")
+    where = f"--deepspeed {value!r}" if inline else f"--deepspeed {value}"
+    try:
+        if inline:
+            config = json.loads(value)
+        else:
+            with open(value, encoding="utf-8") as f:
+                config = json.load(f)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{where} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{where} cannot be read ({e})") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{where} must hold a JSON object (DeepSpeed's config), got {type(config).__name__}")
+
+
+def _check_report_to(report_to) -> None:
+    """``--report_to`` names transformers' integrations; an unknown one would fail only when the
+    Trainer is built, after the model loaded."""
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    for name in names:
+        if name not in INTEGRATION_TO_CALLBACK and name not in ("all", "none"):
+            raise UsageError(f"--report_to must name integrations among {', '.join(INTEGRATION_TO_CALLBACK)} "
+                             f"(or all, none), got {name!r}")
 
 
 def _check_swift_flags(args: "SftArguments") -> None:
@@ -193,32 +308,35 @@ def _check_swift_flags(args: "SftArguments") -> None:
     import json
 
     if args.sequence_parallel_size != 1:
-        raise ValueError(f"--sequence_parallel_size {args.sequence_parallel_size}: sequence parallelism is not offered "
+        raise UsageError(f"--sequence_parallel_size {args.sequence_parallel_size}: sequence parallelism is not offered "
                          "(embedding inputs are short); cut memory with --gradcache_mini_batch_size, --max_length or "
                          "--deepspeed zero3 instead")
     if args.columns is not None:
         try:
             mapping = json.loads(args.columns)
         except json.JSONDecodeError as e:
-            raise ValueError(f"--columns is not valid JSON ({e.msg}): {args.columns!r}") from None
+            raise UsageError(f"--columns is not valid JSON ({e.msg}): {args.columns!r}") from None
         if not isinstance(mapping, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):
-            raise ValueError(f"--columns must be a JSON object of field names, old -> new, got {args.columns!r}")
+            raise UsageError(f"--columns must be a JSON object of field names, old -> new, got {args.columns!r}")
     if args.lora_bias not in ("none", "all", "lora_only"):
-        raise ValueError(f"--lora_bias must be none, all or lora_only, got {args.lora_bias!r}")
+        raise UsageError(f"--lora_bias must be none, all or lora_only, got {args.lora_bias!r}")
     if args.adapters and args.tuner_type != "lora":
-        raise ValueError("--adapters continues a LoRA adapter (--tuner_type lora); for full training merge it first "
+        raise UsageError("--adapters continues a LoRA adapter (--tuner_type lora); for full training merge it first "
                          "(mmembed export --adapters CKPT) and pass the merged folder as --model")
     if len(args.adapters) > 1:
-        raise ValueError(f"--adapters takes one adapter to train on, got {len(args.adapters)}")
+        raise UsageError(f"--adapters takes one adapter to train on, got {len(args.adapters)}")
     if args.resume_only_model and not args.resume_from_checkpoint:
-        raise ValueError("--resume_only_model needs --resume_from_checkpoint (the checkpoint whose weights to load)")
-    for flag in ("vit_lr", "aligner_lr"):
-        value = getattr(args, flag)
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"--{flag} must be a finite number >= 0, got {value}")
+        raise UsageError("--resume_only_model true needs --resume_from_checkpoint (the checkpoint whose weights to load)")
+    init = args.init_weights.lower()
+    if init not in LORA_INITS and not re.fullmatch(r"pissa_niter_\d+", init):
+        raise UsageError(f"--init_weights must be one of {', '.join(LORA_INITS)} or pissa_niter_N, "
+                         f"got {args.init_weights!r}")
+    if args.target_regex is not None:
+        try:
+            re.compile(args.target_regex)
+        except re.error as e:
+            raise UsageError(f"--target_regex {args.target_regex!r} is not a regular expression ({e})") from None
     if args.max_pixels is not None:
-        if args.max_pixels <= 0:
-            raise ValueError(f"--max_pixels must be > 0, got {args.max_pixels}")
         env = os.environ.get("MAX_PIXELS")
         if env is not None and env.strip() and env.strip() != str(args.max_pixels):
             logging.getLogger("mmembed").warning("--max_pixels %d wins over MAX_PIXELS=%s", args.max_pixels, env)
@@ -233,21 +351,27 @@ def _check_loss_args(args: "SftArguments") -> None:
 
     from ..losses import loss_class
 
-    loss_class(args.loss_type)  # an unknown name, or a module:Class that does not import
+    try:
+        loss_class(args.loss_type)  # an unknown name, or a module:Class that does not import
+    except ValueError as e:
+        raise UsageError(f"--loss_type {args.loss_type!r}: {e}") from None
     files = [f for f in ("teacher_scores_file", "teacher_embeddings_file") if getattr(args, f)]
     if files and args.teacher_model:
-        raise ValueError(f"--teacher_model and --{files[0]} both give the teacher; keep one")
+        raise UsageError(f"--teacher_model and --{files[0]} both give the teacher; keep one")
     if args.loss_kwargs is not None:
         try:
             parsed = json.loads(args.loss_kwargs)
         except json.JSONDecodeError as e:
-            raise ValueError(f"--loss_kwargs is not valid JSON ({e.msg}): {args.loss_kwargs!r}") from None
+            raise UsageError(f"--loss_kwargs is not valid JSON ({e.msg}): {args.loss_kwargs!r}") from None
         if not isinstance(parsed, dict):
-            raise ValueError(f"--loss_kwargs must be a JSON object, got {args.loss_kwargs!r}")
+            raise UsageError(f"--loss_kwargs must be a JSON object, got {args.loss_kwargs!r}")
     if args.mrl_dims is not None:
         from ..losses.matryoshka import parse_dims
 
-        parse_dims(args.mrl_dims)  # the parser the loss uses: its errors, at start
+        try:
+            parse_dims(args.mrl_dims)  # the parser the loss uses: its errors, at start
+        except ValueError as e:
+            raise UsageError(f"--{e}" if str(e).startswith("mrl_dims") else f"--mrl_dims {args.mrl_dims!r}: {e}") from None
 
 
 def check_side_flags(args: "SftArguments", side) -> None:
@@ -319,20 +443,38 @@ def _has_accelerator() -> bool:
     return torch.cuda.is_available()
 
 
+class _Parser(HfArgumentParser):
+    """transformers' parser whose own errors (a bad int, an unknown choice) are a
+    :class:`UsageError`: one line, not the usage of all 300 flags."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
 def parse_sft_args(argv: list[str]) -> SftArguments:
     """Parse ``mmembed sft`` flags; an unknown flag is an error that names it. ms-swift flags
     with no effect here are dropped with a logged line; refused ones raise
-    :class:`~mmembed.training.swift_flags.RefusedFlag` (see ``swift_flags``)."""
+    :class:`~mmembed.training.swift_flags.RefusedFlag` (see ``swift_flags``).
+
+    Raises:
+        UsageError: a flag that is unknown, does not parse, or has a value that cannot work
+            (transformers' own checks of its flags included), naming it and its value.
+    """
     import dataclasses
 
     from .swift_flags import take_swift_flags
 
     argv = take_swift_flags(list(argv), {f.name for f in dataclasses.fields(SftArguments)})
-    parser = HfArgumentParser(SftArguments, allow_abbrev=False, prog="mmembed sft")
-    args, rest = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    parser = _Parser(SftArguments, allow_abbrev=False, prog="mmembed sft")
+    try:
+        args, rest = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    except UsageError:
+        raise
+    except ValueError as e:  # transformers' checks of its own flags
+        raise UsageError(one_line(e)) from e
     if rest:
         unknown = [r for r in rest if r.startswith("-")] or rest
-        raise SystemExit(f"mmembed sft: unknown flag(s): {' '.join(unknown)} (see `mmembed sft --help`)")
+        raise UsageError(f"unknown flag(s): {' '.join(unknown)} (see `mmembed sft --help`)")
     if not args.dataset:
-        raise SystemExit("mmembed sft: --dataset is required")
+        raise UsageError("--dataset is required (data files or folders)")
     return args

@@ -11,22 +11,24 @@ from typing import Any
 
 from torch import nn
 
-from ..data import EmbeddingDataset, load_samples
+from ..data import EmbeddingDataset, SpecError, load_samples
+from ..data.dataset import parse_spec
 from ..data.sample import DataError, Sample
 from ..data.teacher import SIGNALS, TeacherFiles, teacher_signal
 from ..encoding.collator import EmbeddingCollator, token_lengths
 from ..encoding.inputs import InputBuilder
 from ..encoding.templates import Template, get_template, template_config
+from ..errors import one_line
 from ..eval.tasks import HeldOutTasks
 from ..files import WriteError
 from ..losses import EmbeddingLoss, Setup, build_loss
 from ..model.embedding import (
     EmbeddingModel,
+    check_model_folder,
     default_max_length,
     frozen_parts,
     hidden_size,
     load_backbone,
-    require_local_model,
 )
 from .arguments import SftArguments, UsageError, check_side_flags
 from .charts import TrainingCharts, eval_similarities
@@ -47,14 +49,25 @@ def load_processing(path: str, template: Template):
 
 
 def resolve_template(model_dir: str, name: str | None, model_type: str | None, system: str | None) -> Template:
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model_dir)
-    template = get_template(name, model_type, getattr(config, "model_type", None))
-    template.check_installed()
+    try:
+        template = get_template(name, model_type, getattr(read_model_config(model_dir), "model_type", None))
+        template.check_installed()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if system is not None:
         template = dataclasses.replace(template, default_system=system)
     return template
+
+
+def read_model_config(model_dir: str):
+    """The model's transformers config; one that cannot be read is a usage error naming --model."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(model_dir)
+    except (OSError, ValueError, KeyError) as e:
+        raise UsageError(f"--model {model_dir}: its config.json cannot be read as a transformers model "
+                         f"({one_line(e)})") from None
 
 
 def lora_target_modules(model: nn.Module, target_modules: list[str], template: Template,
@@ -226,9 +239,13 @@ def make_loss(args: SftArguments) -> EmbeddingLoss:
     """The loss named by ``--loss_type`` with ``--loss_kwargs``, wrapped in Matryoshka when
     ``--mrl_dims`` is given."""
     options = json.loads(args.loss_kwargs) if args.loss_kwargs else {}
-    if args.mrl_dims:
-        return build_loss("matryoshka", dims=args.mrl_dims, inner=args.loss_type, **options)
-    return build_loss(args.loss_type, **options)
+    try:
+        if args.mrl_dims:
+            return build_loss("matryoshka", dims=args.mrl_dims, inner=args.loss_type, **options)
+        return build_loss(args.loss_type, **options)
+    except ValueError as e:  # an unknown key or a bad value (the INFONCE_* variables are checked before)
+        flag = f"--loss_kwargs {args.loss_kwargs!r}" if options else f"--loss_type {args.loss_type}"
+        raise UsageError(f"{flag}: {one_line(e)}") from None
 
 
 @dataclasses.dataclass
@@ -316,7 +333,12 @@ def _init_deepspeed_comm() -> None:
 def build_model(args: SftArguments, template: Template, pooling: str) -> EmbeddingModel:
     backbone = load_backbone(args.model, args.torch_dtype, args.attn_impl)
     if args.tuner_type == "lora":
-        backbone = apply_lora(backbone, args, template)
+        try:
+            backbone = apply_lora(backbone, args, template)
+        except ValueError as e:  # PEFT's refusal of a target the skeleton check could not see
+            if args.adapters:
+                raise
+            raise UsageError(f"{_lora_flags(args)}: {one_line(e)}") from None
     elif freeze_parts(backbone, template, _frozen(args)):
         logger.info("full training with frozen parts: %s", ", ".join(sorted(_frozen(args))))
     return EmbeddingModel(backbone, pooling, length_chunks=length_chunks(args), tower=template.tower)
@@ -345,7 +367,7 @@ class Encoding:
 
     @classmethod
     def resolve(cls, args: SftArguments) -> Encoding:
-        require_local_model(args.model)  # the tokenizer loads before the model does
+        check_model_flags(args)  # the tokenizer loads before the model does
         template = resolve_template(args.model, args.template, args.model_type, args.system)
         if args.padding_side:
             template = dataclasses.replace(template, padding_side=args.padding_side)
@@ -397,10 +419,10 @@ class TrainingData:
             if val is not None:
                 val = drop_overlong(val, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "val",
                                     args.strict)
-        if len(train) == 0:  # all deleted by the length check (loading itself refuses empty data)
-            raise UsageError(f"no training rows left: every row of {', '.join(args.dataset)} is longer than "
-                             f"--max_length {encoding.max_length} or has media that cannot be loaded (listed above; "
-                             "--truncation_strategy delete); raise --max_length or use --truncation_strategy right")
+        if len(train) == 0:  # all deleted by the length check (loading itself refuses empty data): a data error
+            raise SpecError(f"no training rows left: every row of {', '.join(args.dataset)} is longer than "
+                            f"--max_length {encoding.max_length} or has media that cannot be loaded (listed above; "
+                            "--truncation_strategy delete); raise --max_length or use --truncation_strategy right")
         data = cls(EmbeddingDataset(train, teacher_files), EmbeddingDataset(val, teacher_files) if val is not None else None,
                    files=files)
         data.teacher_key, data.teacher_width = data_teacher(args, loss, data.train)
@@ -433,9 +455,9 @@ def build_trainer(args: SftArguments) -> EmbeddingTrainer:
     loss = make_loss(args)
     check_side_flags(args, loss.side)
     encoding = Encoding.resolve(args)
-    side_models = SideModels.load(args)
     data = TrainingData.load(args, encoding, loss)
     eval_tasks = load_eval_tasks(args, encoding)
+    side_models = SideModels.load(args)
     width = hidden_size(AutoConfig.from_pretrained(args.model))
     check_loss_setup(args, loss, width, side_models, data.teacher_key, data.teacher_width)
     if args.deepspeed:
@@ -525,7 +547,8 @@ def resume_checkpoint(args: SftArguments) -> str | None:
         resume = None
     if resume:
         if not os.path.isdir(resume):
-            raise FileNotFoundError(f"--resume_from_checkpoint {resume}: no such folder")
+            raise UsageError(f"--resume_from_checkpoint {resume}: no such folder (a checkpoint folder, or true for "
+                             "the newest complete one in --output_dir)")
         check_complete(resume)  # before the Trainer's own loaders (DeepSpeed's included) read it
     return resume
 
@@ -565,12 +588,143 @@ def check_writable(folder: str) -> None:
         raise WriteError(folder, e) from e
 
 
+def check_model_flags(args: SftArguments) -> None:
+    """The folders the model flags name hold what each flag takes (a model, an adapter)."""
+    flags = [("--model", args.model, False), ("--guide_model", args.guide_model, True),
+             ("--teacher_model", args.teacher_model, True)]
+    try:
+        for flag, path, adapter in flags:
+            if path:
+                check_model_folder(path, flag, adapter)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    for path in args.adapters:
+        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+            what = "no such folder" if not os.path.isdir(path) else "no adapter_config.json in it"
+            raise UsageError(f"--adapters {path}: {what} (a LoRA checkpoint folder to train on)")
+
+
+def check_environment() -> None:
+    """The variables ms-swift's scripts set, read now whichever loss or model is used, so that
+    a malformed one is refused at start rather than ignored or met mid-training: every
+    ``INFONCE_*`` variable and the media budgets (``MAX_PIXELS``, ``FPS``, ...)."""
+    from ..encoding.media import MediaBudget
+    from ..losses import InfoNCEConfig
+    from ..losses.config import ENV_VARS
+
+    try:
+        InfoNCEConfig.from_env()
+        MediaBudget.from_env()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    unknown = sorted(k for k in os.environ if k.startswith("INFONCE_") and k not in ENV_VARS.values())
+    if unknown:
+        logger.warning("%s: not an InfoNCE variable, so it changes nothing (known: %s)", ", ".join(unknown),
+                       ", ".join(ENV_VARS.values()))
+
+
+def check_settings(args: SftArguments) -> None:
+    """What of the flags and environment can be checked without the model's weights, as usage
+    errors before anything loads and before ``--output_dir`` is touched (the flags' own values
+    were checked when they were parsed): the model folders, the template and ``--max_length``
+    against the model's config, the variables, the loss with its options and side flags, and
+    last that the data files the flags name are there (the user's data: exit status 1)."""
+    check_model_flags(args)
+    check_environment()
+    template = resolve_template(args.model, args.template, args.model_type, args.system)
+    config = read_model_config(args.model)
+    limit = getattr(config, "max_position_embeddings", None)
+    if args.max_length and limit and getattr(config, "position_embedding_type", None) == "absolute" \
+            and args.max_length > limit:
+        raise UsageError(f"--max_length must be at most {limit} for this model (its position embeddings), "
+                         f"got {args.max_length}")
+    loss = make_loss(args)
+    check_side_flags(args, loss.side)
+    if hasattr(loss, "check_dims"):  # Matryoshka's widths against the model's, known from its config
+        try:
+            loss.check_dims(hidden_size(config))
+        except ValueError as e:
+            raise UsageError(f"--mrl_dims {args.mrl_dims!r}: {e}") from None
+    check_lora_targets(args, template)
+    # the data paths last: a flag that does not fit the loss says more than a file that is not there
+    for flag in ("dataset", "val_dataset"):
+        for spec in getattr(args, flag):
+            try:
+                parse_spec(spec)  # a path that is not there, a hub id, a bad #N: the user's data (exit status 1)
+            except SpecError as e:
+                raise SpecError(f"--{flag}: {e}") from None
+    files = [("--eval_sts", args.eval_sts, os.path.isfile), ("--eval_beir", args.eval_beir, os.path.isdir)]
+    files += [(f"--{flag}", path, os.path.isfile) for flag in ("teacher_scores_file", "teacher_embeddings_file")
+              for path in getattr(args, flag)]
+    for flag, path, exists in files:
+        if path and not exists(path):  # the user's data, as a --dataset that is not there (exit status 1)
+            raise SpecError(f"{flag} {path}: no such {'file' if exists is os.path.isfile else 'folder'}")
+
+
+def _lora_flags(args: SftArguments) -> str:
+    """The flags that chose the LoRA targets, as the user gave them (for an error about them)."""
+    if args.target_regex:
+        return f"--target_regex {args.target_regex!r}"
+    flags = f"--target_modules {' '.join(args.target_modules)}"
+    return flags + (f" --modules_to_save {' '.join(args.modules_to_save)}" if args.modules_to_save else "")
+
+
+def check_lora_targets(args: SftArguments, template: Template) -> None:
+    """``--target_modules``, ``--target_regex`` and ``--modules_to_save`` against the model's
+    module names, read from a copy without weights (on the meta device), so that a name that
+    matches nothing is reported before the weights load rather than by PEFT after."""
+    import re
+
+    import torch
+    from transformers import AutoModel
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    default = list(args.target_modules) == ["all-linear"] and not args.modules_to_save and not args.target_regex
+    if args.tuner_type != "lora" or args.adapters or (default and not template.parts):
+        return
+    if is_deepspeed_zero3_enabled():  # transformers would build the copy under zero.Init; PEFT checks after the load
+        return
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModel.from_config(read_model_config(args.model))
+    except Exception:  # a family that cannot be built without weights: PEFT checks the names after the load
+        return
+    names = [n for n, _ in skeleton.named_modules() if n]
+
+    def matches(key: str) -> bool:
+        return any(n == key or n.endswith("." + key) for n in names)
+
+    if args.target_regex:
+        if not any(re.fullmatch(args.target_regex, n) for n in names):
+            raise UsageError(f"--target_regex {args.target_regex!r} matches no module of {args.model}")
+    else:
+        try:
+            targets = lora_target_modules(skeleton, list(args.target_modules), template, _frozen(args))
+        except ValueError as e:
+            raise UsageError(f"--target_modules all-linear: {e}") from None
+        if isinstance(targets, list):
+            missing = [t for t in targets if not matches(t)]
+            if missing:
+                raise UsageError(f"--target_modules {' '.join(args.target_modules)}: no module of {args.model} is "
+                                 f"named {', '.join(missing)} (e.g. {', '.join(_linear_names(skeleton)[:6])})")
+    missing = [m for m in args.modules_to_save if not matches(m)]
+    if missing:
+        raise UsageError(f"--modules_to_save {' '.join(args.modules_to_save)}: no module of {args.model} is named "
+                         f"{', '.join(missing)}")
+
+
+def _linear_names(model: nn.Module) -> list[str]:
+    """The distinct last name parts of the model's linear layers: what ``--target_modules`` takes."""
+    return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+
+
 def run_sft(args: SftArguments) -> dict[str, Any]:
     """Train as ``args`` say; returns the final metrics and the last checkpoint path (the
     checkpoint this run wrote at its last step)."""
     from transformers import set_seed
 
     set_seed(args.seed)
+    check_settings(args)
     if args.offline:  # the media loader reads the switch where data-loader workers see it too
         os.environ["MMEMBED_OFFLINE"] = "1"
     resume = resume_checkpoint(args)

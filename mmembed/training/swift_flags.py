@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 
+from ..errors import UsageError
+
 logger = logging.getLogger("mmembed")
 
 _EMPTY = ("", "[]", "{}", "none", "null")
@@ -138,8 +140,8 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-class RefusedFlag(ValueError):
-    """An ms-swift flag mmembed does not offer, with what to use instead."""
+class RefusedFlag(UsageError):
+    """An ms-swift flag mmembed does not offer, with what to use instead (exit status 2)."""
 
 
 def take_swift_flags(argv: list[str], fields: set[str]) -> list[str]:

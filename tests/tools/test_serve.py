@@ -281,11 +281,12 @@ def test_mmembed_serve_command(minilm_path, minilm_embedder):
 
 
 def test_serve_flags_are_checked(tmp_path):
+    from mmembed.errors import UsageError
     from mmembed.tools.serve import parse_serve_args
 
-    with pytest.raises(SystemExit):
+    with pytest.raises(UsageError, match="--allowed_media_dir"):
         parse_serve_args(["--model", "m", "--allowed_media_dir", str(tmp_path / "missing")])
-    with pytest.raises(SystemExit):
+    with pytest.raises(UsageError, match="--max_batch_size must be an integer >= 1, got 0"):
         parse_serve_args(["--model", "m", "--max_batch_size", "0"])
     config = parse_serve_args(["--model", "/x/ckpt/", "--batching", "false", "--port", "9"])
     assert (config.name(), config.batching, config.port) == ("ckpt", False, 9)
