@@ -180,6 +180,7 @@ SFT_ROWS = [
 # shows), each with the reason
 NO_BAD_VALUE = {
     "system": "free text: any system prompt",
+    "offline": "a boolean (see the --strict row); with it, a URL outside the media cache is a data error (exit 1)",
     "eval_beir_split": "a split name; its qrels file is read as data with --eval_beir (exit status 1)",
     **{flag: "a boolean: a value that does not parse is argparse's error (the --strict row)" for flag in (
         "freeze_vit", "freeze_aligner", "freeze_llm", "use_dora", "use_rslora", "use_chat_template", "padding_free",
@@ -216,6 +217,7 @@ def run_sft_cli(places, minilm_path, tmp_path, monkeypatch, capsys):
     """``run(flags, env) -> (exit status, stderr lines)``: ``mmembed sft`` in this process, on
     all-MiniLM and 8 rows, with every model loader replaced by one that raises ModelLoaded."""
     import mmembed.model.embedder
+    import mmembed.tools.export  # imported now: importing it under the patch would keep the fake for good
     import mmembed.training.sft
 
     def loaded(*args, **kwargs):
@@ -223,6 +225,7 @@ def run_sft_cli(places, minilm_path, tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(mmembed.training.sft, "load_backbone", loaded)
     monkeypatch.setattr(mmembed.model.embedder, "load_embedding_model", loaded)
+    monkeypatch.setattr(mmembed.tools.export, "load_embedding_model", loaded)
     saved = dict(os.environ)  # parsing may set variables (--max_pixels, DeepSpeed's rank 0 of 1, --debug)
 
     def run(flags, env, command="sft"):
