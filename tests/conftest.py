@@ -41,15 +41,43 @@ def launch(args: list[str], nproc: int = 1, env: dict | None = None, timeout: in
            torchrun: bool | None = None) -> subprocess.CompletedProcess:
     """Run ``python ARGS`` in the repository, under torchrun with ``nproc`` processes on a
     free port when ``torchrun`` (default: when ``nproc > 1``); asserts it exits with 0.
-    One thread per process under torchrun (2 cores), else 2."""
+    One thread per process under torchrun (2 cores), else the caller's OMP_NUM_THREADS (2 unset)."""
     torchrun = nproc > 1 if torchrun is None else torchrun
-    env = dict(os.environ, OMP_NUM_THREADS="1" if torchrun else "2", **(env or {}))
+    env = dict(os.environ, OMP_NUM_THREADS="1" if torchrun else os.environ.get("OMP_NUM_THREADS", "2"), **(env or {}))
     # --standalone: torchrun binds a free port itself (no window between picking and binding)
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if torchrun else []
     proc = subprocess.run([sys.executable, *launcher, *args], env=env, capture_output=True, text=True, cwd=REPO,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc
+
+
+# tests/run.sh runs the suite on two pytest-xdist workers (--dist loadgroup): each file is one
+# unit of work, so its module fixtures (trained runs, built models) are made once, and the
+# units are handed out longest first so that both workers end together. The longest file,
+# the two-process runs, is cut in two.
+LONGEST_FIRST = [
+    "training/test_distributed.py::sft_matches", "encoding/test_multimodal.py", "training/test_distributed.py",
+    "model/test_st_exports.py", "tools/test_swift_compat.py", "training/test_checkpoints.py",
+    "model/test_tiny_models.py", "training/test_methods_sft.py", "training/test_charts.py",
+    "training/test_sft_e2e.py", "eval/test_beir_eval.py", "data/test_bad_data.py", "encoding/test_remote_media.py",
+    "training/test_bad_settings.py", "data/test_teacher_data.py", "model/test_io.py",
+]
+
+
+def _work_unit(item) -> str:
+    unit = os.path.relpath(str(item.path), os.path.join(REPO, "tests"))
+    if unit == "training/test_distributed.py" and item.name.startswith("test_sft_matches"):
+        unit += "::sft_matches"
+    return unit
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist turns xdist_group marks into node ids
+def pytest_collection_modifyitems(config, items):
+    rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_work_unit(item), len(rank)))  # stable: a file keeps its order
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_work_unit(item)))
 
 
 @pytest.fixture(scope="session")

@@ -323,7 +323,7 @@ def test_checkpointing_keeps_a_frozen_vision_tower_out_of_autograd(tiny_model, f
 
 
 def sft(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
-    e = dict(os.environ, OMP_NUM_THREADS="2", **(env or {}))
+    e = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"), **(env or {}))
     return subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "sft", *args], capture_output=True, text=True, env=e, cwd=REPO)
 
 

@@ -87,7 +87,7 @@ def test_custom_loss_trains_from_the_command_line(minilm_path, tmp_path, loss_cl
         "    def forward(self, outputs, labels):\n"
         "        raise ValueError('the exploding loss was called')\n")
     module = "custom_loss" if loss_class_name == "SymmetricInfoNCE" else "exploding_loss"
-    env = dict(os.environ, OMP_NUM_THREADS="2", PYTHONPATH=os.pathsep.join([EXAMPLES, str(tmp_path), REPO]))
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"), PYTHONPATH=os.pathsep.join([EXAMPLES, str(tmp_path), REPO]))
     r = subprocess.run([sys.executable, "-m", "mmembed", "sft", "--model", minilm_path,
                         "--dataset", os.path.join(DATA, "stsb_train_hardneg.jsonl") + "#16",
                         "--loss_type", f"{module}:{loss_class_name}", "--loss_kwargs", '{"temperature": 0.05}',

@@ -82,7 +82,7 @@ def _sft(model, out, train, val, per_device, nproc, *extra):
             "--seed", "3", "--output_dir", out, "--disable_tqdm", "true", "--dataloader_num_workers", "0", *extra]
     if nproc == 1:
         subprocess.run([sys.executable, *args], check=True, capture_output=True, cwd=REPO,
-                       env=dict(os.environ, OMP_NUM_THREADS="2"))
+                       env=dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2")))
     else:
         _torchrun(args, nproc=nproc)
 

@@ -15,7 +15,7 @@ TRAIN = os.path.join(DATA, "stsb_train_hardneg.jsonl")
 
 
 def sft(args, tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="2")
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
     return subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "sft", "--dataset", f"{TRAIN}#16", "--max_steps", "2",
                            "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
                            "--output_dir", str(tmp_path / "out"), "--report_to", "none", *args],
