@@ -52,12 +52,11 @@ def launch(args: list[str], nproc: int = 1, env: dict | None = None, timeout: in
     return proc
 
 
-# tests/run.sh runs the suite on two pytest-xdist workers (--dist loadgroup): each file is one
-# unit of work, so its module fixtures (trained runs, built models) are made once, and the
-# units are handed out longest first so that both workers end together. The longest file,
-# the two-process runs, is cut in two.
+# tests/run.sh runs the suite on two pytest-xdist workers (--dist loadfile): a file is one unit
+# of work, so its module fixtures (trained runs, built models) are made once, and the units are
+# handed out longest first so that both workers end together.
 LONGEST_FIRST = [
-    "training/test_distributed.py::sft_matches", "encoding/test_multimodal.py", "training/test_distributed.py",
+    "training/test_distributed_sft.py", "encoding/test_multimodal.py", "training/test_distributed.py",
     "model/test_st_exports.py", "tools/test_swift_compat.py", "training/test_checkpoints.py",
     "model/test_tiny_models.py", "training/test_methods_sft.py", "training/test_charts.py",
     "training/test_sft_e2e.py", "eval/test_beir_eval.py", "data/test_bad_data.py", "encoding/test_remote_media.py",
@@ -65,19 +64,11 @@ LONGEST_FIRST = [
 ]
 
 
-def _work_unit(item) -> str:
-    unit = os.path.relpath(str(item.path), os.path.join(REPO, "tests"))
-    if unit == "training/test_distributed.py" and item.name.startswith("test_sft_matches"):
-        unit += "::sft_matches"
-    return unit
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist turns xdist_group marks into node ids
 def pytest_collection_modifyitems(config, items):
+    tests = os.path.join(REPO, "tests")
     rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(_work_unit(item), len(rank)))  # stable: a file keeps its order
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_work_unit(item)))
+    # stable: a file keeps its order, and the files not named theirs
+    items.sort(key=lambda item: rank.get(os.path.relpath(str(item.path), tests), len(rank)))
 
 
 @pytest.fixture(scope="session")

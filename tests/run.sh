@@ -9,7 +9,7 @@ bash examples/install.sh
 workers=${MMEMBED_TEST_WORKERS:-2}
 parallel=()
 if [ "$workers" -gt 1 ]; then
-  parallel=(-n "$workers" --dist loadgroup --no-loadscope-reorder)
+  parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 fi
 # one thread per worker: two workers of two threads each would contend for two cores
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$([ "$workers" -gt 1 ] && echo 1 || echo 2)}
