@@ -9,7 +9,10 @@ transformers), so every layer may raise :class:`UsageError`.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+from collections.abc import Mapping
+from typing import Any
 
 _TRUE = ("1", "true", "yes", "y", "on")
 _FALSE = ("0", "false", "no", "n", "off", "")
@@ -68,3 +71,20 @@ def take_debug(argv: list[str]) -> tuple[list[str], bool]:
         debug = True if value is None else parse_bool("--debug", value)
         i += 1 if eq or value is None else 2
     return rest, debug
+
+
+def env_number(environ: Mapping[str, str], name: str, kind: type, positive: bool = False) -> Any:
+    """The variable ``name`` as a number of ``kind`` (``int`` or ``float``), None when unset or
+    blank; a ValueError naming it and its value unless it is a finite number ``>= 0`` (``> 0``
+    when ``positive``)."""
+    value = environ.get(name)
+    if value is None or not value.strip():
+        return None
+    allowed = "a number > 0" if positive else "a number >= 0"
+    try:
+        number = kind(float(value)) if kind is int else kind(value)
+    except (ValueError, OverflowError):  # int(float("inf")) overflows
+        raise ValueError(f"environment variable {name}={value!r} is not a number; use {allowed}") from None
+    if number < 0 or (positive and number == 0) or (kind is float and not math.isfinite(number)):
+        raise ValueError(f"environment variable {name}={value!r} must be {allowed}")
+    return number

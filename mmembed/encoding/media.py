@@ -75,6 +75,7 @@ from qwen_vl_utils import vision_process as qvu
 
 from ..data.paths import SCHEME_RE, MediaFileError
 from ..data.sample import Origin
+from ..errors import env_number
 from . import remote
 from .remote import HTTP_TIMEOUT
 
@@ -88,22 +89,6 @@ VIDEO_READERS = ("decord", "pyav")
 _IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 # ----------------------------------------------------------------------------- budget
-
-
-def _env_number(environ: Mapping[str, str], name: str, kind: type, positive: bool = False) -> Any:
-    """The variable as a number of ``kind``, None when unset; a ValueError naming it and its
-    value unless it is a finite number ``>= 0`` (``> 0`` when ``positive``)."""
-    value = environ.get(name)
-    if value is None or not value.strip():
-        return None
-    allowed = "a number > 0" if positive else "a number >= 0"
-    try:
-        number = kind(float(value)) if kind is int else kind(value)
-    except (ValueError, OverflowError):  # int(float("inf")) overflows
-        raise ValueError(f"environment variable {name}={value!r} is not a number; use {allowed}") from None
-    if number < 0 or (positive and number == 0) or (kind is float and not math.isfinite(number)):
-        raise ValueError(f"environment variable {name}={value!r} must be {allowed}")
-    return number
 
 
 @dataclass(frozen=True)
@@ -146,18 +131,18 @@ class MediaBudget:
         reader = (env.get("FORCE_QWENVL_VIDEO_READER") or "").strip().lower() or None
         if reader in ("av", "torchvision"):  # torchvision's reader is PyAV underneath
             reader = "pyav"
-        fps = _env_number(env, "FPS", float, positive=True)
-        min_frames = _env_number(env, "FPS_MIN_FRAMES", int)
-        max_frames = _env_number(env, "FPS_MAX_FRAMES", int)
+        fps = env_number(env, "FPS", float, positive=True)
+        min_frames = env_number(env, "FPS_MIN_FRAMES", int)
+        max_frames = env_number(env, "FPS_MAX_FRAMES", int)
         if min_frames is not None and max_frames is not None and min_frames > max_frames:
             raise ValueError(f"FPS_MIN_FRAMES={min_frames} is above FPS_MAX_FRAMES={max_frames}; the minimum must not "
                              "exceed the maximum")
         return cls(
-            max_pixels=_env_number(env, "MAX_PIXELS", int, positive=True),
-            min_pixels=_env_number(env, "MIN_PIXELS", int),
-            video_max_pixels=_env_number(env, "VIDEO_MAX_PIXELS", int, positive=True),
-            video_min_pixels=_env_number(env, "VIDEO_MIN_PIXELS", int),
-            video_total_pixels=_env_number(env, "VIDEO_TOTAL_PIXELS", int, positive=True),
+            max_pixels=env_number(env, "MAX_PIXELS", int, positive=True),
+            min_pixels=env_number(env, "MIN_PIXELS", int),
+            video_max_pixels=env_number(env, "VIDEO_MAX_PIXELS", int, positive=True),
+            video_min_pixels=env_number(env, "VIDEO_MIN_PIXELS", int),
+            video_total_pixels=env_number(env, "VIDEO_TOTAL_PIXELS", int, positive=True),
             fps=qvu.FPS if fps is None else fps,
             fps_min_frames=qvu.FPS_MIN_FRAMES if min_frames is None else min_frames,
             fps_max_frames=qvu.FPS_MAX_FRAMES if max_frames is None else max_frames,

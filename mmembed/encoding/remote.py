@@ -35,7 +35,6 @@ import contextlib
 import hashlib
 import http.client
 import logging
-import math
 import os
 import re
 import secrets
@@ -55,6 +54,7 @@ except ImportError:  # Windows: no lock between processes (a race costs a second
     fcntl = None
 
 from ..data.sample import Origin, Sample
+from ..errors import env_number
 
 __all__ = [
     "HTTP_TIMEOUT", "MAX_BYTES", "Tally", "cache_dir", "cache_path", "fetch", "is_offline", "is_url", "prefetch",
@@ -106,25 +106,14 @@ def _offline_switch() -> str:
     return " and ".join(f"{name}={os.environ[name]}" for name in on)
 
 
-def _env_positive(name: str, default: float, kind: type) -> float:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        number = float(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not a number") from None
-    if not (number > 0 and math.isfinite(number)):
-        raise ValueError(f"environment variable {name}={value!r} must be a positive number")
-    return kind(number)
-
-
 def http_timeout() -> float:
-    return _env_positive(TIMEOUT_ENV, HTTP_TIMEOUT, float)
+    value = env_number(os.environ, TIMEOUT_ENV, float, positive=True)
+    return HTTP_TIMEOUT if value is None else value
 
 
 def max_bytes() -> int:
-    return _env_positive(MAX_BYTES_ENV, MAX_BYTES, int)
+    value = env_number(os.environ, MAX_BYTES_ENV, int, positive=True)
+    return MAX_BYTES if value is None else value
 
 
 def cache_path(url: str, folder: str | None = None) -> str:
