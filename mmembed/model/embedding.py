@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..encoding.templates import POOLINGS
+from ..errors import UsageError
 
 # per-token inputs that can be cut to a chunk's width; anything else (pixels, grids) keeps
 # the batch in one call
@@ -265,28 +266,30 @@ TORCH_DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
 def check_torch_dtype(value: str | None, flag: str = "--torch_dtype") -> None:
-    """A ValueError naming ``flag`` unless ``value`` is unset or one of :data:`TORCH_DTYPES`:
-    a typo would otherwise surface as a missing ``torch`` attribute once the model loads."""
+    """A :class:`~mmembed.errors.UsageError` naming ``flag`` unless ``value`` is unset or one
+    of :data:`TORCH_DTYPES`: a typo would otherwise surface as a missing ``torch`` attribute
+    once the model loads."""
     if value is not None and value not in TORCH_DTYPES:
-        raise ValueError(f"{flag} must be one of {', '.join(TORCH_DTYPES)}, got {value!r}")
+        raise UsageError(f"{flag} must be one of {', '.join(TORCH_DTYPES)}, got {value!r}")
 
 
 def check_model_folder(path: str, flag: str = "--model", adapter: bool = True) -> None:
-    """A ValueError naming ``flag`` unless ``path`` is a local folder that holds a model: its
-    ``config.json``, or (with ``adapter``) a LoRA checkpoint's ``adapter_config.json``.
+    """A :class:`~mmembed.errors.UsageError` naming ``flag`` unless ``path`` is a local folder
+    that holds a model: its ``config.json``, or (with ``adapter``) a LoRA checkpoint's
+    ``adapter_config.json``.
     Checked before anything loads, so the message names the flag rather than what
     transformers could not open."""
     if not os.path.isdir(path):
-        raise ValueError(f"{flag} {path!r} is not a local folder; hub ids cannot be downloaded here: download the "
+        raise UsageError(f"{flag} {path!r} is not a local folder; hub ids cannot be downloaded here: download the "
                          "model and pass its folder")
     if os.path.isfile(os.path.join(path, "config.json")):
         return
     if os.path.isfile(os.path.join(path, "adapter_config.json")):
         if adapter:
             return
-        raise ValueError(f"{flag} {path!r} holds a LoRA adapter, not a model; pass its base model as {flag} and the "
+        raise UsageError(f"{flag} {path!r} holds a LoRA adapter, not a model; pass its base model as {flag} and the "
                          "adapter as --adapters")
-    raise ValueError(f"{flag} {path!r} holds no config.json" + (" or adapter_config.json" if adapter else "")
+    raise UsageError(f"{flag} {path!r} holds no config.json" + (" or adapter_config.json" if adapter else "")
                      + "; pass the folder of a transformers model or an mmembed checkpoint")
 
 

@@ -95,12 +95,12 @@ def check_model_flags(a, *flags: str) -> None:
     from ..encoding.media import MediaBudget
     from ..model.embedding import check_model_folder, check_torch_dtype
 
+    for flag in flags:
+        path = getattr(a, flag.lstrip("-"))
+        if path is not None:
+            check_model_folder(path, flag)
+    check_torch_dtype(a.torch_dtype)
     try:
-        for flag in flags:
-            path = getattr(a, flag.lstrip("-"))
-            if path is not None:
-                check_model_folder(path, flag)
-        check_torch_dtype(a.torch_dtype)
         MediaBudget.from_env()
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -180,10 +180,7 @@ def cmd_export(argv: list[str]) -> int:
                          "(a checkpoint already is the adapter)")
     from ..model.embedding import check_model_folder
 
-    try:
-        check_model_folder(a.adapters, "--adapters")
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    check_model_folder(a.adapters, "--adapters")
     from .export import export_checkpoint
 
     out = export_checkpoint(a.adapters, a.output_dir, a.merge_lora)

@@ -592,12 +592,9 @@ def check_model_flags(args: SftArguments) -> None:
     """The folders the model flags name hold what each flag takes (a model, an adapter)."""
     flags = [("--model", args.model, False), ("--guide_model", args.guide_model, True),
              ("--teacher_model", args.teacher_model, True)]
-    try:
-        for flag, path, adapter in flags:
-            if path:
-                check_model_folder(path, flag, adapter)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    for flag, path, adapter in flags:
+        if path:
+            check_model_folder(path, flag, adapter)
     for path in args.adapters:
         if not os.path.isfile(os.path.join(path, "adapter_config.json")):
             what = "no such folder" if not os.path.isdir(path) else "no adapter_config.json in it"
