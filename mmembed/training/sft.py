@@ -642,7 +642,7 @@ def check_settings(args: SftArguments) -> None:
             loss.check_dims(hidden_size(config))
         except ValueError as e:
             raise UsageError(f"--mrl_dims {args.mrl_dims!r}: {e}") from None
-    check_lora_targets(args, template)
+    check_lora_targets(args, template, config)
     # the data paths last: a flag that does not fit the loss says more than a file that is not there
     for flag in ("dataset", "val_dataset"):
         for spec in getattr(args, flag):
@@ -666,10 +666,11 @@ def _lora_flags(args: SftArguments) -> str:
     return flags + (f" --modules_to_save {' '.join(args.modules_to_save)}" if args.modules_to_save else "")
 
 
-def check_lora_targets(args: SftArguments, template: Template) -> None:
+def check_lora_targets(args: SftArguments, template: Template, config) -> None:
     """``--target_modules``, ``--target_regex`` and ``--modules_to_save`` against the model's
-    module names, read from a copy without weights (on the meta device), so that a name that
-    matches nothing is reported before the weights load rather than by PEFT after."""
+    module names, read from a copy without weights built from its ``config`` (on the meta
+    device), so that a name that matches nothing is reported before the weights load rather
+    than by PEFT after."""
     import re
 
     import torch
@@ -683,7 +684,7 @@ def check_lora_targets(args: SftArguments, template: Template) -> None:
         return
     try:
         with torch.device("meta"):
-            skeleton = AutoModel.from_config(read_model_config(args.model))
+            skeleton = AutoModel.from_config(config)
     except Exception:  # a family that cannot be built without weights: PEFT checks the names after the load
         return
     names = [n for n, _ in skeleton.named_modules() if n]
