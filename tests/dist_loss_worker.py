@@ -2,6 +2,7 @@
 each process holding its share of one global batch; also the one-process reference."""
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -123,8 +124,16 @@ def main():
                         "grads": {k.removeprefix("module."): p.grad.detach().clone() for k, p in model.named_parameters()}})
     if rank == 0:
         torch.save(results, a.out)
+    # the DDP wrappers hold the process group: free them first, so that destroy_process_group
+    # really ends gloo's threads here rather than in the interpreter's teardown, where under
+    # load one of them was seen to abort the process ("terminate called without an active exception")
+    del model, loss
+    gc.collect()
     dist.barrier()  # leave together: a process exiting mid-teardown can abort its peer
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # nothing is left to clean up; skip the C++ destructors of interpreter exit
 
 
 if __name__ == "__main__":
