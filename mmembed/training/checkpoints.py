@@ -117,7 +117,8 @@ def check_complete(checkpoint: str) -> None:
             f"{checkpoint} is {what}, not an mmembed checkpoint: mmembed does not resume another tool's optimizer, "
             f"scheduler and data position. Its weights load in mmembed: embed with `mmembed embed --model {checkpoint}`, "
             f"or merge with `mmembed export --adapters {checkpoint} --merge_lora true` and start a new run from the "
-            "merged folder (--model)."
+            "merged folder (--model); or add --resume_only_model true to train on from its weights and step count "
+            "with a fresh optimizer (as ms-swift's --resume_only_model does)."
         )
     raise IncompleteCheckpointError(
         f"{checkpoint} is not a complete mmembed checkpoint (no {COMPLETE_MARKER}, or files it lists are missing: "

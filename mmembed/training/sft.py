@@ -32,7 +32,14 @@ from ..model.embedding import (
 )
 from .arguments import SftArguments, UsageError, check_side_flags
 from .charts import TrainingCharts, eval_similarities
-from .checkpoints import check_complete, clear_output_dir, find_last_complete_checkpoint, leftovers, list_checkpoints
+from .checkpoints import (
+    check_complete,
+    clear_output_dir,
+    find_last_complete_checkpoint,
+    foreign_checkpoint,
+    leftovers,
+    list_checkpoints,
+)
 from .trainer import EmbeddingTrainer, load_backbone_weights
 
 logger = logging.getLogger("mmembed")
@@ -549,6 +556,10 @@ def resume_checkpoint(args: SftArguments) -> str | None:
         if not os.path.isdir(resume):
             raise UsageError(f"--resume_from_checkpoint {resume}: no such folder (a checkpoint folder, or true for "
                              "the newest complete one in --output_dir)")
+        if args.resume_only_model and foreign_checkpoint(resume):
+            # weights only: ms-swift's checkpoints and plain model / adapter folders load too
+            # (an mmembed checkpoint must still be whole: a killed save's weights may be partial)
+            return resume
         check_complete(resume)  # before the Trainer's own loaders (DeepSpeed's included) read it
     return resume
 
@@ -716,6 +727,26 @@ def _linear_names(model: nn.Module) -> list[str]:
     return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
 
 
+def resume_weights_only(trainer: EmbeddingTrainer, args: SftArguments, resume: str) -> str | None:
+    """ms-swift's ``--resume_only_model``: the checkpoint's weights, a fresh optimizer, learning
+    rate schedule and RNG; the step count and the data position continue from the checkpoint's
+    ``trainer_state.json`` (batches already trained are skipped) unless ``--ignore_data_skip
+    true``, which starts at step 0. Returns what ``Trainer.train`` resumes from (None: afresh)."""
+    load_backbone_weights(trainer.accelerator.unwrap_model(trainer.model).backbone, resume)
+    state = os.path.join(resume, "trainer_state.json")
+    if args.ignore_data_skip or not os.path.isfile(state):
+        why = "--ignore_data_skip true" if args.ignore_data_skip else "it has no trainer_state.json"
+        logger.info("--resume_only_model: weights from %s; step count, data position, optimizer, scheduler and RNG "
+                    "start afresh (%s)", resume, why)
+        return None
+    with open(state, encoding="utf-8") as f:
+        step = json.load(f).get("global_step", 0)
+    logger.info("--resume_only_model: weights from %s; training goes on from step %d with the data that follows "
+                "(--ignore_data_skip true starts at step 0); optimizer, scheduler and RNG start afresh", resume, step)
+    trainer.weights_only_resume = True
+    return resume
+
+
 def run_sft(args: SftArguments) -> dict[str, Any]:
     """Train as ``args`` say; returns the final metrics and the last checkpoint path (the
     checkpoint this run wrote at its last step)."""
@@ -729,10 +760,7 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     prepare_output_dir(args, resume)
     trainer = build_trainer(args)
     if resume and args.resume_only_model:
-        # ms-swift's --resume_only_model: the checkpoint's weights, a fresh optimizer and schedule
-        load_backbone_weights(trainer.accelerator.unwrap_model(trainer.model).backbone, resume)
-        logger.info("--resume_only_model: weights from %s; optimizer, scheduler and step start afresh", resume)
-        resume = None
+        resume = resume_weights_only(trainer, args, resume)
     trainer.last_checkpoint = resume  # the run's result until it saves (DeepSpeed loads without _load_from_checkpoint)
     result = trainer.train(resume_from_checkpoint=resume)
     final = trainer.last_checkpoint

@@ -104,6 +104,9 @@ class EmbeddingTrainer(Trainer):
         self.param_lrs = param_lrs or {}
         self.add_callback(_SaveLastStep())
         self.last_checkpoint: str | None = None  # the last whole checkpoint of this run (or the one it resumed)
+        # --resume_only_model: the weights are loaded already; the checkpoint gives only the step
+        # count and data position (its optimizer, scheduler, scaler and RNG state are not read)
+        self.weights_only_resume = False
 
     def create_optimizer(self, model=None):
         """The Trainer's optimizer, its parameter groups split by ``param_lrs`` (``id(parameter)
@@ -459,7 +462,34 @@ class EmbeddingTrainer(Trainer):
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         return bool(t.item())
 
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        if not (self.weights_only_resume and resume_from_checkpoint and self.is_deepspeed_enabled):
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+        # the engine's checkpoint holds the optimizer state this resume leaves out (and an
+        # ms-swift or weights-only checkpoint has none): the weights were loaded before
+        import transformers.trainer as hf_trainer
+
+        load, hf_trainer.deepspeed_load_checkpoint = hf_trainer.deepspeed_load_checkpoint, lambda *a, **k: None
+        try:
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            hf_trainer.deepspeed_load_checkpoint = load
+
+    def _load_optimizer_and_scheduler(self, checkpoint) -> None:
+        if not self.weights_only_resume:
+            super()._load_optimizer_and_scheduler(checkpoint)
+
+    def _load_scaler(self, checkpoint) -> None:
+        if not self.weights_only_resume:
+            super()._load_scaler(checkpoint)
+
+    def _load_rng_state(self, checkpoint) -> None:
+        if not self.weights_only_resume:
+            super()._load_rng_state(checkpoint)
+
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        if self.weights_only_resume:
+            return
         check_complete(resume_from_checkpoint)
         self.last_checkpoint = resume_from_checkpoint  # the run's result until it saves again
         model = model or self.model

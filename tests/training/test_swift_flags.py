@@ -204,23 +204,27 @@ def test_vit_lr_and_aligner_lr_become_optimizer_groups_by_template_part(tiny_mod
     assert {g["weight_decay"] for g in optimizer.param_groups} == {0.0, 0.1}
 
 
-def test_resume_only_model_loads_weights_and_starts_afresh(minilm_path, tmp_path):
+def test_resume_only_model_loads_weights_and_goes_on_from_the_step(minilm_path, tmp_path):
+    """ms-swift's rule: the weights, and the step count and data position of trainer_state.json;
+    the optimizer, schedule and RNG afresh. --ignore_data_skip true starts at step 0."""
     from safetensors.torch import load_file
 
     from mmembed.training.sft import run_sft
 
     rows = tmp_path / "train.jsonl"
     with open(os.path.join(DATA, "stsb_train_pairs.jsonl"), encoding="utf-8") as f:
-        rows.write_text("".join(f.readline() for _ in range(8)))
+        rows.write_text("".join(f.readline() for _ in range(16)))
     common = ["--model", minilm_path, "--dataset", str(rows), "--tuner_type", "full", "--per_device_train_batch_size", "4",
               "--gradient_accumulation_steps", "1", "--max_length", "32", "--report_to", "none", "--disable_tqdm", "true",
-              "--dataloader_num_workers", "0", "--learning_rate", "1e-3"]
+              "--dataloader_num_workers", "0", "--learning_rate", "1e-3", "--logging_steps", "1"]
     first = run_sft(parse_sft_args(common + ["--max_steps", "2", "--output_dir", str(tmp_path / "a")]))
     # lr 0: the weights stay what was loaded, so the saved model equals the checkpoint's
-    second = run_sft(parse_sft_args(common + ["--max_steps", "1", "--learning_rate", "0", "--output_dir", str(tmp_path / "b"),
+    second = run_sft(parse_sft_args(common + ["--max_steps", "3", "--learning_rate", "0", "--output_dir", str(tmp_path / "b"),
                                              "--resume_from_checkpoint", first["last_checkpoint"],
                                              "--resume_only_model", "true"]))
-    assert second["last_checkpoint"].endswith("checkpoint-1")  # the step count starts afresh
+    assert second["last_checkpoint"].endswith("checkpoint-3")  # steps 1-2 were the checkpoint's: one step trained
+    state = json.load(open(os.path.join(second["last_checkpoint"], "trainer_state.json")))
+    assert [h["step"] for h in state["log_history"] if "loss" in h] == [1, 2, 3]
     w1 = load_file(os.path.join(first["last_checkpoint"], "model.safetensors"))
     w2 = load_file(os.path.join(second["last_checkpoint"], "model.safetensors"))
     base = load_file(os.path.join(minilm_path, "model.safetensors"))
@@ -228,5 +232,19 @@ def test_resume_only_model_loads_weights_and_starts_afresh(minilm_path, tmp_path
     assert (w1[key] - base[key]).abs().max() > 1e-5  # the first run moved the weights
     for k in w1:
         torch.testing.assert_close(w2[k], w1[k])
+    # the optimizer starts afresh: AdamW's first update moves every weight with a gradient by
+    # lr (its normalized step is +-1), where a resumed optimizer's moments would give less
+    third = run_sft(parse_sft_args(common + ["--max_steps", "3", "--output_dir", str(tmp_path / "c"),
+                                            "--lr_scheduler_type", "constant", "--weight_decay", "0",
+                                            "--resume_from_checkpoint", first["last_checkpoint"],
+                                            "--resume_only_model", "true"]))
+    w3 = load_file(os.path.join(third["last_checkpoint"], "model.safetensors"))
+    step = (w3[key] - w1[key]).abs()
+    assert step.max() <= 1.0001e-3 and step.median() > 0.99e-3
+    # --ignore_data_skip true: the step count starts at 0
+    fourth = run_sft(parse_sft_args(common + ["--max_steps", "1", "--output_dir", str(tmp_path / "d"),
+                                             "--resume_from_checkpoint", first["last_checkpoint"],
+                                             "--resume_only_model", "true", "--ignore_data_skip", "true"]))
+    assert fourth["last_checkpoint"].endswith("checkpoint-1")
     with pytest.raises(ValueError, match="--resume_only_model true needs --resume_from_checkpoint"):
         parse_sft_args(BASE + ["--resume_only_model", "true"])
