@@ -129,6 +129,33 @@ def set_lora_weights(model: nn.Module, state: dict[str, torch.Tensor], source: s
                                    f"missing {missing[:4]})")
 
 
+def full_class_mapping(base: str | None) -> dict[str, str] | None:
+    """PEFT's ``auto_mapping`` for the family's full class (``Qwen3ForCausalLM``,
+    ``Qwen2VLForConditionalGeneration``: transformers' image-text-to-text class of the base's
+    ``model_type``, else its causal-LM class), the class ms-swift loads and names there; what
+    ``AutoPeftModel.from_pretrained`` builds under an adapter without a task type. None when the
+    base folder or such a class cannot be found."""
+    import importlib
+
+    from transformers.models.auto import modeling_auto
+
+    path = os.path.join(base or "", "config.json")
+    if not base or not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        model_type = json.load(f).get("model_type")
+    name = (modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(model_type)
+            or modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type))
+    if not name:
+        return None
+    module = f"transformers.models.{model_type}.modeling_{model_type}"
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+    return {"base_model_class": cls.__name__, "parent_library": cls.__module__}
+
+
 def write_lora_layout(folder: str, prefix: str) -> None:
     """Rewrite the adapter PEFT saved in ``folder`` (keys of the bare backbone) with the keys
     of the full class that holds the backbone under ``prefix`` (``"model."``): the layout
@@ -152,7 +179,9 @@ def write_lora_layout(folder: str, prefix: str) -> None:
         cfg: dict[str, Any] = json.load(f)
     if isinstance(cfg.get("target_modules"), str):  # a regex over the backbone's names
         cfg["target_modules"] = sorted(m[len(PEFT_PREFIX):] for m in adapter_modules(out))
-    # ms-swift writes no task type: PeftModel.from_pretrained then wraps whatever class it is given
+    # ms-swift writes no task type: PeftModel.from_pretrained then wraps whatever class it is given,
+    # and PEFT's AutoPeftModel builds the class named in auto_mapping (the full one, as ms-swift's)
     cfg["task_type"] = None
+    cfg["auto_mapping"] = full_class_mapping(cfg.get("base_model_name_or_path"))
     with open(cfg_path, "w", encoding="utf-8") as f:
         json.dump(cfg, f, indent=2)

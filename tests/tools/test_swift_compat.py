@@ -139,6 +139,7 @@ def test_rows_of_every_step_and_the_split_are_ms_swifts(name, tiny_model, tmp_pa
     val = trainer.eval_dataset
     val_ids = [_row_id(val[i]) for i in range(len(val))] if val is not None else []
     assert val_ids == recorded[len(trained):]
+    assert val_ids == run["val"]  # the val_dataset.jsonl ms-swift wrote: the same rows in the same order
     assert ("--split_dataset_ratio" in run["flags"]) == bool(val_ids)
 
 
@@ -154,3 +155,40 @@ def _flags(flags: list[str]) -> dict:
     conv = {"dataset": list, "num_train_epochs": lambda v: float(v[0]), "split_dataset_ratio": lambda v: float(v[0]),
             "dataset_shuffle": lambda v: v[0] == "true", "data_seed": lambda v: int(v[0]), "seed": lambda v: int(v[0])}
     return {k: conv[k](v) for k, v in out.items()}
+
+
+def test_resume_only_model_goes_on_from_an_swift_checkpoint(swift_checkpoint, tmp_path, monkeypatch):
+    """--resume_only_model takes ms-swift's LoRA checkpoint: its adapter weights (with learning
+    rate 0 the run ends with ms-swift's embeddings) and its step count (trainer_state.json)."""
+    from mmembed import Embedder
+    from mmembed.training.arguments import parse_sft_args
+    from mmembed.training.sft import run_sft
+
+    ckpt, base = swift_checkpoint("qwen3_emb")
+    monkeypatch.chdir(os.path.join(FIXTURES, "data"))
+    result = run_sft(parse_sft_args([
+        "--model", base, "--model_type", "qwen3_emb", "--dataset", "text.jsonl", "--tuner_type", "lora",
+        "--lora_rank", "4", "--lora_alpha", "8", "--lora_dropout", "0", "--per_device_train_batch_size", "2",
+        "--max_steps", "5", "--learning_rate", "0", "--report_to", "none", "--disable_tqdm", "true",
+        "--dataloader_num_workers", "0", "--logging_steps", "1", "--output_dir", str(tmp_path / "out"),
+        "--resume_from_checkpoint", ckpt, "--resume_only_model", "true"]))
+    assert result["last_checkpoint"].endswith("checkpoint-5")
+    state = json.load(open(os.path.join(result["last_checkpoint"], "trainer_state.json")))
+    assert [h["step"] for h in state["log_history"] if "loss" in h] == [1, 2, 3, 4, 5]
+    got = Embedder.from_pretrained(result["last_checkpoint"], device="cpu").encode(swift_inputs("qwen3_emb"))
+    np.testing.assert_allclose(got, np.load(os.path.join(FIXTURES, "qwen3_emb", "embeddings.npy")), atol=1e-5)
+    # the adapter mmembed wrote has ms-swift's key layout and the adapter_config.json fields
+    # ms-swift and PEFT read, as ms-swift wrote them for the same model and LoRA settings
+    from safetensors import safe_open
+
+    def keys(folder):
+        with safe_open(os.path.join(folder, "adapter_model.safetensors"), "pt") as f:
+            return sorted(f.keys())
+
+    assert keys(result["last_checkpoint"]) == keys(ckpt)
+    ours, theirs = (json.load(open(os.path.join(d, "adapter_config.json"))) for d in (result["last_checkpoint"], ckpt))
+    for field in ("peft_type", "task_type", "r", "lora_alpha", "base_model_name_or_path", "use_dora", "use_rslora",
+                  "bias", "auto_mapping"):
+        assert ours.get(field) == theirs.get(field), field
+    assert not ours.get("modules_to_save") and not theirs.get("modules_to_save")
+    assert sorted(ours["target_modules"]) == sorted(theirs["target_modules"])
