@@ -35,10 +35,14 @@ _POOL_NAME = {"last": "Last-token pooling", "cls": "First-token (CLS) pooling", 
               "max": "Max pooling over the tokens"}
 
 
-def training_record(config: dict[str, Any], log_history: list[dict[str, Any]]) -> dict[str, Any]:
-    """Steps, wall time since ``config["started_at"]`` and the last logged training loss and
-    evaluation metrics, from a Trainer's ``state.log_history``."""
-    record: dict[str, Any] = {"global_step": max((int(h.get("step", 0)) for h in log_history), default=0)}
+def training_record(config: dict[str, Any], log_history: list[dict[str, Any]],
+                    global_step: int | None = None) -> dict[str, Any]:
+    """Steps (the Trainer's ``global_step``; else the last logged step), wall time since
+    ``config["started_at"]`` and the last logged training loss and evaluation metrics, from a
+    Trainer's ``state.log_history``."""
+    if global_step is None:
+        global_step = max((int(h.get("step", 0)) for h in log_history), default=0)
+    record: dict[str, Any] = {"global_step": int(global_step)}
     if config.get("started_at"):
         record["seconds"] = round(time.time() - float(config["started_at"]), 1)
     losses = [h for h in log_history if "loss" in h]

@@ -203,7 +203,7 @@ def write_sentence_transformers_config(output_dir: str, dim: int, pooling: str, 
 
 
 def write_saved_folder(output_dir: str, config: dict[str, Any], dim: int, log_history: list[dict] | None = None,
-                       final_path: str | None = None) -> dict[str, Any]:
+                       final_path: str | None = None, global_step: int | None = None) -> dict[str, Any]:
     """Everything a saved folder (training checkpoint or ``mmembed export``) holds beside the
     weights and the tokenizer, from its ``mmembed.json`` fields: ``mmembed.json`` itself (with
     a summary of the training so far when ``log_history``, the Trainer's, is given), the
@@ -215,7 +215,7 @@ def write_saved_folder(output_dir: str, config: dict[str, Any], dim: int, log_hi
 
     config = dict(config)
     if log_history is not None:
-        config["training"] = training_record(config, log_history)
+        config["training"] = training_record(config, log_history, global_step)
     form = text_form(config)
     tokenizer_ok = form is not None and write_tokenizer_suffix(
         output_dir, form, config.get("padding_side") or _template_padding_side(config))

@@ -212,3 +212,13 @@ def test_export_command_writes_sentence_transformers_files(runs, tmp_path):
                         "--output_dir", out], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     np.testing.assert_allclose(SentenceTransformer(out, device="cpu").encode(TEXTS), _embedder(lora).encode(TEXTS), atol=1e-5)
+
+
+def test_the_card_counts_the_steps_trained_not_the_steps_logged():
+    """With --logging_steps 5 a 4-step run logs step 1 only; its card and mmembed.json say 4 steps."""
+    from mmembed.model.card import training_record
+
+    history = [{"step": 1, "loss": 2.5, "learning_rate": 1e-4}]
+    record = training_record({}, history, global_step=4)
+    assert record["global_step"] == 4 and record["train_loss"] == 2.5 and record["train_loss_step"] == 1
+    assert training_record({}, history)["global_step"] == 1  # without the Trainer's count: the last logged step
