@@ -124,6 +124,7 @@ class SftArguments(TrainingArguments):
     val_dataset: list[str] = field(default_factory=list)
     split_dataset_ratio: float = 0.0
     dataset_shuffle: bool = field(default=True, metadata={"help": "shuffle the training rows once after loading (ms-swift's); the sampler shuffles each epoch too"})
+    train_dataloader_shuffle: bool = field(default=True, metadata={"help": "false: the sampler takes the rows in their loaded order each epoch (ms-swift's)"})
     val_dataset_shuffle: bool = field(default=False, metadata={"help": "shuffle the --val_dataset rows"})
     data_seed: int | None = field(default=42, metadata={"help": "seed of the split, #N sampling, --dataset_shuffle and the sampler (ms-swift's default 42; not --seed)"})
     strict: bool = field(default=True, metadata={"help": "false: skip broken rows and report them"})

@@ -121,7 +121,6 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
                             _FALSE),
     "router_aux_loss_coef": ("a mixture-of-experts language-model loss term; embedding losses have none", ("0", "0.0")),
     "use_flash_ckpt": ("checkpoints are written with transformers' own saving", _FALSE),
-    "train_dataloader_shuffle": ("the training sampler always shuffles (seeded by --seed / --data_seed)", ("true", "1")),
     "logging_dir": ("transformers 5 logs under --output_dir; set TENSORBOARD_LOGGING_DIR for TensorBoard", _EMPTY),
     "load_args": ("pass the flags of the run explicitly (mmembed.json in a checkpoint records the encoding)", _FALSE),
     "load_data_args": ("pass --dataset / --val_dataset explicitly", _FALSE),

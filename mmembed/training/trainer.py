@@ -46,6 +46,34 @@ class NonFiniteLossError(FloatingPointError):
     pass
 
 
+class SwiftOrderSampler(torch.utils.data.Sampler):
+    """The training rows of one process in ms-swift's order (its ``BatchSamplerShard``): each
+    epoch a permutation of the rows drawn with ``seed + epoch`` (``torch.randperm``; in file order
+    without shuffling), cut to a multiple of the process count (the last ``len % world`` rows
+    sit the epoch out), of which process ``rank`` takes every ``world``-th from its ``rank``.
+    With one process this is transformers' seeded random sampler, row for row."""
+
+    def __init__(self, num_rows: int, shuffle: bool, seed: int, rank: int = 0, world: int = 1):
+        self.num_rows, self.shuffle, self.seed, self.rank, self.world = num_rows, shuffle, seed, rank, world
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_rows // self.world
+
+    def __iter__(self):
+        total = self.num_rows // self.world * self.world
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(total, generator=generator).tolist()
+        else:
+            order = list(range(total))
+        return iter(order[self.rank::self.world])
+
+
 class _SaveLastStep(TrainerCallback):
     """The last step is always saved as a checkpoint (the run's result), whatever
     ``--save_steps`` say about the steps before it. ``--save_strategy no`` saves no
@@ -123,6 +151,27 @@ class EmbeddingTrainer(Trainer):
             for group in groups:
                 optimizer.add_param_group(group)
         return optimizer
+
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        strategy = str(getattr(self.args, "train_sampling_strategy", "random"))
+        if dataset is None or not hasattr(dataset, "__len__") or strategy not in ("random", "sequential"):
+            return super()._get_train_sampler(train_dataset)  # transformers' length-grouped samplers
+        shuffle = strategy == "random" and getattr(self.args, "train_dataloader_shuffle", True)
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        rank, size = world()
+        return SwiftOrderSampler(len(dataset), shuffle, seed, rank, size)
+
+    def get_train_dataloader(self):
+        loader = super().get_train_dataloader()
+        # the sampler gives this process its own rows already (ms-swift's split of each epoch's
+        # order): accelerate's batch-level sharding over the processes must pass them through
+        shard = getattr(loader, "batch_sampler", None)
+        if world()[1] > 1 and shard is not None and hasattr(shard, "num_processes"):
+            inner = getattr(getattr(shard, "batch_sampler", None), "sampler", None)
+            if isinstance(inner, SwiftOrderSampler):
+                shard.num_processes, shard.process_index = 1, 0
+        return loader
 
     @property
     def loss(self):
@@ -388,7 +437,7 @@ class EmbeddingTrainer(Trainer):
             self.processing_class.save_pretrained(output_dir)
         # mmembed.json, the tokenizer's suffix, sentence-transformers files, model card: one rule with mmembed export
         write_saved_folder(output_dir, self.mmembed_config, hidden_size(backbone.config), self.state.log_history,
-                           final_path=checkpoints.final_folder(output_dir))
+                           final_path=checkpoints.final_folder(output_dir), global_step=self.state.global_step)
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def _save_checkpoint(self, model, trial) -> None:
