@@ -38,7 +38,7 @@ def free_port() -> int:
 
 
 def launch(args: list[str], nproc: int = 1, env: dict | None = None, timeout: int = 900,
-           torchrun: bool | None = None) -> subprocess.CompletedProcess:
+           torchrun: bool | None = None, cwd: str = REPO) -> subprocess.CompletedProcess:
     """Run ``python ARGS`` in the repository, under torchrun with ``nproc`` processes on a
     free port when ``torchrun`` (default: when ``nproc > 1``); asserts it exits with 0.
     One thread per process under torchrun (2 cores), else the caller's OMP_NUM_THREADS (2 unset)."""
@@ -46,7 +46,7 @@ def launch(args: list[str], nproc: int = 1, env: dict | None = None, timeout: in
     env = dict(os.environ, OMP_NUM_THREADS="1" if torchrun else os.environ.get("OMP_NUM_THREADS", "2"), **(env or {}))
     # --standalone: torchrun binds a free port itself (no window between picking and binding)
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if torchrun else []
-    proc = subprocess.run([sys.executable, *launcher, *args], env=env, capture_output=True, text=True, cwd=REPO,
+    proc = subprocess.run([sys.executable, *launcher, *args], env=env, capture_output=True, text=True, cwd=cwd,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc

@@ -58,9 +58,26 @@ def swift_checkpoint(tiny_model, tmp_path_factory):
     return get
 
 
-def swift_inputs(name: str) -> list:
+@pytest.fixture(scope="module")
+def mmembed_checkpoint(tiny_model, tmp_path_factory):
+    """``get(name) -> (checkpoint folder, base model folder)``: the adapter mmembed wrote (make_fixtures.py
+    stage ``mmembed``), its base model's placeholder replaced by the rebuilt tiny model."""
+
+    def get(name: str):
+        base = tiny_model(KIND[name])
+        assert weights_sha256(base) == META["base_sha256"][KIND[name]], "the tiny base model is not the one used"
+        dst = tmp_path_factory.mktemp("mmembed_" + name) / "checkpoint-4"
+        shutil.copytree(os.path.join(FIXTURES, "mmembed_" + name, "checkpoint-4"), dst)
+        for f in ("adapter_config.json", "mmembed.json"):
+            (dst / f).write_text((dst / f).read_text().replace("TINY_BASE_MODEL", base))
+        return str(dst), base
+
+    return get
+
+
+def swift_inputs(name: str, folder: str | None = None) -> list:
     """The inputs ms-swift embedded, as mmembed takes them (image paths made absolute)."""
-    rows = json.load(open(os.path.join(FIXTURES, name, "inputs.json")))
+    rows = json.load(open(os.path.join(FIXTURES, folder or name, "inputs.json")))
     for row in rows:
         if "images" in row:
             row["images"] = [os.path.join(FIXTURES, "data", p) for p in row["images"]]
@@ -82,6 +99,28 @@ def test_swift_adapter_embeds_and_exports_as_in_swift(name, swift_checkpoint, tm
     assert np.abs(plain - expected).max() > 1e-3
     merged = export_checkpoint(ckpt, str(tmp_path / "merged"))
     np.testing.assert_allclose(Embedder.from_pretrained(merged, device="cpu").encode(inputs), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["qwen3_emb", "qwen2_gme"])
+def test_mmembed_adapter_embeds_in_swift_as_in_mmembed(name, mmembed_checkpoint):
+    """The other way: ms-swift loads an adapter mmembed wrote (PEFT on its own model class) and
+    merges it with `swift export --merge_lora true`; both give mmembed's embeddings."""
+    from mmembed import Embedder
+
+    ckpt, base = mmembed_checkpoint(name)
+    folder = os.path.join(FIXTURES, "mmembed_" + name)
+    inputs = swift_inputs(name, "mmembed_" + name)
+    got = Embedder.from_pretrained(ckpt, device="cpu").encode(inputs)
+    for swift_file in ("embeddings.npy", "merged_embeddings.npy"):
+        np.testing.assert_allclose(got, np.load(os.path.join(folder, swift_file)), atol=1e-5, err_msg=swift_file)
+    plain = Embedder.from_pretrained(base, device="cpu").encode(inputs)
+    assert np.abs(plain - got).max() > 1e-3  # the adapter has an effect (it had none in ms-swift before)
+    # PEFT's AutoPeftModel builds the class adapter_config.json's auto_mapping names: ms-swift's
+    from peft import AutoPeftModel
+
+    peft_model = AutoPeftModel.from_pretrained(ckpt)
+    theirs = json.load(open(os.path.join(FIXTURES, name, "checkpoint-4", "adapter_config.json")))["auto_mapping"]
+    assert type(peft_model.get_base_model()).__name__ == theirs["base_model_class"]
 
 
 def test_adapter_for_another_model_is_an_error(swift_checkpoint, tiny_model):
@@ -153,7 +192,8 @@ def _flags(flags: list[str]) -> dict:
         else:
             out[key].append(token)
     conv = {"dataset": list, "num_train_epochs": lambda v: float(v[0]), "split_dataset_ratio": lambda v: float(v[0]),
-            "dataset_shuffle": lambda v: v[0] == "true", "data_seed": lambda v: int(v[0]), "seed": lambda v: int(v[0])}
+            "dataset_shuffle": lambda v: v[0] == "true", "train_dataloader_shuffle": lambda v: v[0] == "true",
+            "data_seed": lambda v: int(v[0]), "seed": lambda v: int(v[0])}
     return {k: conv[k](v) for k, v in out.items()}
 
 
@@ -192,3 +232,47 @@ def test_resume_only_model_goes_on_from_an_swift_checkpoint(swift_checkpoint, tm
         assert ours.get(field) == theirs.get(field), field
     assert not ours.get("modules_to_save") and not theirs.get("modules_to_save")
     assert sorted(ours["target_modules"]) == sorted(theirs["target_modules"])
+
+
+ORDERS_2PROC = (json.load(open(os.path.join(FIXTURES, "orders_2proc.json")))
+                if os.path.isfile(os.path.join(FIXTURES, "orders_2proc.json")) else {})
+
+
+@pytest.mark.parametrize("name", sorted(ORDERS_2PROC))
+def test_each_process_reads_the_rows_ms_swift_gives_it(name, tiny_model, tmp_path, monkeypatch):
+    """Under two processes ms-swift hands process r every second row of each epoch's order from
+    r (the odd row out sits the epoch out); mmembed's trainer, told it is process r of 2, gives
+    the same rows in the same batches. The recorded rows are ms-swift's own (torchrun, gloo)."""
+    import mmembed.training.trainer as trainer_module
+    from mmembed.training.arguments import SftArguments
+    from mmembed.training.sft import build_trainer
+
+    run = ORDERS_2PROC[name]
+    monkeypatch.chdir(os.path.join(FIXTURES, "data"))
+    args = SftArguments(model=tiny_model("qwen3"), output_dir=str(tmp_path / "out"), per_device_train_batch_size=2,
+                        gradient_accumulation_steps=1, report_to=[], **_flags(run["flags"]))
+    trainer = build_trainer(args)
+    dataset = trainer.train_dataset
+    for rank, recorded in enumerate(run["steps_per_process"]):
+        monkeypatch.setattr(trainer_module, "world", lambda rank=rank: (rank, 2))
+        sampler = trainer._get_train_sampler()
+        steps = []
+        for epoch in range(int(args.num_train_epochs)):
+            sampler.set_epoch(epoch)
+            rows = [_row_id(dataset[i]) for i in sampler]
+            steps += [rows[i:i + 2] for i in range(0, len(rows), 2)]
+        assert steps == recorded, f"process {rank}"
+
+
+
+def test_two_real_processes_read_the_rows_ms_swift_gives_them(tiny_model, tmp_path):
+    """The same under torchrun: each process's training dataloader (accelerate's wrapping
+    passing the sampler's share through) gives ms-swift's recorded rows."""
+    from conftest import launch
+
+    run = ORDERS_2PROC["two_processes"]
+    out = tmp_path / "rows"
+    launch([os.path.join(REPO, "tests", "order_worker.py"), "--model", tiny_model("qwen3"), "--out", str(out),
+            "--flags", json.dumps(_flags(run["flags"]))], nproc=2, cwd=os.path.join(FIXTURES, "data"))
+    for rank, recorded in enumerate(run["steps_per_process"]):
+        assert json.load(open(f"{out}.{rank}")) == recorded, f"process {rank}"
