@@ -558,7 +558,37 @@ class EmbeddingTrainer(Trainer):
 
 
 def load_backbone_weights(backbone: torch.nn.Module, folder: str) -> None:
-    """Load a checkpoint's weights (PEFT adapter or full safetensors) into ``backbone`` in place."""
+    """Load a checkpoint's weights (PEFT adapter or full safetensors) into ``backbone`` in place.
+    Parameters ZeRO-3 has partitioned (loaded under ``zero.Init``) are gathered for the load and
+    partitioned again from rank 0's copy after it (every process reads the same files)."""
+    partitioned = [p for p in backbone.parameters() if hasattr(p, "ds_id")]
+    if not partitioned:
+        _load_backbone_weights(backbone, folder)
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(partitioned, modifier_rank=0):
+        _load_backbone_weights(backbone, folder)
+
+
+def _as_loaded(state: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Saved weights under the names ``from_pretrained`` maps them to on ``model``: transformers
+    saves some weights under their checkpoint names (BERT's ``LayerNorm.gamma`` / ``beta`` when
+    ZeRO-3 gathers the model to save it) and renames them when it loads."""
+    names = set(model.state_dict())
+    if all(k in names for k in state):
+        return state
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming, apply_renamings
+
+    try:
+        renamings = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+    except Exception:  # not a transformers model: its names are taken as they are
+        return state
+    return {k if k in names else apply_renamings(k, renamings): v for k, v in state.items()}
+
+
+def _load_backbone_weights(backbone: torch.nn.Module, folder: str) -> None:
     from safetensors.torch import load_file
 
     if is_adapter(folder):
@@ -571,6 +601,7 @@ def load_backbone_weights(backbone: torch.nn.Module, folder: str) -> None:
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(f))
+    state = _as_loaded(state, backbone)
     missing, unexpected = backbone.load_state_dict(state, strict=False)
     if unexpected or [m for m in missing if not m.endswith("position_ids")]:
         raise ValueError(f"{folder}: weights do not match the model (missing {missing[:5]}, unexpected {unexpected[:5]})")

@@ -281,3 +281,29 @@ def test_best_checkpoint_is_reloaded_under_zero3(minilm_no_dropout, one_process_
     assert best != 3 and metrics["best_model_checkpoint"] == str(out / f"checkpoint-{best}"), logged
     assert metrics["eval_loss"] == pytest.approx(logged[best], rel=1e-5)
     assert metrics["eval_loss"] != pytest.approx(logged[3], rel=1e-4)
+
+
+@pytest.mark.parametrize("tuner", ["full", "lora"])
+def test_resume_only_model_under_zero3_takes_the_weights(minilm_no_dropout, one_process_run, tmp_path, tuner):
+    """--resume_only_model with ZeRO-3 on 2 processes: the checkpoint's weights reach the
+    partitioned parameters (learning rate 0: the next checkpoint holds them unchanged) and the
+    step count goes on, while the engine's optimizer state is not read."""
+    from safetensors.torch import load_file
+
+    d = one_process_run
+    common = ["--deepspeed", "zero3", "--tuner_type", tuner, "--eval_strategy", "no", "--lora_dropout", "0"]
+    first, second = str(tmp_path / "first"), str(tmp_path / "second")
+    _sft(minilm_no_dropout, first, str(d / "train.jsonl"), str(d / "val.jsonl"), 2, 2, *common)
+    _sft(minilm_no_dropout, second, str(d / "train.jsonl"), str(d / "val.jsonl"), 2, 2, *common, "--max_steps", "2",
+         "--learning_rate", "0", "--resume_from_checkpoint", os.path.join(first, "checkpoint-1"),
+         "--resume_only_model", "true")
+    name = "model.safetensors" if tuner == "full" else "adapter_model.safetensors"
+    a = load_file(os.path.join(first, "checkpoint-1", name))
+    b = load_file(os.path.join(second, "checkpoint-2", name))
+    base = load_file(os.path.join(minilm_no_dropout, "model.safetensors"))
+    moved = [k for k in a if k in base and not torch.allclose(a[k], base[k])] if tuner == "full" else \
+        [k for k in a if "lora_B" in k and a[k].abs().max() > 0]
+    assert moved  # the first run changed the weights, so loading them is visible
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], atol=1e-6, rtol=1e-5, msg=k)
