@@ -21,7 +21,7 @@ from importlib.resources import files
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SchedulerType
 
-from ..errors import UsageError, one_line
+from ..errors import ArgumentParser, UsageError, one_line
 
 __all__ = ["SftArguments", "UsageError", "parse_sft_args"]
 
@@ -444,12 +444,9 @@ def _has_accelerator() -> bool:
     return torch.cuda.is_available()
 
 
-class _Parser(HfArgumentParser):
+class _Parser(HfArgumentParser, ArgumentParser):
     """transformers' parser whose own errors (a bad int, an unknown choice) are a
-    :class:`UsageError`: one line, not the usage of all 300 flags."""
-
-    def error(self, message: str):
-        raise UsageError(message)
+    :class:`UsageError` (``errors.ArgumentParser.error``): one line, not the usage of all 300 flags."""
 
 
 def parse_sft_args(argv: list[str]) -> SftArguments:

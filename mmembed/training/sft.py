@@ -374,7 +374,7 @@ class Encoding:
 
     @classmethod
     def resolve(cls, args: SftArguments) -> Encoding:
-        check_model_flags(args)  # the tokenizer loads before the model does
+        check_model_folders(args)  # the tokenizer loads before the model does
         template = resolve_template(args.model, args.template, args.model_type, args.system)
         if args.padding_side:
             template = dataclasses.replace(template, padding_side=args.padding_side)
@@ -599,7 +599,7 @@ def check_writable(folder: str) -> None:
         raise WriteError(folder, e) from e
 
 
-def check_model_flags(args: SftArguments) -> None:
+def check_model_folders(args: SftArguments) -> None:
     """The folders the model flags name hold what each flag takes (a model, an adapter)."""
     flags = [("--model", args.model, False), ("--guide_model", args.guide_model, True),
              ("--teacher_model", args.teacher_model, True)]
@@ -637,7 +637,7 @@ def check_settings(args: SftArguments) -> None:
     were checked when they were parsed): the model folders, the template and ``--max_length``
     against the model's config, the variables, the loss with its options and side flags, and
     last that the data files the flags name are there (the user's data: exit status 1)."""
-    check_model_flags(args)
+    check_model_folders(args)
     check_environment()
     template = resolve_template(args.model, args.template, args.model_type, args.system)
     config = read_model_config(args.model)
