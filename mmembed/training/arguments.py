@@ -73,6 +73,7 @@ LIMITS: dict[str, tuple] = {
     "length_chunks": (lambda v: v >= 1, "an integer >= 1 (1: one padded call)"),
     "gradcache_mini_batch_size": (lambda v: v >= 0, "an integer >= 0 (0: off)"),
     "dataset_num_proc": (lambda v: v >= 1, "an integer >= 1"),
+    "shuffle_buffer_size": (lambda v: v >= 1, "an integer >= 1 (rows)"),
     "split_dataset_ratio": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "max_pixels": (lambda v: v >= 1, "> 0 (pixels per image)"),
 }
@@ -127,6 +128,8 @@ class SftArguments(TrainingArguments):
     train_dataloader_shuffle: bool = field(default=True, metadata={"help": "false: the sampler takes the rows in their loaded order each epoch (ms-swift's)"})
     val_dataset_shuffle: bool = field(default=False, metadata={"help": "shuffle the --val_dataset rows"})
     data_seed: int | None = field(default=42, metadata={"help": "seed of the split, #N sampling, --dataset_shuffle and the sampler (ms-swift's default 42; not --seed)"})
+    streaming: bool = field(default=False, metadata={"help": "read the training rows as training consumes them (no up-front pass, no Arrow copy); needs --max_steps; shuffles with a buffer"})
+    shuffle_buffer_size: int = field(default=1000, metadata={"help": "--streaming with --dataset_shuffle: rows held in the shuffle buffer"})
     strict: bool = field(default=True, metadata={"help": "false: skip broken rows and report them"})
     offline: bool = field(default=False, metadata={"help": "fetch no http(s) media (as MMEMBED_OFFLINE=1 or HF_HUB_OFFLINE=1): a URL not in the media cache is an error"})
     lazy_tokenize: bool = True
@@ -178,6 +181,7 @@ class SftArguments(TrainingArguments):
             raise UsageError(f"{flag} must be one of {', '.join(TUNER_TYPES)}, got {self.tuner_type!r}")
         _check_values(self)
         _check_names(self)
+        _check_streaming(self)
         _check_loss_args(self)
         _check_swift_flags(self)
         if self.learning_rate is None:
@@ -228,6 +232,10 @@ class SftArguments(TrainingArguments):
         if self.label_names is None:
             self.label_names = ["labels"]
         super().__post_init__()
+        if self.streaming:
+            # each process reads the stream and keeps its share of every global batch
+            # (accelerate's IterableDatasetShard): the collated batches are not sent from rank 0
+            self.accelerator_config.dispatch_batches = False
         _check_report_to(self.report_to)
 
 
@@ -239,6 +247,25 @@ def _check_values(args: "SftArguments") -> None:
             raise UsageError(f"--{flag} must be {allowed}, got {value!r}")
     if not (args.max_steps >= 1 or (math.isfinite(args.num_train_epochs) and args.num_train_epochs > 0)):
         raise UsageError(f"--num_train_epochs must be a number > 0 (or give --max_steps), got {args.num_train_epochs!r}")
+
+
+def _check_streaming(args: "SftArguments") -> None:
+    """``--streaming``: the number of rows is unknown until they are read, so ``--max_steps``
+    sets the length; the split and the row-aligned teacher files need every row up front."""
+    if not args.streaming:
+        return
+    if args.max_steps < 1:
+        raise UsageError("--streaming true needs --max_steps: the rows are read as training goes, so their number "
+                         "(and the length of an epoch) is not known in advance")
+    files = [f"--{f}" for f in ("teacher_scores_file", "teacher_embeddings_file") if getattr(args, f)]
+    if files:
+        raise UsageError(f"{' '.join(files)} cannot be used with --streaming true: the teacher's arrays are aligned "
+                         "with the rows of the whole file; leave out --streaming, or give the signals in the rows")
+    if args.split_dataset_ratio > 0:
+        # ms-swift's rule: a stream cannot be split; --val_dataset evaluates instead
+        logging.getLogger("mmembed").info("--streaming true: --split_dataset_ratio %s set to 0 (use --val_dataset)",
+                                          args.split_dataset_ratio)
+        args.split_dataset_ratio = 0.0
 
 
 def _check_names(args: "SftArguments") -> None:

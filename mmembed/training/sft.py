@@ -14,6 +14,7 @@ from torch import nn
 from ..data import EmbeddingDataset, SpecError, load_samples
 from ..data.dataset import parse_spec
 from ..data.sample import DataError, Sample
+from ..data.streaming import StreamingSamples, stream_samples
 from ..data.teacher import SIGNALS, TeacherFiles, teacher_signal
 from ..encoding.collator import EmbeddingCollator, token_lengths
 from ..encoding.inputs import InputBuilder
@@ -388,7 +389,7 @@ class Encoding:
 class TrainingData:
     """The training and eval rows, with their teacher signals."""
 
-    train: EmbeddingDataset
+    train: EmbeddingDataset | StreamingSamples  # (--streaming: rows read as training consumes them)
     val: EmbeddingDataset | None
     teacher_key: str | None = None  # the data's teacher signal the collator passes on
     teacher_width: int | None = None
@@ -404,6 +405,8 @@ class TrainingData:
                          load_from_cache_file=args.load_from_cache_file,
                          columns=json.loads(args.columns) if args.columns else None,
                          labels=loss.labels, media_kinds=frozenset(encoding.template.media))
+        if args.streaming:
+            return cls.stream(args, encoding, loss, load_opts)
         loaded = load_samples(args.dataset, split_ratio=0.0 if args.val_dataset else args.split_dataset_ratio,
                               shuffle=args.dataset_shuffle, **load_opts)
         train = loaded.dataset
@@ -436,6 +439,31 @@ class TrainingData:
         if data.teacher_key and data.val is not None:
             check_every_row(data.val)
         return data
+
+
+    @classmethod
+    def stream(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, load_opts: dict) -> TrainingData:
+        """``--streaming true``: the training rows as a stream (:mod:`mmembed.data.streaming`);
+        ``--val_dataset`` is read whole as usual. Rows over ``--max_length`` are dropped as
+        they are read (``--truncation_strategy delete``), remote media fetched when read."""
+        if loss.side.teacher and not args.teacher_model:
+            raise UsageError(f"--loss_type {args.loss_type} with the teacher's signals in the rows cannot be checked "
+                             "up front with --streaming true: give --teacher_model, or leave out --streaming")
+        train = stream_samples(args.dataset, strict=args.strict, seed=args.data_seed, shuffle=args.dataset_shuffle,
+                               buffer_size=args.shuffle_buffer_size, columns=load_opts["columns"],
+                               labels=load_opts["labels"], media_kinds=load_opts["media_kinds"])
+        val, files = None, {}
+        if args.val_dataset:
+            val_loaded = load_samples(args.val_dataset, split_ratio=1.0, shuffle=args.val_dataset_shuffle, **load_opts)
+            val, files["val"] = val_loaded.dataset, val_loaded.records
+            fetch_remote_media([val])
+        if args.truncation_strategy == "delete":
+            builder = InputBuilder(encoding.template, encoding.processing, encoding.max_length, truncate=False)
+            train.keep = lambda sample: token_lengths([sample], builder, loss.layout)[0] <= encoding.max_length
+            if val is not None:
+                val = drop_overlong(val, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "val",
+                                    args.strict)
+        return cls(train, EmbeddingDataset(val) if val is not None else None, files=files)
 
 
 def fetch_remote_media(datasets) -> None:
@@ -516,7 +544,7 @@ def training_facts(args: SftArguments, loss: EmbeddingLoss, data: TrainingData) 
         "loss_settings": settings,
         "data": {
             **{kind: [{"file": f, "rows": n} for f, n in records.items()] for kind, records in data.files.items()},
-            "train_rows": len(data.train),
+            "train_rows": len(data.train) if hasattr(data.train, "__len__") else None,  # a stream: unknown
             "val_rows": len(data.val) if data.val is not None else None,
         },
         "learning_rate": args.learning_rate,

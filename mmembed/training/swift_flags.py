@@ -62,9 +62,6 @@ NO_EFFECT: dict[str, str] = {
                                                                        "extra_eval_args")},
     **{f: _LOCAL for f in ("use_hf", "model_revision", "local_repo_path", "download_mode")},
     "check_model": "it compares a downloaded model with its hub copy; " + _LOCAL,
-    "streaming": "rows are already read as a stream into a memory-mapped Arrow file on disk (one row at a time), "
-                 "so files larger than memory train without it",
-    "shuffle_buffer_size": "only for --streaming's shuffle buffer; the sampler shuffles the whole set",
     "max_epochs": "ms-swift's epoch cap for --streaming; use --num_train_epochs / --max_steps",
     **{f: "self-cognition datasets only (not embedding rows)" for f in ("model_name", "model_author")},
     **{f: "decision-making agent datasets only (not embedding rows)" for f in (

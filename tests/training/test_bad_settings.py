@@ -107,6 +107,10 @@ SFT_ROWS = [
     row("--modules_to_save", "bogus"),
     row("--adapters", "/nonexistent/adapter"),
     row("--resume_only_model", "true"),
+    row("--streaming", "true", "--max_steps", "-1", "--num_train_epochs", "1", names=("--streaming", "--max_steps")),
+    row("--streaming", "true", "--loss_type", "distill_kl", "--teacher_scores_file", "t.npy",
+        names=("--teacher_scores_file", "--streaming")),
+    row("--shuffle_buffer_size", "0"),
     row("--max_pixels", "0"),
     row("--sequence_parallel_size", "2"),
     row("--strict", "maybe"),  # a boolean that does not parse: argparse's error
