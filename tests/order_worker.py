@@ -28,7 +28,9 @@ def main():
     trainer.data_collator = lambda samples: [int(s.anchor.text.split(":", 1)[0].removeprefix("id ")) for s in samples]
     loader = trainer.get_train_dataloader()
     steps = []
-    for epoch in range(int(args.num_train_epochs)):
+    if args.streaming:  # one pass over the stream
+        steps = [list(batch) for batch in loader]
+    for epoch in range(0 if args.streaming else int(args.num_train_epochs)):
         loader.set_epoch(epoch)  # as transformers' training loop does, then reaching the batch sampler
         inner = getattr(getattr(loader, "batch_sampler", None), "batch_sampler", None)
         if hasattr(inner, "set_epoch"):

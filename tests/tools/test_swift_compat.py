@@ -278,3 +278,24 @@ def test_two_real_processes_read_the_rows_ms_swift_gives_them(tiny_model, tmp_pa
             "--flags", json.dumps(_flags(run["flags"]))], nproc=2, cwd=os.path.join(FIXTURES, "data"))
     for rank, recorded in enumerate(run["steps_per_process"]):
         assert json.load(open(f"{out}.{rank}")) == recorded, f"process {rank}"
+
+
+def test_two_processes_share_a_stream_batch_by_batch(tiny_model, tmp_path, monkeypatch):
+    """--streaming under torchrun: each process reads the stream and keeps its part of every
+    global batch (accelerate's IterableDatasetShard: process r takes rows [2r, 2r + 2) of each
+    4; the last global batch is completed from the stream's start), so together they train
+    each row once and never the same row in one step."""
+    from conftest import launch
+
+    from mmembed.data.streaming import stream_samples
+
+    monkeypatch.chdir(os.path.join(FIXTURES, "data"))
+    flags = {"dataset": ["text.jsonl", "more.jsonl"], "streaming": True, "max_steps": 10}
+    order = [_row_id(s) for s in stream_samples(flags["dataset"], strict=True, seed=42, shuffle=True, buffer_size=1000)]
+    out = tmp_path / "rows"
+    launch([os.path.join(REPO, "tests", "order_worker.py"), "--model", tiny_model("qwen3"), "--out", str(out),
+            "--flags", json.dumps(flags)], nproc=2, cwd=os.path.join(FIXTURES, "data"))
+    padded = order + order[:(-len(order)) % 4]
+    for rank in range(2):
+        expected = [padded[i + 2 * rank:i + 2 * rank + 2] for i in range(0, len(padded), 4)]
+        assert json.load(open(f"{out}.{rank}")) == expected, f"process {rank}"
