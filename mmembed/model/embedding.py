@@ -19,6 +19,7 @@ from torch import nn
 
 from ..encoding.templates import POOLINGS
 from ..errors import UsageError
+from .packing import PACKED_MULTIPLE, attention_inputs, bucket_width, is_causal, pack, pool_packed
 
 # per-token inputs that can be cut to a chunk's width; anything else (pixels, grids) keeps
 # the batch in one call
@@ -58,10 +59,17 @@ class EmbeddingModel(nn.Module):
             length, each padded only to its own longest row (1: one padded call). Rows do not
             interact inside the encoder, so the embeddings and gradients are the same; the
             padding, often most of a batch of short texts, is not computed.
+        padding_free: embed a text-only batch packed into one sequence of its real tokens
+            (:mod:`mmembed.model.packing`): no padding computed at all, the same embeddings
+            and gradients. Worth it with FlashAttention or FlexAttention; with SDPA / eager
+            the packed attention is a dense mask (correct, not faster).
+        bucket: widen padded text batches (and length chunks, and packed sequences) to a
+            bounded set of widths (:func:`~mmembed.model.packing.bucket_width`), so that a run
+            meets a few shapes rather than one per longest row.
     """
 
     def __init__(self, backbone: nn.Module, pooling: str, normalize: bool = True, length_chunks: int = 4,
-                 tower: str | None = None):
+                 tower: str | None = None, padding_free: bool = False, bucket: bool = False):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
@@ -74,6 +82,8 @@ class EmbeddingModel(nn.Module):
         self.pooling = pooling
         self.normalize = normalize
         self.length_chunks = length_chunks
+        self.padding_free = padding_free
+        self.bucket = bucket
 
     @property
     def config(self):
@@ -82,7 +92,10 @@ class EmbeddingModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **inputs: Any) -> dict[str, torch.Tensor]:
         inputs.pop("media_counts", None)  # bookkeeping of the collator (which media belong to which row)
         inputs, zero = self._run_media_towers(inputs)
-        if set(inputs) <= TOKEN_INPUTS and not self._zero3():  # text only: rows can be regrouped and padding cut
+        text_only = set(inputs) <= TOKEN_INPUTS
+        if text_only and self.padding_free:  # one call, so ZeRO-3's gathers stay in step too
+            emb = self._embed_packed(input_ids, attention_mask, inputs)
+        elif text_only and not self._zero3():  # text only: rows can be regrouped and padding cut
             chunks = max(1, min(self.length_chunks, input_ids.shape[0] // 8))  # at least 8 rows a chunk
             emb = self._embed_by_length(input_ids, attention_mask, inputs, chunks)
         else:
@@ -159,13 +172,33 @@ class EmbeddingModel(nn.Module):
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         return pool(hidden, attention_mask, self.pooling)
 
+    def _embed_packed(self, input_ids, attention_mask, inputs) -> torch.Tensor:
+        """The batch's real tokens as one sequence, each row attending to itself only."""
+        packed = pack(input_ids, attention_mask, inputs, multiple_of=PACKED_MULTIPLE if self.bucket else 1)
+        base = self._base()
+        if not hasattr(self, "_is_causal"):
+            self._is_causal = is_causal(base)
+        dtype = next((p.dtype for p in base.parameters() if p.is_floating_point()), torch.float32)
+        attention = attention_inputs(packed, base.config._attn_implementation, self._is_causal, dtype)
+        out = self.backbone(input_ids=packed.input_ids, position_ids=packed.position_ids, return_dict=True,
+                            **packed.extra, **attention)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        return pool_packed(hidden[0], packed, self.pooling)
+
     def _embed_by_length(self, input_ids, attention_mask, inputs, chunks: int) -> torch.Tensor:
-        """Rows sorted by length, in ``chunks`` calls, each cut to its own longest row."""
+        """Rows sorted by length, in ``chunks`` calls, each cut to its own longest row (or
+        that row's bucket). With ``length_chunks`` 1 (the GPU default) the batch is taken as
+        collated (padded to its longest row or bucket already): no cut, so no wait for the
+        lengths on the host before the forward."""
+        if self.length_chunks == 1:
+            return self._embed(input_ids, attention_mask, inputs)
         lengths = attention_mask.sum(1)
         left_padded = bool((attention_mask[:, -1] == 1).all()) and not bool((attention_mask[:, 0] == 1).all())
 
         def call(rows):
             width = int(lengths[rows].max())
+            if self.bucket:
+                width = min(bucket_width(width), input_ids.shape[1])
             cols = slice(input_ids.shape[1] - width, None) if left_padded else slice(0, width)
             sub = {k: v[rows][:, cols] for k, v in inputs.items()}
             return self._embed(input_ids[rows][:, cols], attention_mask[rows][:, cols], sub)
