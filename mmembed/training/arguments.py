@@ -86,7 +86,7 @@ class SftArguments(TrainingArguments):
     model_type: str | None = field(default=None, metadata={"help": "ms-swift model type (picks the template)"})
     template: str | None = field(default=None, metadata={"help": "template name from templates/"})
     task_type: str = field(default="embedding", metadata={"help": "must be 'embedding'"})
-    torch_dtype: str | None = field(default=None, metadata={"help": "float32 | bfloat16 | float16 (default float32)"})
+    torch_dtype: str | None = field(default=None, metadata={"help": "float32 | bfloat16 | float16 | auto (default: float32 on a CPU; on a GPU bfloat16 for LoRA's frozen base, float32 for full training, under --bf16 autocast)"})
     attn_impl: str | None = field(default=None, metadata={"help": "sdpa | eager | flash_attn"})
     padding_side: str | None = field(default=None, metadata={"help": "left | right (default: the template's)"})
     pooling: str | None = field(default=None, metadata={"help": "override the template's pooling: last | mean | cls | max"})
@@ -118,7 +118,8 @@ class SftArguments(TrainingArguments):
     max_pixels: int | None = field(default=None, metadata={"help": "image pixel budget, as the MAX_PIXELS variable"})
     sequence_parallel_size: int = field(default=1, metadata={"help": "must be 1 (sequence parallelism is not offered)"})
     use_chat_template: bool = field(default=True, metadata={"help": "accepted for ms-swift scripts; the template decides the rendering"})
-    padding_free: bool = field(default=False, metadata={"help": "accepted for ms-swift scripts; text batches are cut to their length chunks instead"})
+    padding_free: bool | None = field(default=None, metadata={"help": "text batches packed into one sequence of real tokens (default: on with --attn_impl flash_attn / flex_attention for bert, qwen2, qwen3)"})
+    length_buckets: bool | None = field(default=None, metadata={"help": "pad text batches to a bounded set of widths (default: on a GPU, off on a CPU)"})
     # data
     dataset: list[str] = field(default_factory=list, metadata={"help": "data files / folders, path#N samples N rows"})
     columns: str | None = field(default=None, metadata={"help": "rename row fields before reading, as JSON: '{\"text1\": \"query\", \"text2\": \"response\"}'"})
@@ -159,6 +160,7 @@ class SftArguments(TrainingArguments):
     warmup_ratio: float | None = field(default=None, metadata={"help": "warmup as a fraction of the total steps"})
     per_device_train_batch_size: int = 1
     per_device_eval_batch_size: int = 1
+    dataloader_num_workers: int | None = field(default=None, metadata={"help": "data-loader processes (default: 0 on a CPU; on a GPU up to 4, one core per process kept for the trainer)"})  # type: ignore[assignment]
     gradient_accumulation_steps: int | None = None  # type: ignore[assignment]
     remove_unused_columns: bool = False
 
@@ -224,6 +226,7 @@ class SftArguments(TrainingArguments):
         self.deepspeed = _honour_optimizer_under_offload(self.deepspeed, str(getattr(self.optim, "value", self.optim)))
         if self.deepspeed:
             one_process_group_env(os.environ)
+        self.device_defaults = device_defaults(self, _has_accelerator())
         if not _has_accelerator():
             # without use_cpu, accelerate starts the process group under torchrun but then treats
             # the run as single-process (no DDP, no data sharding); with it, CPU runs use gloo
@@ -232,6 +235,8 @@ class SftArguments(TrainingArguments):
         if self.label_names is None:
             self.label_names = ["labels"]
         super().__post_init__()
+        if _has_accelerator() and self.dataloader_pin_memory:
+            self.accelerator_config.non_blocking = True  # pinned batches copy to the GPU while it computes
         if self.streaming:
             # each process reads the stream and keeps its share of every global batch
             # (accelerate's IterableDatasetShard): the collated batches are not sent from rank 0
@@ -290,6 +295,9 @@ def _check_names(args: "SftArguments") -> None:
     if args.attn_impl in ("flash_attn", "flash_attention_2") and importlib.util.find_spec("flash_attn") is None:
         raise UsageError(f"--attn_impl {args.attn_impl} needs the flash-attn package, which is not installed "
                          "(pip install flash-attn), or use --attn_impl sdpa")
+    if args.use_liger_kernel and importlib.util.find_spec("liger_kernel") is None:
+        raise UsageError("--use_liger_kernel true needs the liger-kernel package, which is not installed "
+                         "(pip install liger-kernel)")
     if args.template or args.model_type:
         get_template(args.template, args.model_type)  # a name that is neither shipped nor a .toml file
     if not args.output_dir:
@@ -458,6 +466,73 @@ def one_process_group_env(environ) -> bool:
     environ.setdefault("MASTER_ADDR", "127.0.0.1")
     environ.setdefault("MASTER_PORT", str(port))
     return True
+
+
+def device_defaults(args: "SftArguments", cuda: bool) -> list[str]:
+    """Fill the flags left unset whose best value depends on the device, and return them as
+    ``--flag value`` for the log. What helps on a few CPU cores does not on a GPU: there the
+    padding cut by length chunks costs more in host syncs, launches and new shapes than it
+    saves, data preparation must overlap the GPU's work, and bf16 is ms-swift's default.
+
+    - ``--torch_dtype``: float32 on a CPU. On a GPU, LoRA loads the frozen base in half
+      precision (the model's float16, else bfloat16, as ms-swift); full training keeps
+      float32 weights. Both then compute under ``--bf16`` autocast (``--fp16`` without bf16).
+    - ``--length_chunks``: 4 on a CPU, 1 on a GPU; ``--length_buckets``: on a GPU only.
+    - ``--dataloader_num_workers``: 0 on a CPU (no spare core); on a GPU up to 4, leaving
+      one core per process to the trainer, with ``--dataloader_persistent_workers`` and a
+      prefetch of 4 batches.
+    """
+    chosen: list[str] = []
+
+    def choose(flag: str, value) -> None:
+        setattr(args, flag, value)
+        chosen.append(f"--{flag} {str(value).lower() if isinstance(value, bool) else value}")
+
+    if args.length_chunks is None:
+        choose("length_chunks", 1 if cuda else 4)
+    if args.length_buckets is None:
+        choose("length_buckets", cuda)
+    if args.dataloader_num_workers is None:
+        workers = 0
+        if cuda:
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+            workers = max(0, min(4, (os.cpu_count() or 1) // max(local, 1) - 1))
+        choose("dataloader_num_workers", workers)
+        if workers and args.dataloader_prefetch_factor is None:
+            choose("dataloader_prefetch_factor", 4)
+        if workers and not args.dataloader_persistent_workers:
+            choose("dataloader_persistent_workers", True)
+    if cuda and args.torch_dtype is None:
+        # LoRA: the frozen base in the model's half precision (ms-swift's default); full
+        # training keeps float32 master weights under bf16 autocast, since AdamW steps of a
+        # small learning rate round away in bfloat16 weights (ms-swift trains them in bf16)
+        choose("torch_dtype", _gpu_dtype(args.model) if args.tuner_type == "lora" else "float32")
+    if cuda and not (args.bf16 or args.fp16) and args.torch_dtype in ("bfloat16", "float32", None):
+        import torch
+
+        if torch.cuda.is_bf16_supported():
+            choose("bf16", True)
+        elif args.torch_dtype == "float32":
+            choose("fp16", True)
+    return chosen
+
+
+def _gpu_dtype(model_dir: str | None) -> str:
+    """ms-swift's default dtype on a GPU: the half precision the model was saved in, else
+    bfloat16 (float16 where the GPU has no bfloat16)."""
+    import json
+
+    import torch
+
+    try:
+        with open(os.path.join(model_dir or "", "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        config = {}
+    saved = config.get("dtype") or config.get("torch_dtype") or (config.get("text_config") or {}).get("dtype")
+    if saved == "float16" or not torch.cuda.is_bf16_supported():
+        return "float16"
+    return "bfloat16"
 
 
 def default_gradient_accumulation(per_device_batch: int, world_size: int) -> int:

@@ -31,6 +31,7 @@ from ..model.embedding import (
     hidden_size,
     load_backbone,
 )
+from ..model.packing import PACKABLE_MODEL_TYPES, VARLEN_ATTENTION
 from .arguments import SftArguments, UsageError, check_side_flags
 from .charts import TrainingCharts, eval_similarities
 from .checkpoints import (
@@ -340,6 +341,13 @@ def _init_deepspeed_comm() -> None:
 
 def build_model(args: SftArguments, template: Template, pooling: str) -> EmbeddingModel:
     backbone = load_backbone(args.model, args.torch_dtype, args.attn_impl)
+    if args.use_liger_kernel:
+        # the Trainer would try this on the EmbeddingModel wrapper, which is no PreTrainedModel
+        from transformers.integrations.liger import apply_liger_kernel
+
+        apply_liger_kernel(backbone, args.liger_kernel_config)
+        logger.info("--use_liger_kernel: liger-kernel's fused kernels applied to the %s backbone",
+                    backbone.config.model_type)
     if args.tuner_type == "lora":
         try:
             backbone = apply_lora(backbone, args, template)
@@ -349,19 +357,38 @@ def build_model(args: SftArguments, template: Template, pooling: str) -> Embeddi
             raise UsageError(f"{_lora_flags(args)}: {one_line(e)}") from None
     elif freeze_parts(backbone, template, _frozen(args)):
         logger.info("full training with frozen parts: %s", ", ".join(sorted(_frozen(args))))
-    return EmbeddingModel(backbone, pooling, length_chunks=length_chunks(args), tower=template.tower)
+    padding_free = use_padding_free(args, backbone.config, template)
+    logger.info("on %s: %s", args.device.type, ", ".join(
+        [*getattr(args, "device_defaults", []), f"--padding_free {str(padding_free).lower()}",
+         f"--attn_impl {backbone.config._attn_implementation}"]))
+    return EmbeddingModel(backbone, pooling, length_chunks=args.length_chunks, tower=template.tower,
+                          padding_free=padding_free, bucket=bool(args.length_buckets))
 
 
-def length_chunks(args: SftArguments) -> int:
-    """``--length_chunks``, or the default for the device: 4 on a CPU, where the padding not
-    computed is the time saved; 1 on an accelerator, where each extra encoder pass costs a
-    host sync, more kernel launches and a new shape to set up, more than the padding it saves."""
-    if args.length_chunks is not None:
-        return args.length_chunks
-    device = args.device.type
-    chunks = 4 if device == "cpu" else 1
-    logger.info("--length_chunks %d (the default on %s; pass --length_chunks to choose)", chunks, device)
-    return chunks
+def use_padding_free(args: SftArguments, config, template: Template) -> bool:
+    """Whether text batches are packed (``--padding_free``; see mmembed.model.packing).
+
+    By default they are where packing saves work: a text model of a family whose positions
+    restart per row (bert, qwen2, qwen3) under FlashAttention or FlexAttention. SDPA and
+    eager would compute the packed attention as a dense mask, slower than the padded batch,
+    so ``--padding_free true`` with them (as ms-swift's example scripts pass it) keeps padded
+    batches and says so. A multimodal model's batches stay padded (its rotary positions come
+    from the media grid)."""
+    implementation = config._attn_implementation
+    reasons = []
+    if template.tower is not None:
+        reasons.append(f"the {template.name} template's media rows")
+    if config.model_type not in PACKABLE_MODEL_TYPES:
+        reasons.append(f"model type {config.model_type} (packed: {', '.join(sorted(PACKABLE_MODEL_TYPES))})")
+    if implementation not in VARLEN_ATTENTION:
+        reasons.append(f"--attn_impl {implementation}, whose packed attention is a dense mask "
+                       "(use flash_attn or flex_attention)")
+    if args.padding_free is None:
+        return not reasons
+    if args.padding_free and reasons:
+        logger.warning("--padding_free true: batches stay padded because of %s", "; ".join(reasons))
+        return False
+    return bool(args.padding_free)
 
 
 @dataclasses.dataclass
@@ -505,6 +532,7 @@ def build_trainer(args: SftArguments) -> EmbeddingTrainer:
         guide=side_models.builders.get("guide"),
         teacher=side_models.builders.get("teacher"),
         teacher_signal=data.teacher_key,
+        bucket=bool(args.length_buckets),
     )
     mmembed_config = {
         "base_model": os.path.abspath(args.model),

@@ -152,6 +152,16 @@ class EmbeddingTrainer(Trainer):
                 optimizer.add_param_group(group)
         return optimizer
 
+    def train(self, *args, **kwargs):
+        """The Trainer's loop. ``--use_liger_kernel`` was applied to the backbone when it was
+        built (``sft.build_model``); the Trainer would try again on the EmbeddingModel wrapper,
+        which is no PreTrainedModel, and warn that nothing was applied."""
+        liger, self.args.use_liger_kernel = self.args.use_liger_kernel, False
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self.args.use_liger_kernel = liger
+
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         strategy = str(getattr(self.args, "train_sampling_strategy", "random"))

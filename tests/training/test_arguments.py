@@ -94,15 +94,51 @@ def test_offloaded_optimizer_keeps_a_non_adam_choice():
     assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
 
 
-def test_length_chunks_default_depends_on_the_device():
+def test_device_defaults_differ_between_cpu_and_gpu(monkeypatch):
+    """Flags left unset take the device's defaults (and are listed for the log); flags given
+    are kept. The GPU side is checked by calling the rule with cuda=True on a namespace."""
     import types
 
     import torch
 
-    from mmembed.training.sft import length_chunks
+    from mmembed.training.arguments import device_defaults
 
-    assert parse_sft_args(BASE).length_chunks is None
-    assert length_chunks(types.SimpleNamespace(length_chunks=None, device=torch.device("cpu"))) == 4
-    assert length_chunks(types.SimpleNamespace(length_chunks=None, device=torch.device("cuda", 0))) == 1
-    assert length_chunks(types.SimpleNamespace(length_chunks=3, device=torch.device("cuda", 0))) == 3
-    assert length_chunks(parse_sft_args(BASE + ["--length_chunks", "2"])) == 2
+    args = parse_sft_args(BASE)
+    assert (args.length_chunks, args.length_buckets, args.dataloader_num_workers) == (4, False, 0)
+    assert args.torch_dtype is None and not args.bf16
+    assert "--length_chunks 4" in args.device_defaults and "--dataloader_num_workers 0" in args.device_defaults
+    given = parse_sft_args(BASE + ["--length_chunks", "2", "--length_buckets", "true", "--dataloader_num_workers", "1"])
+    assert (given.length_chunks, given.length_buckets, given.dataloader_num_workers) == (2, True, 1)
+    assert not any(d.startswith(("--length_chunks", "--length_buckets", "--dataloader_num_workers"))
+                   for d in given.device_defaults)
+
+    def gpu(**kw):
+        ns = dict(length_chunks=None, length_buckets=None, dataloader_num_workers=None, dataloader_prefetch_factor=None,
+                  dataloader_persistent_workers=False, torch_dtype=None, bf16=False, fp16=False,
+                  tuner_type="lora", model=args.model)
+        ns.update(kw)
+        ns = types.SimpleNamespace(**ns)
+        return ns, device_defaults(ns, cuda=True)
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    lora, chosen = gpu()
+    assert (lora.length_chunks, lora.length_buckets, lora.dataloader_num_workers) == (1, True, 4)
+    assert (lora.dataloader_prefetch_factor, lora.dataloader_persistent_workers) == (4, True)
+    assert (lora.torch_dtype, lora.bf16, lora.fp16) == ("bfloat16", True, False)
+    assert "--torch_dtype bfloat16" in chosen and "--bf16 true" in chosen
+    full, _ = gpu(tuner_type="full")
+    assert (full.torch_dtype, full.bf16) == ("float32", True)  # float32 master weights under bf16 autocast
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    eight, _ = gpu()
+    assert eight.dataloader_num_workers == 1  # 16 cores over 8 processes, one kept for each trainer
+    kept, chosen = gpu(torch_dtype="float32", fp16=True, dataloader_num_workers=0, length_chunks=3)
+    assert (kept.torch_dtype, kept.bf16, kept.fp16, kept.dataloader_num_workers, kept.length_chunks) == \
+        ("float32", False, True, 0, 3)
+    assert kept.dataloader_prefetch_factor is None and chosen == ["--length_buckets true"]
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    old, _ = gpu()
+    assert (old.torch_dtype, old.bf16, old.fp16) == ("float16", False, False)
+    old_full, _ = gpu(tuner_type="full")
+    assert (old_full.torch_dtype, old_full.bf16, old_full.fp16) == ("float32", False, True)

@@ -187,7 +187,7 @@ NO_BAD_VALUE = {
     "offline": "a boolean (see the --strict row); with it, a URL outside the media cache is a data error (exit 1)",
     "eval_beir_split": "a split name; its qrels file is read as data with --eval_beir (exit status 1)",
     **{flag: "a boolean: a value that does not parse is argparse's error (the --strict row)" for flag in (
-        "freeze_vit", "freeze_aligner", "freeze_llm", "use_dora", "use_rslora", "use_chat_template", "padding_free",
+        "freeze_vit", "freeze_aligner", "freeze_llm", "use_dora", "use_rslora", "use_chat_template", "padding_free", "length_buckets",
         "dataset_shuffle", "train_dataloader_shuffle", "val_dataset_shuffle", "lazy_tokenize", "load_from_cache_file",
         "overwrite_output_dir", "gradient_checkpointing", "logging_first_step", "remove_unused_columns")},
 }

@@ -1,0 +1,126 @@
+"""The GPU speed options as ``mmembed sft`` wires them (the numbers themselves are in
+tests/model/test_packing.py): which batches are packed (--padding_free), bucketed widths
+from the collator (--length_buckets), liger-kernel on the backbone (--use_liger_kernel),
+and the device defaults in the log."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+from conftest import REPO, stsb_pairs, write_jsonl
+
+from mmembed.data.sample import Item
+from mmembed.encoding.inputs import InputBuilder
+from mmembed.encoding.templates import get_template
+from mmembed.model.embedding import EmbeddingModel
+from mmembed.training.arguments import parse_sft_args
+from mmembed.training.sft import use_padding_free
+
+
+def config(model_type: str, implementation: str):
+    return types.SimpleNamespace(model_type=model_type, _attn_implementation=implementation)
+
+
+@pytest.mark.parametrize("model_type,implementation,tower,want", [
+    ("qwen3", "flash_attention_2", None, True),
+    ("bert", "flex_attention", None, True),
+    ("qwen2", "flash_attention_3", None, True),
+    ("qwen3", "sdpa", None, False),           # a dense mask would be slower than padding
+    ("xlm-roberta", "flash_attention_2", None, False),  # positions start past the padding index
+    ("qwen2_vl", "flash_attention_2", "vision", False),  # rotary positions from the media grid
+])
+def test_padding_free_by_default_where_it_saves_work(model_type, implementation, tower, want):
+    template = types.SimpleNamespace(tower=tower, name="t")
+    args = types.SimpleNamespace(padding_free=None)
+    assert use_padding_free(args, config(model_type, implementation), template) is want
+    args.padding_free = False
+    assert use_padding_free(args, config(model_type, implementation), template) is False
+
+
+def test_padding_free_true_without_a_varlen_attention_keeps_padded_batches(caplog):
+    template = types.SimpleNamespace(tower=None, name="qwen3_emb")
+    args = types.SimpleNamespace(padding_free=True)
+    with caplog.at_level("WARNING", logger="mmembed"):
+        assert use_padding_free(args, config("qwen3", "sdpa"), template) is False
+    assert "--padding_free true: batches stay padded" in caplog.text and "sdpa" in caplog.text
+    assert use_padding_free(args, config("qwen3", "flex_attention"), template) is True
+
+
+def test_bucketed_collation_gives_the_same_embeddings(minilm_no_dropout):
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(minilm_no_dropout)
+    template = get_template("bert", None)
+    items = [Item(text=r["query"]) for r in stsb_pairs(12)]
+    plain = InputBuilder(template, tok, max_length=100)(items)
+    bucketed = InputBuilder(template, tok, max_length=100, bucket=True)(items)
+    width = plain["input_ids"].shape[1]
+    assert bucketed["input_ids"].shape[1] == min(-(-width // 16) * 16, 100) > width
+    assert torch.equal(bucketed["input_ids"][:, :width], plain["input_ids"])
+    assert int(bucketed["attention_mask"][:, width:].sum()) == 0
+    capped = InputBuilder(template, tok, max_length=width + 1, bucket=True)(items)
+    assert capped["input_ids"].shape[1] == width + 1  # never past --max_length
+    model = EmbeddingModel(AutoModel.from_pretrained(minilm_no_dropout).eval(), "mean", length_chunks=1)
+    with torch.no_grad():
+        torch.testing.assert_close(model(**bucketed)["last_hidden_state"], model(**plain)["last_hidden_state"],
+                                   atol=1e-5, rtol=1e-4)
+
+
+LIGER_CHECK = r"""
+import sys, torch
+from mmembed.training.arguments import parse_sft_args
+from mmembed.training.sft import build_model, resolve_template
+args = parse_sft_args(sys.argv[1:])
+template = resolve_template(args.model, args.template, args.model_type, args.system)
+model = build_model(args, template, "last")
+base = model.backbone.get_base_model()
+layer = base.layers[0]
+print(*(m.forward.__func__.__module__.split(".")[0] for m in (base.norm, layer.input_layernorm, layer.mlp)))
+"""
+
+
+def test_use_liger_kernel_patches_the_backbone(tiny_model, tmp_path):
+    """liger-kernel's kernels need a GPU to run, so the check is that they are in place (in a
+    child process: liger also patches transformers' Qwen3 module for the whole process)."""
+    data = write_jsonl(tmp_path / "d.jsonl", stsb_pairs(4))
+    flags = ["--model", tiny_model("qwen3"), "--dataset", data, "--output_dir", str(tmp_path / "o")]
+    env = {**os.environ, "PYTHONPATH": REPO}
+    out = subprocess.run([sys.executable, "-c", LIGER_CHECK, *flags, "--use_liger_kernel", "true"], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    norm, layer_norm, mlp = out.stdout.split()
+    assert (norm, layer_norm, mlp) == ("liger_kernel",) * 3
+    out = subprocess.run([sys.executable, "-c", LIGER_CHECK, *flags], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["transformers"] * 3
+
+
+def test_use_liger_kernel_without_the_package_is_a_usage_error(monkeypatch, tmp_path):
+    import importlib.util
+
+    from mmembed.errors import UsageError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "liger_kernel" else real(name, *a))
+    with pytest.raises(UsageError, match="--use_liger_kernel true needs the liger-kernel package"):
+        parse_sft_args(["--model", str(tmp_path), "--dataset", "x.jsonl", "--use_liger_kernel", "true"])
+
+
+def test_the_device_defaults_are_logged(minilm_no_dropout, tmp_path, caplog):
+    from mmembed.training.sft import build_model, resolve_template
+
+    args = parse_sft_args(["--model", minilm_no_dropout, "--dataset", "x.jsonl", "--output_dir", str(tmp_path)])
+    template = resolve_template(args.model, None, None, None)
+    with caplog.at_level("INFO", logger="mmembed"):
+        model = build_model(args, template, "mean")
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("on cpu:"))
+    for part in ("--length_chunks 4", "--length_buckets false", "--dataloader_num_workers 0", "--padding_free false",
+                 "--attn_impl sdpa"):
+        assert part in line
+    assert (model.length_chunks, model.padding_free, model.bucket) == (4, False, False)
