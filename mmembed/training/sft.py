@@ -38,6 +38,7 @@ from .checkpoints import (
     clear_output_dir,
     find_last_complete_checkpoint,
     foreign_checkpoint,
+    is_model_only,
     leftovers,
     list_checkpoints,
 )
@@ -589,6 +590,10 @@ def resume_checkpoint(args: SftArguments) -> str | None:
             # (an mmembed checkpoint must still be whole: a killed save's weights may be partial)
             return resume
         check_complete(resume)  # before the Trainer's own loaders (DeepSpeed's included) read it
+        if is_model_only(resume) and not args.resume_only_model:
+            raise UsageError(f"--resume_from_checkpoint {resume}: the model alone that a --save_strategy no run saves "
+                             "(no optimizer, scheduler or data position); add --resume_only_model true to train on "
+                             "from its weights")
     return resume
 
 
@@ -796,7 +801,7 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
         # no checkpoints, no optimizer state: the trained model alone (weights or adapter,
         # tokenizer / processor, mmembed.json), which embeds and exports but does not resume
         final = os.path.join(args.output_dir, f"checkpoint-{trainer.state.global_step}")
-        trainer.save_model(final)
+        trainer.save_final_model(final)
     metrics: dict[str, Any] = dict(result.metrics)
     if trainer.eval_dataset is not None or trainer.eval_tasks:
         metrics.update(trainer.evaluate())

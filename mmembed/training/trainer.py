@@ -468,6 +468,24 @@ class EmbeddingTrainer(Trainer):
             except OSError as e:  # the new checkpoint is whole; an old one left behind loses nothing
                 logging.getLogger("mmembed").warning("--save_total_limit: could not delete an old checkpoint: %s", e)
 
+    def save_final_model(self, final: str) -> None:
+        """``--save_strategy no``: the trained model alone (weights or adapter, tokenizer /
+        processor, ``mmembed.json``) as ``final``, written whole or not at all like a checkpoint
+        (staged, flushed, marked as the model alone, renamed); it embeds and exports but does
+        not resume training. A failed write raises :class:`CheckpointWriteError` naming ``final``."""
+        publisher = self.args.should_save
+        if publisher:
+            checkpoints.test_point("save:begin")
+        self._agreed(lambda: checkpoints.prepare_staging(final) if publisher else None, final)
+        self._agreed(lambda: self.save_model(checkpoints.staging_folder(final), _internal_call=True), final)
+        if publisher:
+            checkpoints.test_point("save:model")
+        self._agreed(lambda: checkpoints.publish(final, self.state.global_step, model_only=True) if publisher else None,
+                     final)
+        self.last_checkpoint = final
+        if self.args.push_to_hub:  # as a checkpoint is pushed (the staging folder never is)
+            self._push_from_checkpoint(final)
+
     def _write_checkpoint(self, staging: str) -> None:
         """Every file of a checkpoint, into ``staging`` (as the Trainer's ``_save_checkpoint``)."""
         from transformers.trainer import TRAINER_STATE_NAME, ExportableState

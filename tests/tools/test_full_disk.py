@@ -85,6 +85,19 @@ def test_checkpoint_on_a_full_disk(run, point):
     assert is_complete(str(out / "checkpoint-1"))
 
 
+@pytest.mark.parametrize("point", ["save:begin", "save:model"])
+def test_save_strategy_no_final_model_on_a_full_disk(run, point):
+    """--save_strategy no: the disk fills before the last step's model is written, or after
+    its weights and before its marker: one line naming checkpoint-4, nothing under that name
+    (nor a staging folder)."""
+    d, argv = run
+    out = d / f"out-final-{point.replace(':', '-')}"
+    r = run_cli(argv + ["--output_dir", str(out), "--save_strategy", "no"], env={"MMEMBED_TEST_FULL_AT": f"{point}:1"})
+    line = _one_error_line(r, "sft", out / "checkpoint-4")
+    assert "File too large" in line and "nothing was left under that name" in line
+    assert _names(out) == []
+
+
 def test_read_only_output_dir_is_refused_before_training(run, tmp_path):
     d, argv = run
     with read_only(tmp_path / "ro") as out:
