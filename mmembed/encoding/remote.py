@@ -78,6 +78,7 @@ _PREFETCH_THREADS = 8
 _URL_RE = re.compile(r"(?i)^https?://")
 _SUFFIX_RE = re.compile(r"\.[A-Za-z0-9]{1,8}$")
 _TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
 
 
 def is_url(ref: object) -> bool:
@@ -114,6 +115,18 @@ def http_timeout() -> float:
 def max_bytes() -> int:
     value = env_number(os.environ, MAX_BYTES_ENV, int, positive=True)
     return MAX_BYTES if value is None else value
+
+
+def check_settings() -> None:
+    """The download variables, read now so that a malformed one is refused at start rather
+    than met at the first URL (or, for a switch, silently taken as off): a ValueError naming
+    the variable and its value."""
+    http_timeout()
+    max_bytes()
+    for name in (OFFLINE_ENV, "HF_HUB_OFFLINE"):
+        value = os.environ.get(name)
+        if value is not None and value.strip().lower() not in _TRUE + _FALSE:
+            raise ValueError(f"environment variable {name}={value!r} must be true or false (1/0, yes/no, on/off)")
 
 
 def cache_path(url: str, folder: str | None = None) -> str:

@@ -42,7 +42,7 @@ from .checkpoints import (
     leftovers,
     list_checkpoints,
 )
-from .trainer import EmbeddingTrainer, load_backbone_weights
+from .trainer import EmbeddingTrainer, eval_metric_names, load_backbone_weights
 
 logger = logging.getLogger("mmembed")
 
@@ -492,6 +492,7 @@ def build_trainer(args: SftArguments) -> EmbeddingTrainer:
     check_side_flags(args, loss.side)
     encoding = Encoding.resolve(args)
     data = TrainingData.load(args, encoding, loss)
+    check_drop_last(args, data)
     eval_tasks = load_eval_tasks(args, encoding)
     side_models = SideModels.load(args)
     width = hidden_size(AutoConfig.from_pretrained(args.model))
@@ -535,6 +536,20 @@ def build_trainer(args: SftArguments) -> EmbeddingTrainer:
     )
     trainer.add_callback(TrainingCharts(lambda: eval_similarities(trainer)))
     return trainer
+
+
+def check_drop_last(args: SftArguments, data: TrainingData) -> None:
+    """``--dataloader_drop_last true`` drops each epoch's last incomplete batch: with fewer
+    training rows (after the checks) than one batch of every process, it drops them all and
+    trains nothing. Refused now, after the data is read and before the model loads."""
+    if not args.dataloader_drop_last or not hasattr(data.train, "__len__"):  # a stream: its length is unknown
+        return
+    batch = args.per_device_train_batch_size * args.world_size
+    if len(data.train) < batch:
+        raise UsageError(f"--dataloader_drop_last true with {len(data.train)} training row(s), fewer than one batch "
+                         f"({batch} = --per_device_train_batch_size {args.per_device_train_batch_size} x "
+                         f"{args.world_size} process(es)): every batch would be dropped and nothing trained; "
+                         "leave out --dataloader_drop_last or lower --per_device_train_batch_size")
 
 
 def training_facts(args: SftArguments, loss: EmbeddingLoss, data: TrainingData) -> dict[str, Any]:
@@ -648,7 +663,9 @@ def check_model_folders(args: SftArguments) -> None:
 def check_environment() -> None:
     """The variables ms-swift's scripts set, read now whichever loss or model is used, so that
     a malformed one is refused at start rather than ignored or met mid-training: every
-    ``INFONCE_*`` variable and the media budgets (``MAX_PIXELS``, ``FPS``, ...)."""
+    ``INFONCE_*`` variable, the media budgets (``MAX_PIXELS``, ``FPS``, ...) and the download
+    variables (``MMEMBED_HTTP_TIMEOUT``, ``MMEMBED_MEDIA_MAX_BYTES``, the offline switches)."""
+    from ..encoding import remote
     from ..encoding.media import MediaBudget
     from ..losses import InfoNCEConfig
     from ..losses.config import ENV_VARS
@@ -656,6 +673,7 @@ def check_environment() -> None:
     try:
         InfoNCEConfig.from_env()
         MediaBudget.from_env()
+        remote.check_settings()  # MMEMBED_HTTP_TIMEOUT, MMEMBED_MEDIA_MAX_BYTES, MMEMBED_OFFLINE, HF_HUB_OFFLINE
     except ValueError as e:
         raise UsageError(str(e)) from None
     unknown = sorted(k for k in os.environ if k.startswith("INFONCE_") and k not in ENV_VARS.values())
@@ -687,6 +705,7 @@ def check_settings(args: SftArguments) -> None:
         except ValueError as e:
             raise UsageError(f"--mrl_dims {args.mrl_dims!r}: {e}") from None
     check_lora_targets(args, template, config)
+    check_metric_for_best_model(args, loss)
     # the data paths last: a flag that does not fit the loss says more than a file that is not there
     for flag in ("dataset", "val_dataset"):
         for spec in getattr(args, flag):
@@ -700,6 +719,20 @@ def check_settings(args: SftArguments) -> None:
     for flag, path, exists in files:
         if path and not exists(path):  # the user's data, as a --dataset that is not there (exit status 1)
             raise SpecError(f"{flag} {path}: no such {'file' if exists is os.path.isfile else 'folder'}")
+
+
+def check_metric_for_best_model(args: SftArguments, loss: EmbeddingLoss) -> None:
+    """``--metric_for_best_model`` names a metric the run's evaluations log (with or without
+    the ``eval_`` prefix, as transformers reads it), so a typo is refused now rather than a
+    KeyError at the first evaluation. A run that evaluates nothing never reads it."""
+    name = args.metric_for_best_model
+    dataset = bool(args.val_dataset) or args.split_dataset_ratio > 0
+    if not name or str(getattr(args.eval_strategy, "value", args.eval_strategy)) == "no":
+        return
+    logged = eval_metric_names(loss.layout, dataset, bool(args.eval_beir), bool(args.eval_sts))
+    if (name if name.startswith("eval_") else f"eval_{name}") not in logged:
+        raise UsageError(f"--metric_for_best_model {name!r} is not a metric this run logs; it logs "
+                         f"{', '.join(sorted(logged))}")
 
 
 def _lora_flags(args: SftArguments) -> str:

@@ -331,7 +331,7 @@ class EmbeddingTrainer(Trainer):
         elif not self.eval_tasks:
             raise ValueError("nothing to evaluate: no eval dataset, --eval_beir or --eval_sts")
         metrics.update(self._task_metrics())
-        metrics = {f"{metric_key_prefix}_{k.replace('@', '_at_')}": float(v) for k, v in metrics.items()}
+        metrics = {logged_metric_name(k, metric_key_prefix): float(v) for k, v in metrics.items()}
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
@@ -573,6 +573,46 @@ class EmbeddingTrainer(Trainer):
         best = self.state.best_model_checkpoint
         if best:
             load_backbone_weights(self.accelerator.unwrap_model(self.model).backbone, best)
+
+
+def logged_metric_name(name: str, prefix: str = "eval") -> str:
+    """The name :meth:`EmbeddingTrainer.evaluate` logs a metric under (``recall@1`` ->
+    ``eval_recall_at_1``)."""
+    return f"{prefix}_{name.replace('@', '_at_')}"
+
+
+def eval_metric_names(layout: Layout, dataset: bool, beir: bool, sts: bool) -> set[str]:
+    """Every metric name :meth:`EmbeddingTrainer.evaluate` logs for a run with an eval set
+    (``dataset``) of the loss's ``layout`` and the ``--eval_beir`` / ``--eval_sts`` tasks: the
+    metric functions run on a few random vectors, so the names are theirs, not a copy."""
+    import numpy as np
+
+    from ..eval.beir import BeirData, evaluate_beir
+    from ..eval.sts import evaluate_pairs
+
+    rng = np.random.default_rng(0)
+
+    def unit(n: int) -> np.ndarray:
+        x = rng.normal(size=(n, 4)).astype(np.float32)
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    class Vectors:
+        def encode(self, texts, batch_size=None):
+            return unit(len(texts))
+
+    names: set[str] = set()
+    if dataset:
+        names.add("loss")
+        if layout is Layout.PAIR:
+            names |= set(pair_metrics(unit(3), unit(3), np.array([0.0, 1.0, 0.5])))
+        else:  # two groups: a0 p0 n0, a1 p1
+            names |= set(embedding_eval_metrics(unit(5), np.array([1.0, 0.0, 1.0])))
+    if beir:
+        data = BeirData(["d0", "d1"], ["x", "y"], ["q0"], ["q"], {"q0": {"d0": 1.0}})
+        names |= {f"beir_{k}" for k in evaluate_beir(Vectors(), data)}
+    if sts:
+        names |= {f"sts_{k}" for k in evaluate_pairs(Vectors().encode, ["a", "b"], ["c", "d"], [1.0, 0.0])}
+    return {logged_metric_name(k) for k in names}
 
 
 def load_backbone_weights(backbone: torch.nn.Module, folder: str) -> None:
