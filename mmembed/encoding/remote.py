@@ -57,7 +57,7 @@ from ..data.sample import Origin, Sample
 from ..errors import env_number
 
 __all__ = [
-    "HTTP_TIMEOUT", "MAX_BYTES", "Tally", "cache_dir", "cache_path", "fetch", "is_offline", "is_url", "prefetch",
+    "HTTP_TIMEOUT", "MAX_BYTES", "Tally", "cache_dir", "cache_path", "fetch", "is_offline", "is_url", "prefetch", "redact",
     "sample_urls", "tally",
 ]  # fmt: skip
 
@@ -83,6 +83,21 @@ _FALSE = ("0", "false", "no", "off", "")
 
 def is_url(ref: object) -> bool:
     return isinstance(ref, str) and bool(_URL_RE.match(ref.strip()))
+
+
+def redact(url: str) -> str:
+    """``url`` as logs and messages show it: a ``user:password@`` and the query string and
+    fragment (where signed URLs carry their tokens) replaced by ``***``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url.strip())
+        host = parts.netloc.rpartition("@")[2]
+    except ValueError:  # not parseable (a bad port, brackets): show the scheme and a mark only
+        return url.split("://", 1)[0] + "://***"
+    netloc = f"***@{host}" if "@" in parts.netloc else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "",
+                       "***" if parts.fragment else ""))
 
 
 # ----------------------------------------------------------------------------- settings
@@ -115,6 +130,23 @@ def http_timeout() -> float:
 def max_bytes() -> int:
     value = env_number(os.environ, MAX_BYTES_ENV, int, positive=True)
     return MAX_BYTES if value is None else value
+
+
+def redact_text(text: str, url: str) -> str:
+    """``text`` (an error's message about ``url``) with ``url``'s password, user and query
+    string replaced by ``***`` wherever they appear (an HTTP library may quote them)."""
+    from urllib.parse import urlsplit
+
+    text = text.replace(url.strip(), redact(url))
+    try:
+        parts = urlsplit(url.strip())
+        secrets_ = [parts.netloc.rpartition("@")[0] if "@" in parts.netloc else "", parts.query, parts.fragment]
+        secrets_ += [parts.password or "", parts.username or ""]
+    except ValueError:
+        return text
+    for secret in sorted(filter(None, secrets_), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 def check_settings() -> None:
@@ -259,7 +291,7 @@ def _download(url: str, path: str) -> None:
         _tally.downloaded += 1
         _tally.bytes += size
         _tally.seconds += seconds
-    logger.info("downloaded %s: %s bytes in %.2f s -> %s", url, f"{size:,}", seconds, path)
+    logger.info("downloaded %s: %s bytes in %.2f s -> %s", redact(url), f"{size:,}", seconds, path)
 
 
 def _write_error(folder: str, e: OSError) -> ValueError:
@@ -341,7 +373,7 @@ def prefetch(refs: Iterable[tuple[str, Origin]], threads: int = _PREFETCH_THREAD
             except ValueError as e:
                 pool.shutdown(wait=True, cancel_futures=True)
                 source, line, fieldname = where
-                raise MediaFileError(source, line, fieldname, f"cannot download ({e}): {url!r}") from None
+                raise MediaFileError(source, line, fieldname, redact_text(f"cannot download ({e}): {redact(url)!r}", url)) from None
     moved = tally() - before
     done = Tally(downloaded, moved.bytes, moved.seconds, len(first) - downloaded)
     logger.info("%s (%d distinct URL(s) in the data)", done.summary(), len(first))

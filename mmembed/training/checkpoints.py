@@ -214,6 +214,9 @@ def publish(final: str, step: int, model_only: bool = False) -> None:
 
 def remove_checkpoint(path: str) -> None:
     """Delete a checkpoint so that no moment leaves it looking whole: the marker goes first."""
+    if os.path.islink(path):  # a link to a folder elsewhere: the link goes, never what it points to
+        os.unlink(path)
+        return
     marker = os.path.join(path, COMPLETE_MARKER)
     if os.path.exists(marker):
         os.remove(marker)

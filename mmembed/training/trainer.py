@@ -438,7 +438,7 @@ class EmbeddingTrainer(Trainer):
         # mmembed.json, the tokenizer's suffix, sentence-transformers files, model card: one rule with mmembed export
         write_saved_folder(output_dir, self.mmembed_config, hidden_size(backbone.config), self.state.log_history,
                            final_path=checkpoints.final_folder(output_dir), global_step=self.state.global_step)
-        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+        torch.save(args_without_tokens(self.args), os.path.join(output_dir, "training_args.bin"))
 
     def _save_checkpoint(self, model, trial) -> None:
         """The Trainer's checkpoint (weights, tokenizer, optimizer / scheduler / scaler / RNG
@@ -573,6 +573,19 @@ class EmbeddingTrainer(Trainer):
         best = self.state.best_model_checkpoint
         if best:
             load_backbone_weights(self.accelerator.unwrap_model(self.model).backbone, best)
+
+
+def args_without_tokens(args):
+    """A copy of the training arguments with every ``*_token`` field (``--hub_token``) cleared,
+    for ``training_args.bin``: a checkpoint is shared and pushed, a token must not go with it."""
+    import copy
+    import dataclasses
+
+    saved = copy.copy(args)
+    for f in dataclasses.fields(saved):
+        if f.name.endswith("token") and getattr(saved, f.name, None):
+            object.__setattr__(saved, f.name, None)
+    return saved
 
 
 def logged_metric_name(name: str, prefix: str = "eval") -> str:

@@ -47,7 +47,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         gets = self.server.gets
         gets[self.path] += 1
-        mode, _, name = self.path[1:].rpartition("/")
+        mode, _, name = self.path.partition("?")[0][1:].rpartition("/")  # a query string is ignored
         body = SERVED.get(f"/{name}")
         try:
             if mode == "slow":
@@ -227,6 +227,27 @@ def test_prefetch_names_each_url_of_a_sample_and_counts_once(server, cache):
     with pytest.raises(MediaFileError) as e:
         remote.prefetch([(red, ("rows.jsonl", 1, "query images[0]")), (missing, ("rows.jsonl", 9, "response images[0]"))])
     expect_error(e, ("rows.jsonl", 9, "response images[0]"), missing, "HTTP 404")
+
+
+def test_urls_are_redacted_in_logs_and_errors(server, cache, caplog):
+    """A signed URL's query string and a URL's user:password never reach the log or an error
+    message: they show as ***."""
+    import logging
+
+    signed = server.url("/red_circle.png") + "?X-Amz-Signature=SECRETSIG&token=SECRETTOK"
+    with caplog.at_level(logging.INFO, logger="mmembed.encoding.remote"):
+        remote.prefetch([(signed, WHERE)])
+    assert f"downloaded {server.url('/red_circle.png')}?***: " in caplog.text, caplog.text
+    assert "SECRET" not in caplog.text
+    bad = server.url("/missing.png").replace("http://", "http://alice:hunter2@") + "?sig=SECRETSIG"
+    for call in (lambda: remote.prefetch([(bad, WHERE)]), lambda: load_image(bad, where=WHERE)):
+        with pytest.raises(MediaFileError) as e:
+            call()
+        text = str(e.value)
+        assert "hunter2" not in text and "alice" not in text and "SECRETSIG" not in text, text
+        assert "http://***@127.0.0.1:" in text and "/missing.png?***" in text, text
+    assert remote.redact("https://u:p@h.example/a.png?s=1#f") == "https://***@h.example/a.png?***#***"
+    assert remote.redact("https://h.example/a.png") == "https://h.example/a.png"
 
 
 # ---------------------------------------------------------------------------- limits
