@@ -351,10 +351,12 @@ def sample_urls(sample: Sample) -> Iterator[tuple[str, Origin]]:
                         yield r.strip(), (sample.source, sample.line, f"{name} {kind}[{j}]")
 
 
-def prefetch(refs: Iterable[tuple[str, Origin]], threads: int = _PREFETCH_THREADS) -> Tally:
+def prefetch(refs: Iterable[tuple[str, Origin]], threads: int = _PREFETCH_THREADS,
+             failed: dict[str, str] | None = None) -> Tally:
     """Fetch every URL of ``refs`` (``(url, where)`` pairs) into the cache before it is needed,
     a few at a time, and log one summary line. The first URL (in ``refs``' order) that fails
-    raises :class:`~mmembed.data.paths.MediaFileError` naming its file, line, field and the URL.
+    raises :class:`~mmembed.data.paths.MediaFileError` naming its file, line, field and the URL;
+    given ``failed`` (a dict), every URL that fails is put there instead (URL -> reason, redacted).
     Returns the counts of this call."""
     from ..data.paths import MediaFileError
 
@@ -371,10 +373,13 @@ def prefetch(refs: Iterable[tuple[str, Origin]], threads: int = _PREFETCH_THREAD
             try:
                 downloaded += future.result()[1]
             except ValueError as e:
+                if failed is not None:  # --strict false: the caller skips the rows naming it
+                    failed[url] = redact_text(str(e), url)
+                    continue
                 pool.shutdown(wait=True, cancel_futures=True)
                 source, line, fieldname = where
                 raise MediaFileError(source, line, fieldname, redact_text(f"cannot download ({e}): {redact(url)!r}", url)) from None
     moved = tally() - before
-    done = Tally(downloaded, moved.bytes, moved.seconds, len(first) - downloaded)
+    done = Tally(downloaded, moved.bytes, moved.seconds, len(first) - downloaded - len(failed or ()))
     logger.info("%s (%d distinct URL(s) in the data)", done.summary(), len(first))
     return done

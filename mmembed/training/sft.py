@@ -422,7 +422,7 @@ class TrainingData:
             val, files["val"] = val_loaded.dataset, val_loaded.records
         else:
             val = loaded.val
-        fetch_remote_media([train] + ([val] if val is not None else []))
+        train, val = fetch_remote_media(train, val, args.strict)
         if args.truncation_strategy == "delete":
             builder = InputBuilder(encoding.template, encoding.processing, encoding.max_length, truncate=False)
             train = drop_overlong(train, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "train",
@@ -457,7 +457,7 @@ class TrainingData:
         if args.val_dataset:
             val_loaded = load_samples(args.val_dataset, split_ratio=1.0, shuffle=args.val_dataset_shuffle, **load_opts)
             val, files["val"] = val_loaded.dataset, val_loaded.records
-            fetch_remote_media([val])
+            _, val = fetch_remote_media(None, val, args.strict)
         if args.truncation_strategy == "delete":
             builder = InputBuilder(encoding.template, encoding.processing, encoding.max_length, truncate=False)
             train.keep = lambda sample: token_lengths([sample], builder, loss.layout)[0] <= encoding.max_length
@@ -467,20 +467,41 @@ class TrainingData:
         return cls(train, EmbeddingDataset(val) if val is not None else None, files=files)
 
 
-def fetch_remote_media(datasets) -> None:
+def fetch_remote_media(train, val, strict: bool = True):
     """Download every http(s) media file of the rows into the media cache now (once; a cached
     one is not fetched again), so that a URL that fails does so before training, and steps,
-    epochs and data-loader workers read the cache. Logs one line per download and a summary."""
+    epochs and data-loader workers read the cache. Logs one line per download and a summary.
+    A URL that cannot be fetched is an error naming its row, or with ``strict=False`` each row
+    naming it is skipped and listed like the other skipped rows. Returns ``(train, val)``."""
     from ..encoding import remote
 
-    def refs():
-        for ds in datasets:
-            for batch in ds.select_columns(["sample"]).iter(batch_size=1024):
-                for text in batch["sample"]:
-                    if "://" in text:  # most rows have no URL: skip decoding them
-                        yield from remote.sample_urls(Sample.from_json(text))
+    named = [(what, ds) for what, ds in (("train", train), ("val", val)) if ds is not None]
 
-    remote.prefetch(refs())
+    def urls(ds):
+        for i, batch in enumerate(ds.select_columns(["sample"]).iter(batch_size=1024)):
+            for j, text in enumerate(batch["sample"]):
+                if "://" in text:  # most rows have no URL: skip decoding them
+                    for url, where in remote.sample_urls(Sample.from_json(text)):
+                        yield i * 1024 + j, url, where
+
+    failed: dict[str, str] | None = None if strict else {}
+    remote.prefetch(((url, where) for _, ds in named for _, url, where in urls(ds)), failed=failed)
+    if not failed:
+        return train, val
+    kept = {}
+    for what, ds in named:
+        skipped: dict[int, DataError] = {}
+        for i, url, (source, line, fieldname) in urls(ds):
+            if url.strip() in failed and i not in skipped:
+                skipped[i] = DataError(source, line, fieldname,
+                                       f"cannot download ({failed[url.strip()]}): {remote.redact(url)!r}")
+        if skipped:
+            listed = "\n".join(f"  {e}" for e in skipped.values())
+            logger.warning("%s: skipped %d row(s) whose media cannot be downloaded (--strict false):\n%s", what,
+                           len(skipped), listed)
+            ds = ds.select([i for i in range(len(ds)) if i not in skipped])
+        kept[what] = ds
+    return kept.get("train", train), kept.get("val", val)
 
 
 def build_trainer(args: SftArguments) -> EmbeddingTrainer:
