@@ -71,6 +71,7 @@ def folder_replaced_when_done(path: str) -> Iterator[str]:
     try:
         os.makedirs(parent, exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}-", suffix=".tmp", dir=parent)
+        os.chmod(tmp, 0o777 & ~_umask())  # the mode a plain mkdir would give, not mkdtemp's 0700
     except OSError as e:
         raise WriteError(path, e) from e
     try:

@@ -189,9 +189,11 @@ def _error(where: Origin | None, ref: Any, message: str) -> MediaFileError:
 
 
 def _show(ref: Any) -> str:
-    """The reference for an error message (data: URIs shortened)."""
+    """The reference for an error message (data: URIs shortened, URLs redacted)."""
     if isinstance(ref, str) and ref[:5].lower() == "data:" and len(ref) > 80:
         return repr(f"{ref[:60]}...") + f" ({len(ref)} characters)"
+    if remote.is_url(ref):  # no password or signed query string in a message
+        return repr(remote.redact(ref))
     return repr(ref)
 
 
@@ -236,7 +238,8 @@ def _open(ref: str, where: Origin | None, kind: str) -> str | io.BytesIO:
                 return io.BytesIO(_decode_data_uri(ref.strip()))
             return remote.fetch(ref)
     except ValueError as e:
-        raise _error(where, ref, f"cannot read {kind} ({e})") from None
+        reason = remote.redact_text(str(e), ref) if remote.is_url(ref) else str(e)
+        raise _error(where, ref, f"cannot read {kind} ({reason})") from None
     if not os.path.exists(path):
         raise _error(where, ref, f"{kind} file not found")
     if os.path.isdir(path) and kind != "video":

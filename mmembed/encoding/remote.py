@@ -57,7 +57,7 @@ from ..data.sample import Origin, Sample
 from ..errors import env_number
 
 __all__ = [
-    "HTTP_TIMEOUT", "MAX_BYTES", "Tally", "cache_dir", "cache_path", "fetch", "is_offline", "is_url", "prefetch",
+    "HTTP_TIMEOUT", "MAX_BYTES", "Tally", "cache_dir", "cache_path", "fetch", "is_offline", "is_url", "prefetch", "redact",
     "sample_urls", "tally",
 ]  # fmt: skip
 
@@ -78,10 +78,26 @@ _PREFETCH_THREADS = 8
 _URL_RE = re.compile(r"(?i)^https?://")
 _SUFFIX_RE = re.compile(r"\.[A-Za-z0-9]{1,8}$")
 _TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
 
 
 def is_url(ref: object) -> bool:
     return isinstance(ref, str) and bool(_URL_RE.match(ref.strip()))
+
+
+def redact(url: str) -> str:
+    """``url`` as logs and messages show it: a ``user:password@`` and the query string and
+    fragment (where signed URLs carry their tokens) replaced by ``***``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url.strip())
+        host = parts.netloc.rpartition("@")[2]
+    except ValueError:  # not parseable (a bad port, brackets): show the scheme and a mark only
+        return url.split("://", 1)[0] + "://***"
+    netloc = f"***@{host}" if "@" in parts.netloc else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "",
+                       "***" if parts.fragment else ""))
 
 
 # ----------------------------------------------------------------------------- settings
@@ -114,6 +130,35 @@ def http_timeout() -> float:
 def max_bytes() -> int:
     value = env_number(os.environ, MAX_BYTES_ENV, int, positive=True)
     return MAX_BYTES if value is None else value
+
+
+def redact_text(text: str, url: str) -> str:
+    """``text`` (an error's message about ``url``) with ``url``'s password, user and query
+    string replaced by ``***`` wherever they appear (an HTTP library may quote them)."""
+    from urllib.parse import urlsplit
+
+    text = text.replace(url.strip(), redact(url))
+    try:
+        parts = urlsplit(url.strip())
+        secrets_ = [parts.netloc.rpartition("@")[0] if "@" in parts.netloc else "", parts.query, parts.fragment]
+        secrets_ += [parts.password or "", parts.username or ""]
+    except ValueError:
+        return text
+    for secret in sorted(filter(None, secrets_), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def check_settings() -> None:
+    """The download variables, read now so that a malformed one is refused at start rather
+    than met at the first URL (or, for a switch, silently taken as off): a ValueError naming
+    the variable and its value."""
+    http_timeout()
+    max_bytes()
+    for name in (OFFLINE_ENV, "HF_HUB_OFFLINE"):
+        value = os.environ.get(name)
+        if value is not None and value.strip().lower() not in _TRUE + _FALSE:
+            raise ValueError(f"environment variable {name}={value!r} must be true or false (1/0, yes/no, on/off)")
 
 
 def cache_path(url: str, folder: str | None = None) -> str:
@@ -246,7 +291,7 @@ def _download(url: str, path: str) -> None:
         _tally.downloaded += 1
         _tally.bytes += size
         _tally.seconds += seconds
-    logger.info("downloaded %s: %s bytes in %.2f s -> %s", url, f"{size:,}", seconds, path)
+    logger.info("downloaded %s: %s bytes in %.2f s -> %s", redact(url), f"{size:,}", seconds, path)
 
 
 def _write_error(folder: str, e: OSError) -> ValueError:
@@ -306,10 +351,12 @@ def sample_urls(sample: Sample) -> Iterator[tuple[str, Origin]]:
                         yield r.strip(), (sample.source, sample.line, f"{name} {kind}[{j}]")
 
 
-def prefetch(refs: Iterable[tuple[str, Origin]], threads: int = _PREFETCH_THREADS) -> Tally:
+def prefetch(refs: Iterable[tuple[str, Origin]], threads: int = _PREFETCH_THREADS,
+             failed: dict[str, str] | None = None) -> Tally:
     """Fetch every URL of ``refs`` (``(url, where)`` pairs) into the cache before it is needed,
     a few at a time, and log one summary line. The first URL (in ``refs``' order) that fails
-    raises :class:`~mmembed.data.paths.MediaFileError` naming its file, line, field and the URL.
+    raises :class:`~mmembed.data.paths.MediaFileError` naming its file, line, field and the URL;
+    given ``failed`` (a dict), every URL that fails is put there instead (URL -> reason, redacted).
     Returns the counts of this call."""
     from ..data.paths import MediaFileError
 
@@ -326,10 +373,13 @@ def prefetch(refs: Iterable[tuple[str, Origin]], threads: int = _PREFETCH_THREAD
             try:
                 downloaded += future.result()[1]
             except ValueError as e:
+                if failed is not None:  # --strict false: the caller skips the rows naming it
+                    failed[url] = redact_text(str(e), url)
+                    continue
                 pool.shutdown(wait=True, cancel_futures=True)
                 source, line, fieldname = where
-                raise MediaFileError(source, line, fieldname, f"cannot download ({e}): {url!r}") from None
+                raise MediaFileError(source, line, fieldname, redact_text(f"cannot download ({e}): {redact(url)!r}", url)) from None
     moved = tally() - before
-    done = Tally(downloaded, moved.bytes, moved.seconds, len(first) - downloaded)
+    done = Tally(downloaded, moved.bytes, moved.seconds, len(first) - downloaded - len(failed or ()))
     logger.info("%s (%d distinct URL(s) in the data)", done.summary(), len(first))
     return done

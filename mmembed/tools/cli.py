@@ -325,6 +325,11 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     try:
         return COMMANDS[command](rest)
+    except KeyboardInterrupt:  # Ctrl-C: what was written whole stays (checkpoints, outputs are renamed when done)
+        if debug:
+            raise
+        print(f"mmembed {command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
     except Exception as e:
         code = exit_code(e)
         if code is None or debug:

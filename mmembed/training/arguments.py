@@ -11,6 +11,7 @@ deleted (``--truncation_strategy delete``).
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import math
 import os
@@ -66,6 +67,7 @@ LIMITS: dict[str, tuple] = {
     "seed": (lambda v: 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
     "data_seed": (lambda v: 0 <= v < 2**32, "an integer from 0 to 2**32 - 1"),
     "dataloader_num_workers": (lambda v: v >= 0, "an integer >= 0"),
+    "dataloader_prefetch_factor": (lambda v: v >= 1, "an integer >= 1 (batches each worker loads ahead)"),
     "lora_rank": (lambda v: v >= 1, "an integer >= 1"),
     "lora_alpha": (lambda v: v > 0, "a number > 0"),
     "lora_dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
@@ -252,6 +254,20 @@ def _check_values(args: "SftArguments") -> None:
             raise UsageError(f"--{flag} must be {allowed}, got {value!r}")
     if not (args.max_steps >= 1 or (math.isfinite(args.num_train_epochs) and args.num_train_epochs > 0)):
         raise UsageError(f"--num_train_epochs must be a number > 0 (or give --max_steps), got {args.num_train_epochs!r}")
+    if args.dataloader_prefetch_factor is not None and not args.dataloader_num_workers:
+        raise UsageError(f"--dataloader_prefetch_factor {args.dataloader_prefetch_factor} needs data-loader workers "
+                         f"(--dataloader_num_workers > 0), got --dataloader_num_workers {args.dataloader_num_workers}")
+    for flag in ("lr_scheduler_kwargs", "gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"):
+        value = getattr(args, flag, None)
+        if isinstance(value, str):  # transformers parses it later, with an error that names no flag
+            try:
+                value = json.loads(value)
+            except ValueError as e:
+                raise UsageError(f"--{flag} must be a JSON object, got {getattr(args, flag)!r} ({e})") from None
+            if not isinstance(value, dict):
+                raise UsageError(f"--{flag} must be a JSON object ({{\"name\": value, ...}}), got "
+                                 f"{getattr(args, flag)!r}")
+            setattr(args, flag, value)
 
 
 def _check_streaming(args: "SftArguments") -> None:

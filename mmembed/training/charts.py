@@ -12,6 +12,11 @@
 
 Drawn with matplotlib's Agg canvas (no display, no pyplot state). :class:`TrainingCharts`
 is the ``TrainerCallback``; :func:`chart_series` and :func:`draw_series` are usable alone.
+
+Each PNG is written under a temporary name and renamed when whole (:func:`save_figure`). A
+chart that cannot be written (full disk, read-only folder) does not stop training: the
+callback logs one warning line naming the file, and the run goes on (a checkpoint already
+published stays as it was; the next checkpoint meets the full disk itself).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
+from ..files import WriteError, replaced_when_done
 from ..losses.base import Groups, Layout
 from .distributed import all_gather_no_grad, world
 
@@ -86,6 +92,17 @@ def plot_series(name: str, steps: Sequence[int], values: Sequence[float]):
     return fig
 
 
+def save_figure(fig, path: str) -> None:
+    """``fig`` as a PNG at ``path``, written under a temporary name and renamed when whole;
+    a failed write raises :class:`WriteError` naming ``path`` and leaves no file behind."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    except OSError as e:
+        raise WriteError(path, e) from e
+    with replaced_when_done(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=100)
+
+
 def draw_series(log_history: Sequence[dict[str, Any]], folder: str,
                 drawn: dict[str, tuple[list[int], list[float]]] | None = None) -> list[str]:
     """One PNG per series of ``log_history`` in ``folder``; returns the paths of all of them.
@@ -93,12 +110,11 @@ def draw_series(log_history: Sequence[dict[str, Any]], folder: str,
     ``drawn``: the series as last drawn into ``folder``, updated here; a chart whose series
     has not changed since and whose file is there is not drawn again (the end of training
     usually follows a save at the same step)."""
-    os.makedirs(folder, exist_ok=True)
     paths = []
     for name, series in chart_series(log_history).items():
         path = os.path.join(folder, f"{name}.png")
         if drawn is None or drawn.get(name) != series or not os.path.isfile(path):
-            plot_series(name, *series).savefig(path, dpi=100)
+            save_figure(plot_series(name, *series), path)
             if drawn is not None:
                 drawn[name] = series
         paths.append(path)
@@ -248,16 +264,23 @@ class TrainingCharts(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            draw_series(state.log_history, self.folder(args), self.drawn)
+            try:
+                draw_series(state.log_history, self.folder(args), self.drawn)
+            except WriteError as e:  # the charts are a view of the run: training goes on
+                logger.warning("charts: %s; training goes on without them", e)
 
     def on_train_end(self, args, state, control, **kwargs):
         after = self._measure() if self.before is not None else None
         if not state.is_world_process_zero:
             return
         folder = self.folder(args)
-        written = draw_series(state.log_history, folder, self.drawn)
-        if self.before is not None:
-            path = os.path.join(folder, HISTOGRAM_FILE)
-            plot_histogram(self.before, after, f"after training (step {state.global_step})").savefig(path, dpi=100)
-            written.append(path)
+        try:
+            written = draw_series(state.log_history, folder, self.drawn)
+            if self.before is not None:
+                path = os.path.join(folder, HISTOGRAM_FILE)
+                save_figure(plot_histogram(self.before, after, f"after training (step {state.global_step})"), path)
+                written.append(path)
+        except WriteError as e:  # the charts are a view of the run: its model is saved all the same
+            logger.warning("charts: %s; the run goes on without them", e)
+            return
         logger.info("charts (%d): %s", len(written), folder)

@@ -100,11 +100,24 @@ def leftovers(output_dir: str) -> list[str]:
 
 
 def find_last_complete_checkpoint(output_dir: str) -> str | None:
-    """The highest-numbered ``checkpoint-N`` under ``output_dir`` that is whole."""
+    """The highest-numbered ``checkpoint-N`` under ``output_dir`` that is whole and that
+    training can resume from (not the model alone that ``--save_strategy no`` saves)."""
     for _, path in reversed(list_checkpoints(output_dir)):
-        if is_complete(path):
+        if is_complete(path) and not is_model_only(path):
             return path
     return None
+
+
+def is_model_only(checkpoint: str) -> bool:
+    """Whether ``checkpoint`` is the trained model alone (``--save_strategy no``'s last step:
+    weights, tokenizer, ``mmembed.json``; no optimizer, scheduler or trainer state), as its
+    marker says."""
+    try:
+        with open(os.path.join(checkpoint, COMPLETE_MARKER), encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and bool(manifest.get("model_only"))
 
 
 def check_complete(checkpoint: str) -> None:
@@ -174,8 +187,9 @@ def discard_staging(final: str) -> None:
     shutil.rmtree(staging_folder(final), ignore_errors=True)
 
 
-def publish(final: str, step: int) -> None:
-    """Flush the staging folder of ``final``, mark it complete and give it ``final``'s name."""
+def publish(final: str, step: int, model_only: bool = False) -> None:
+    """Flush the staging folder of ``final``, mark it complete and give it ``final``'s name
+    (``model_only``: the marker says it holds the model alone, nothing to resume training from)."""
     staging = staging_folder(final)
     parent = os.path.dirname(staging)
     try:
@@ -183,7 +197,7 @@ def publish(final: str, step: int) -> None:
         files = sync_tree(staging)
         marker = os.path.join(staging, COMPLETE_MARKER)
         with open(marker, "w", encoding="utf-8") as f:
-            json.dump({"step": step, "files": files}, f, indent=1)
+            json.dump({"step": step, "files": files, **({"model_only": True} if model_only else {})}, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
         sync_folder(staging)
@@ -200,6 +214,9 @@ def publish(final: str, step: int) -> None:
 
 def remove_checkpoint(path: str) -> None:
     """Delete a checkpoint so that no moment leaves it looking whole: the marker goes first."""
+    if os.path.islink(path):  # a link to a folder elsewhere: the link goes, never what it points to
+        os.unlink(path)
+        return
     marker = os.path.join(path, COMPLETE_MARKER)
     if os.path.exists(marker):
         os.remove(marker)
@@ -298,5 +315,5 @@ def test_point(name: str) -> None:
 
 __all__ = [
     "COMPLETE_MARKER", "CheckpointWriteError", "IncompleteCheckpointError", "check_complete", "clear_output_dir",
-    "find_last_complete_checkpoint", "foreign_checkpoint", "is_complete", "list_checkpoints", "publish", "rotate",
+    "find_last_complete_checkpoint", "foreign_checkpoint", "is_complete", "is_model_only", "list_checkpoints", "publish", "rotate",
 ]

@@ -39,10 +39,11 @@ from .checkpoints import (
     clear_output_dir,
     find_last_complete_checkpoint,
     foreign_checkpoint,
+    is_model_only,
     leftovers,
     list_checkpoints,
 )
-from .trainer import EmbeddingTrainer, load_backbone_weights
+from .trainer import EmbeddingTrainer, eval_metric_names, load_backbone_weights
 
 logger = logging.getLogger("mmembed")
 
@@ -448,7 +449,7 @@ class TrainingData:
             val, files["val"] = val_loaded.dataset, val_loaded.records
         else:
             val = loaded.val
-        fetch_remote_media([train] + ([val] if val is not None else []))
+        train, val = fetch_remote_media(train, val, args.strict)
         if args.truncation_strategy == "delete":
             builder = InputBuilder(encoding.template, encoding.processing, encoding.max_length, truncate=False)
             train = drop_overlong(train, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "train",
@@ -483,7 +484,7 @@ class TrainingData:
         if args.val_dataset:
             val_loaded = load_samples(args.val_dataset, split_ratio=1.0, shuffle=args.val_dataset_shuffle, **load_opts)
             val, files["val"] = val_loaded.dataset, val_loaded.records
-            fetch_remote_media([val])
+            _, val = fetch_remote_media(None, val, args.strict)
         if args.truncation_strategy == "delete":
             builder = InputBuilder(encoding.template, encoding.processing, encoding.max_length, truncate=False)
             train.keep = lambda sample: token_lengths([sample], builder, loss.layout)[0] <= encoding.max_length
@@ -493,20 +494,41 @@ class TrainingData:
         return cls(train, EmbeddingDataset(val) if val is not None else None, files=files)
 
 
-def fetch_remote_media(datasets) -> None:
+def fetch_remote_media(train, val, strict: bool = True):
     """Download every http(s) media file of the rows into the media cache now (once; a cached
     one is not fetched again), so that a URL that fails does so before training, and steps,
-    epochs and data-loader workers read the cache. Logs one line per download and a summary."""
+    epochs and data-loader workers read the cache. Logs one line per download and a summary.
+    A URL that cannot be fetched is an error naming its row, or with ``strict=False`` each row
+    naming it is skipped and listed like the other skipped rows. Returns ``(train, val)``."""
     from ..encoding import remote
 
-    def refs():
-        for ds in datasets:
-            for batch in ds.select_columns(["sample"]).iter(batch_size=1024):
-                for text in batch["sample"]:
-                    if "://" in text:  # most rows have no URL: skip decoding them
-                        yield from remote.sample_urls(Sample.from_json(text))
+    named = [(what, ds) for what, ds in (("train", train), ("val", val)) if ds is not None]
 
-    remote.prefetch(refs())
+    def urls(ds):
+        for i, batch in enumerate(ds.select_columns(["sample"]).iter(batch_size=1024)):
+            for j, text in enumerate(batch["sample"]):
+                if "://" in text:  # most rows have no URL: skip decoding them
+                    for url, where in remote.sample_urls(Sample.from_json(text)):
+                        yield i * 1024 + j, url, where
+
+    failed: dict[str, str] | None = None if strict else {}
+    remote.prefetch(((url, where) for _, ds in named for _, url, where in urls(ds)), failed=failed)
+    if not failed:
+        return train, val
+    kept = {}
+    for what, ds in named:
+        skipped: dict[int, DataError] = {}
+        for i, url, (source, line, fieldname) in urls(ds):
+            if url.strip() in failed and i not in skipped:
+                skipped[i] = DataError(source, line, fieldname,
+                                       f"cannot download ({failed[url.strip()]}): {remote.redact(url)!r}")
+        if skipped:
+            listed = "\n".join(f"  {e}" for e in skipped.values())
+            logger.warning("%s: skipped %d row(s) whose media cannot be downloaded (--strict false):\n%s", what,
+                           len(skipped), listed)
+            ds = ds.select([i for i in range(len(ds)) if i not in skipped])
+        kept[what] = ds
+    return kept.get("train", train), kept.get("val", val)
 
 
 def build_trainer(args: SftArguments) -> EmbeddingTrainer:
@@ -518,6 +540,7 @@ def build_trainer(args: SftArguments) -> EmbeddingTrainer:
     check_side_flags(args, loss.side)
     encoding = Encoding.resolve(args)
     data = TrainingData.load(args, encoding, loss)
+    check_drop_last(args, data)
     eval_tasks = load_eval_tasks(args, encoding)
     side_models = SideModels.load(args)
     width = hidden_size(AutoConfig.from_pretrained(args.model))
@@ -562,6 +585,20 @@ def build_trainer(args: SftArguments) -> EmbeddingTrainer:
     )
     trainer.add_callback(TrainingCharts(lambda: eval_similarities(trainer)))
     return trainer
+
+
+def check_drop_last(args: SftArguments, data: TrainingData) -> None:
+    """``--dataloader_drop_last true`` drops each epoch's last incomplete batch: with fewer
+    training rows (after the checks) than one batch of every process, it drops them all and
+    trains nothing. Refused now, after the data is read and before the model loads."""
+    if not args.dataloader_drop_last or not hasattr(data.train, "__len__"):  # a stream: its length is unknown
+        return
+    batch = args.per_device_train_batch_size * args.world_size
+    if len(data.train) < batch:
+        raise UsageError(f"--dataloader_drop_last true with {len(data.train)} training row(s), fewer than one batch "
+                         f"({batch} = --per_device_train_batch_size {args.per_device_train_batch_size} x "
+                         f"{args.world_size} process(es)): every batch would be dropped and nothing trained; "
+                         "leave out --dataloader_drop_last or lower --per_device_train_batch_size")
 
 
 def training_facts(args: SftArguments, loss: EmbeddingLoss, data: TrainingData) -> dict[str, Any]:
@@ -617,6 +654,10 @@ def resume_checkpoint(args: SftArguments) -> str | None:
             # (an mmembed checkpoint must still be whole: a killed save's weights may be partial)
             return resume
         check_complete(resume)  # before the Trainer's own loaders (DeepSpeed's included) read it
+        if is_model_only(resume) and not args.resume_only_model:
+            raise UsageError(f"--resume_from_checkpoint {resume}: the model alone that a --save_strategy no run saves "
+                             "(no optimizer, scheduler or data position); add --resume_only_model true to train on "
+                             "from its weights")
     return resume
 
 
@@ -671,7 +712,9 @@ def check_model_folders(args: SftArguments) -> None:
 def check_environment() -> None:
     """The variables ms-swift's scripts set, read now whichever loss or model is used, so that
     a malformed one is refused at start rather than ignored or met mid-training: every
-    ``INFONCE_*`` variable and the media budgets (``MAX_PIXELS``, ``FPS``, ...)."""
+    ``INFONCE_*`` variable, the media budgets (``MAX_PIXELS``, ``FPS``, ...) and the download
+    variables (``MMEMBED_HTTP_TIMEOUT``, ``MMEMBED_MEDIA_MAX_BYTES``, the offline switches)."""
+    from ..encoding import remote
     from ..encoding.media import MediaBudget
     from ..losses import InfoNCEConfig
     from ..losses.config import ENV_VARS
@@ -679,6 +722,7 @@ def check_environment() -> None:
     try:
         InfoNCEConfig.from_env()
         MediaBudget.from_env()
+        remote.check_settings()  # MMEMBED_HTTP_TIMEOUT, MMEMBED_MEDIA_MAX_BYTES, MMEMBED_OFFLINE, HF_HUB_OFFLINE
     except ValueError as e:
         raise UsageError(str(e)) from None
     unknown = sorted(k for k in os.environ if k.startswith("INFONCE_") and k not in ENV_VARS.values())
@@ -710,6 +754,7 @@ def check_settings(args: SftArguments) -> None:
         except ValueError as e:
             raise UsageError(f"--mrl_dims {args.mrl_dims!r}: {e}") from None
     check_lora_targets(args, template, config)
+    check_metric_for_best_model(args, loss)
     # the data paths last: a flag that does not fit the loss says more than a file that is not there
     for flag in ("dataset", "val_dataset"):
         for spec in getattr(args, flag):
@@ -723,6 +768,20 @@ def check_settings(args: SftArguments) -> None:
     for flag, path, exists in files:
         if path and not exists(path):  # the user's data, as a --dataset that is not there (exit status 1)
             raise SpecError(f"{flag} {path}: no such {'file' if exists is os.path.isfile else 'folder'}")
+
+
+def check_metric_for_best_model(args: SftArguments, loss: EmbeddingLoss) -> None:
+    """``--metric_for_best_model`` names a metric the run's evaluations log (with or without
+    the ``eval_`` prefix, as transformers reads it), so a typo is refused now rather than a
+    KeyError at the first evaluation. A run that evaluates nothing never reads it."""
+    name = args.metric_for_best_model
+    dataset = bool(args.val_dataset) or args.split_dataset_ratio > 0
+    if not name or str(getattr(args.eval_strategy, "value", args.eval_strategy)) == "no":
+        return
+    logged = eval_metric_names(loss.layout, dataset, bool(args.eval_beir), bool(args.eval_sts))
+    if (name if name.startswith("eval_") else f"eval_{name}") not in logged:
+        raise UsageError(f"--metric_for_best_model {name!r} is not a metric this run logs; it logs "
+                         f"{', '.join(sorted(logged))}")
 
 
 def _lora_flags(args: SftArguments) -> str:
@@ -824,7 +883,7 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
         # no checkpoints, no optimizer state: the trained model alone (weights or adapter,
         # tokenizer / processor, mmembed.json), which embeds and exports but does not resume
         final = os.path.join(args.output_dir, f"checkpoint-{trainer.state.global_step}")
-        trainer.save_model(final)
+        trainer.save_final_model(final)
     metrics: dict[str, Any] = dict(result.metrics)
     if trainer.eval_dataset is not None or trainer.eval_tasks:
         metrics.update(trainer.evaluate())

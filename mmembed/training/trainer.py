@@ -341,7 +341,7 @@ class EmbeddingTrainer(Trainer):
         elif not self.eval_tasks:
             raise ValueError("nothing to evaluate: no eval dataset, --eval_beir or --eval_sts")
         metrics.update(self._task_metrics())
-        metrics = {f"{metric_key_prefix}_{k.replace('@', '_at_')}": float(v) for k, v in metrics.items()}
+        metrics = {logged_metric_name(k, metric_key_prefix): float(v) for k, v in metrics.items()}
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
@@ -448,7 +448,7 @@ class EmbeddingTrainer(Trainer):
         # mmembed.json, the tokenizer's suffix, sentence-transformers files, model card: one rule with mmembed export
         write_saved_folder(output_dir, self.mmembed_config, hidden_size(backbone.config), self.state.log_history,
                            final_path=checkpoints.final_folder(output_dir), global_step=self.state.global_step)
-        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+        torch.save(args_without_tokens(self.args), os.path.join(output_dir, "training_args.bin"))
 
     def _save_checkpoint(self, model, trial) -> None:
         """The Trainer's checkpoint (weights, tokenizer, optimizer / scheduler / scaler / RNG
@@ -477,6 +477,24 @@ class EmbeddingTrainer(Trainer):
                 checkpoints.rotate(run_dir, self.args.save_total_limit, keep=[final, self.state.best_model_checkpoint])
             except OSError as e:  # the new checkpoint is whole; an old one left behind loses nothing
                 logging.getLogger("mmembed").warning("--save_total_limit: could not delete an old checkpoint: %s", e)
+
+    def save_final_model(self, final: str) -> None:
+        """``--save_strategy no``: the trained model alone (weights or adapter, tokenizer /
+        processor, ``mmembed.json``) as ``final``, written whole or not at all like a checkpoint
+        (staged, flushed, marked as the model alone, renamed); it embeds and exports but does
+        not resume training. A failed write raises :class:`CheckpointWriteError` naming ``final``."""
+        publisher = self.args.should_save
+        if publisher:
+            checkpoints.test_point("save:begin")
+        self._agreed(lambda: checkpoints.prepare_staging(final) if publisher else None, final)
+        self._agreed(lambda: self.save_model(checkpoints.staging_folder(final), _internal_call=True), final)
+        if publisher:
+            checkpoints.test_point("save:model")
+        self._agreed(lambda: checkpoints.publish(final, self.state.global_step, model_only=True) if publisher else None,
+                     final)
+        self.last_checkpoint = final
+        if self.args.push_to_hub:  # as a checkpoint is pushed (the staging folder never is)
+            self._push_from_checkpoint(final)
 
     def _write_checkpoint(self, staging: str) -> None:
         """Every file of a checkpoint, into ``staging`` (as the Trainer's ``_save_checkpoint``)."""
@@ -565,6 +583,59 @@ class EmbeddingTrainer(Trainer):
         best = self.state.best_model_checkpoint
         if best:
             load_backbone_weights(self.accelerator.unwrap_model(self.model).backbone, best)
+
+
+def args_without_tokens(args):
+    """A copy of the training arguments with every ``*_token`` field (``--hub_token``) cleared,
+    for ``training_args.bin``: a checkpoint is shared and pushed, a token must not go with it."""
+    import copy
+    import dataclasses
+
+    saved = copy.copy(args)
+    for f in dataclasses.fields(saved):
+        if f.name.endswith("token") and getattr(saved, f.name, None):
+            object.__setattr__(saved, f.name, None)
+    return saved
+
+
+def logged_metric_name(name: str, prefix: str = "eval") -> str:
+    """The name :meth:`EmbeddingTrainer.evaluate` logs a metric under (``recall@1`` ->
+    ``eval_recall_at_1``)."""
+    return f"{prefix}_{name.replace('@', '_at_')}"
+
+
+def eval_metric_names(layout: Layout, dataset: bool, beir: bool, sts: bool) -> set[str]:
+    """Every metric name :meth:`EmbeddingTrainer.evaluate` logs for a run with an eval set
+    (``dataset``) of the loss's ``layout`` and the ``--eval_beir`` / ``--eval_sts`` tasks: the
+    metric functions run on a few random vectors, so the names are theirs, not a copy."""
+    import numpy as np
+
+    from ..eval.beir import BeirData, evaluate_beir
+    from ..eval.sts import evaluate_pairs
+
+    rng = np.random.default_rng(0)
+
+    def unit(n: int) -> np.ndarray:
+        x = rng.normal(size=(n, 4)).astype(np.float32)
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    class Vectors:
+        def encode(self, texts, batch_size=None):
+            return unit(len(texts))
+
+    names: set[str] = set()
+    if dataset:
+        names.add("loss")
+        if layout is Layout.PAIR:
+            names |= set(pair_metrics(unit(3), unit(3), np.array([0.0, 1.0, 0.5])))
+        else:  # two groups: a0 p0 n0, a1 p1
+            names |= set(embedding_eval_metrics(unit(5), np.array([1.0, 0.0, 1.0])))
+    if beir:
+        data = BeirData(["d0", "d1"], ["x", "y"], ["q0"], ["q"], {"q0": {"d0": 1.0}})
+        names |= {f"beir_{k}" for k in evaluate_beir(Vectors(), data)}
+    if sts:
+        names |= {f"sts_{k}" for k in evaluate_pairs(Vectors().encode, ["a", "b"], ["c", "d"], [1.0, 0.0])}
+    return {logged_metric_name(k) for k in names}
 
 
 def load_backbone_weights(backbone: torch.nn.Module, folder: str) -> None:

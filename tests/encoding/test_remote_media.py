@@ -47,7 +47,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         gets = self.server.gets
         gets[self.path] += 1
-        mode, _, name = self.path[1:].rpartition("/")
+        mode, _, name = self.path.partition("?")[0][1:].rpartition("/")  # a query string is ignored
         body = SERVED.get(f"/{name}")
         try:
             if mode == "slow":
@@ -156,6 +156,25 @@ def test_training_downloads_each_url_once_and_offline_refuses_a_new_one(tiny_mod
     assert server.gets == {"/red_circle.png": 1, "/blue_square.png": 1}
 
 
+def test_strict_false_skips_and_lists_the_rows_whose_url_cannot_be_fetched(tiny_model, server, cache, tmp_path):
+    red, blue, missing = server.url("/red_circle.png"), server.url("/blue_square.png"), server.url("/missing.png")
+    rows = write_jsonl(tmp_path / "rows.jsonl", [
+        {"query": "<image>", "response": "a red circle", "images": [red]},
+        {"query": "<image>", "response": "nothing there", "images": [missing]},
+        {"query": "a blue square", "response": "<image>", "images": [blue]},
+    ])
+    args = ["sft", "--model", tiny_model("qwen2_vl"), "--dataset", rows, "--per_device_train_batch_size", "2",
+            "--gradient_accumulation_steps", "1", "--save_strategy", "no", "--report_to", "none", "--max_steps", "1"]
+    env = {"MMEMBED_MEDIA_CACHE": str(cache), "HF_HUB_OFFLINE": "0"}
+    r = run_cli(args + ["--output_dir", str(tmp_path / "strict")], env=env)
+    assert r.returncode == 1 and f"{rows}:2 field 'query images[0]'" in r.stderr, r.stderr[-3000:]
+    r = run_cli(args + ["--output_dir", str(tmp_path / "lenient"), "--strict", "false"], env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "train: skipped 1 row(s) whose media cannot be downloaded (--strict false):" in r.stderr, r.stderr[-3000:]
+    assert f"  {rows}:2 field 'query images[0]': cannot download (HTTP 404" in r.stderr
+    assert "'train_rows': 2" in open(tmp_path / "lenient" / "checkpoint-1" / "mmembed.json").read().replace('"', "'")
+
+
 def test_data_loader_workers_share_the_cache(server, cache):
     """Two data-loader worker processes loading the same two URLs at once: one GET per URL
     (a lock per URL; the second process finds the first one's file)."""
@@ -227,6 +246,27 @@ def test_prefetch_names_each_url_of_a_sample_and_counts_once(server, cache):
     with pytest.raises(MediaFileError) as e:
         remote.prefetch([(red, ("rows.jsonl", 1, "query images[0]")), (missing, ("rows.jsonl", 9, "response images[0]"))])
     expect_error(e, ("rows.jsonl", 9, "response images[0]"), missing, "HTTP 404")
+
+
+def test_urls_are_redacted_in_logs_and_errors(server, cache, caplog):
+    """A signed URL's query string and a URL's user:password never reach the log or an error
+    message: they show as ***."""
+    import logging
+
+    signed = server.url("/red_circle.png") + "?X-Amz-Signature=SECRETSIG&token=SECRETTOK"
+    with caplog.at_level(logging.INFO, logger="mmembed.encoding.remote"):
+        remote.prefetch([(signed, WHERE)])
+    assert f"downloaded {server.url('/red_circle.png')}?***: " in caplog.text, caplog.text
+    assert "SECRET" not in caplog.text
+    bad = server.url("/missing.png").replace("http://", "http://alice:hunter2@") + "?sig=SECRETSIG"
+    for call in (lambda: remote.prefetch([(bad, WHERE)]), lambda: load_image(bad, where=WHERE)):
+        with pytest.raises(MediaFileError) as e:
+            call()
+        text = str(e.value)
+        assert "hunter2" not in text and "alice" not in text and "SECRETSIG" not in text, text
+        assert "http://***@127.0.0.1:" in text and "/missing.png?***" in text, text
+    assert remote.redact("https://u:p@h.example/a.png?s=1#f") == "https://***@h.example/a.png?***#***"
+    assert remote.redact("https://h.example/a.png") == "https://h.example/a.png"
 
 
 # ---------------------------------------------------------------------------- limits

@@ -85,6 +85,37 @@ def test_checkpoint_on_a_full_disk(run, point):
     assert is_complete(str(out / "checkpoint-1"))
 
 
+@pytest.mark.parametrize("point", ["save:begin", "save:model"])
+def test_save_strategy_no_final_model_on_a_full_disk(run, point):
+    """--save_strategy no: the disk fills before the last step's model is written, or after
+    its weights and before its marker: one line naming checkpoint-4, nothing under that name
+    (nor a staging folder)."""
+    d, argv = run
+    out = d / f"out-final-{point.replace(':', '-')}"
+    r = run_cli(argv + ["--output_dir", str(out), "--save_strategy", "no"], env={"MMEMBED_TEST_FULL_AT": f"{point}:1"})
+    line = _one_error_line(r, "sft", out / "checkpoint-4")
+    assert "File too large" in line and "nothing was left under that name" in line
+    assert _names(out) == []
+
+
+def test_charts_on_a_full_disk_warn_and_the_checkpoint_stays_whole(run):
+    """The disk fills just after checkpoint-1 is published, before the charts are drawn: each
+    chart that cannot be written is one warning line naming it (no traceback, no temporary
+    file), the run ends normally and checkpoint-1 is whole."""
+    d, argv = run
+    out = d / "out-charts"
+    argv = list(argv)
+    argv[argv.index("--max_steps") + 1] = "1"
+    r = run_cli(argv + ["--output_dir", str(out)], env={"MMEMBED_TEST_FULL_AT": "save:renamed:1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    warned = [line for line in r.stderr.splitlines() if "charts: cannot write" in line]
+    assert warned and all(str(out / CHARTS_DIR) in line and "File too large" in line for line in warned), r.stderr
+    assert any(f"cannot write {out / CHARTS_DIR / 'train_loss.png'}:" in line for line in warned)
+    assert os.listdir(out / CHARTS_DIR) == []  # nothing partial, no temporary file
+    assert _names(out) == ["checkpoint-1"] and is_complete(str(out / "checkpoint-1"))
+
+
 def test_read_only_output_dir_is_refused_before_training(run, tmp_path):
     d, argv = run
     with read_only(tmp_path / "ro") as out:

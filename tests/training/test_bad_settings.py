@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, stsb_pairs, write_jsonl
+from conftest import DATA, REPO, stsb_pairs, write_jsonl
 
 from mmembed.errors import UsageError
 from mmembed.tools.cli import main
@@ -56,6 +56,11 @@ SFT_ROWS = [
     row("--save_total_limit", "0"),
     row("--dataset_num_proc", "0"),
     row("--dataloader_num_workers", "-1"),
+    row("--dataloader_prefetch_factor", "0", "--dataloader_num_workers", "1"),
+    row("--dataloader_prefetch_factor", "2", names=("--dataloader_prefetch_factor", "2", "--dataloader_num_workers")),
+    # 8 rows, fewer than one batch of 16: read, then refused before the model loads
+    row("--dataloader_drop_last", "true", "--per_device_train_batch_size", "16",
+        names=("--dataloader_drop_last", "8 training row(s)", "16")),
     row("--seed", "-1"),
     row("--data_seed", "-1"),
     # optimizer and schedule
@@ -72,6 +77,12 @@ SFT_ROWS = [
     row("--warmup_ratio", "1.5"),
     row("--warmup_steps", "-1"),
     row("--lr_scheduler_type", "bogus"),
+    row("--lr_scheduler_kwargs", "{bad"),
+    row("--lr_scheduler_kwargs", "[1]"),
+    row("--metric_for_best_model", "bogus", "--split_dataset_ratio", "0.25"),
+    row("--metric_for_best_model", "eval_bogus", "--split_dataset_ratio", "0.25"),
+    row("--metric_for_best_model", "loss", "--eval_sts", "{sts}", names=("--metric_for_best_model", "loss",
+                                                                          "eval_sts_spearman_cosine")),
     row("--optim", "bogus"),
     row("--eval_strategy", "bogus"),
     row("--save_strategy", "bogus"),
@@ -177,6 +188,13 @@ SFT_ROWS = [
     row(env={"NNODES": "0"}),
     row(env={"NNODES": "2", "NODE_RANK": "5"}, names=("NODE_RANK", "5")),
     row(env={"NPROC_PER_NODE": "2", "MASTER_PORT": "70000"}, names=("MASTER_PORT", "70000")),
+    # the download variables (mmembed.encoding.remote), checked whether or not the data has URLs
+    row(env={"MMEMBED_HTTP_TIMEOUT": "abc"}),
+    row(env={"MMEMBED_HTTP_TIMEOUT": "0"}),
+    row(env={"MMEMBED_MEDIA_MAX_BYTES": "-5"}),
+    row(env={"MMEMBED_MEDIA_MAX_BYTES": "lots"}),
+    row(env={"MMEMBED_OFFLINE": "maybe"}),
+    row(env={"HF_HUB_OFFLINE": "sometimes"}),
     row(env={"MMEMBED_DEBUG": "maybe"}),
 ]
 
@@ -197,7 +215,8 @@ COMMON_TRAINING_FLAGS = (
     "num_train_epochs", "max_steps", "save_steps", "eval_steps", "logging_steps", "save_total_limit", "warmup_steps",
     "max_grad_norm", "adam_beta1", "adam_epsilon", "seed", "data_seed", "dataloader_num_workers",
     "eval_accumulation_steps", "save_strategy", "logging_strategy", "optim", "report_to", "deepspeed",
-    "resume_from_checkpoint",
+    "resume_from_checkpoint", "metric_for_best_model", "lr_scheduler_kwargs", "dataloader_prefetch_factor",
+    "dataloader_drop_last",
 )
 
 
@@ -211,9 +230,11 @@ def places(tmp_path_factory, minilm_path):
     (d / "adapter" / "adapter_config.json").write_text("{}")
     (d / "file").write_text("x")
     (d / "ds.json").write_text('{"zero_optimization": {"stage": 2},\n')
+    with open(os.path.join(DATA, "stsb_test_scored.jsonl"), encoding="utf-8") as f:
+        (d / "sts.jsonl").write_text("".join(next(f) for _ in range(8)))
     return {"{data}": write_jsonl(d / "train.jsonl", stsb_pairs(8)), "{empty}": str(d / "empty"),
             "{adapter}": str(d / "adapter"), "{file}": str(d / "file"), "{bad_json}": str(d / "ds.json"),
-            "{minilm}": minilm_path}
+            "{minilm}": minilm_path, "{sts}": str(d / "sts.jsonl")}
 
 
 @pytest.fixture
@@ -260,6 +281,8 @@ def test_a_bad_setting_is_one_line_before_the_model_loads(run_sft_cli, places, f
     except ModelLoaded:
         pytest.fail(f"{flags or env}: the model loaded before the error")
     assert status == code, lines
+    # a check that needs the rows (--dataloader_drop_last) comes after reading them: their progress bars
+    lines = [line for line in lines if not line.rstrip().endswith(("examples/s]", "it/s]"))]
     assert len(lines) == 1 and lines[0].startswith("mmembed sft: error: "), lines
     assert "Traceback" not in lines[0]
     for name in names:
@@ -358,6 +381,29 @@ def test_debug_shows_the_traceback(places, minilm_path, tmp_path, monkeypatch):
         main(["embed", "--model", minilm_path, "--input", "x.txt", "--output", "y.npy", "--batch_size", "0"])
 
 
+def test_ctrl_c_is_one_line_and_exit_130(run_sft_cli, monkeypatch):
+    """Ctrl-C (KeyboardInterrupt) wherever the command is: one line, exit status 130 (the
+    shell's code for SIGINT), no traceback."""
+    import mmembed.training.sft
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mmembed.training.sft, "load_backbone", interrupted)
+    status, lines = run_sft_cli([], {})
+    assert status == 130 and lines == ["mmembed sft: interrupted (Ctrl-C)"], lines
+
+
+def test_learning_rate_0_stays_allowed(places, minilm_path, tmp_path):
+    """--learning_rate 0 trains nothing on purpose (a run that loads weights and saves them
+    unchanged); it is not refused as a setting that trains nothing."""
+    from mmembed.training.arguments import parse_sft_args
+
+    args = parse_sft_args(["--model", minilm_path, "--dataset", places["{data}"], "--output_dir",
+                           str(tmp_path / "out"), "--learning_rate", "0"])
+    assert args.learning_rate == 0.0
+
+
 # ---- the table covers every flag -----------------------------------------------------------------
 
 
@@ -378,4 +424,6 @@ def test_every_flag_has_a_bad_value_row_or_is_listed_as_having_none():
     variables = {var for p in SFT_ROWS for var in p.values[1]}
     media = {"MAX_PIXELS", "MIN_PIXELS", "VIDEO_MAX_PIXELS", "VIDEO_MIN_PIXELS", "VIDEO_TOTAL_PIXELS", "FPS",
              "FPS_MIN_FRAMES", "FPS_MAX_FRAMES", "FORCE_QWENVL_VIDEO_READER"}
-    assert set(ENV_VARS.values()) | media <= variables, sorted(set(ENV_VARS.values()) | media - variables)
+    downloads = {"MMEMBED_HTTP_TIMEOUT", "MMEMBED_MEDIA_MAX_BYTES", "MMEMBED_OFFLINE", "HF_HUB_OFFLINE"}
+    assert set(ENV_VARS.values()) | media | downloads <= variables, sorted(
+        set(ENV_VARS.values()) | media | downloads - variables)

@@ -17,7 +17,13 @@ from forked_cli import run_cli
 from safetensors.torch import load_file
 
 from mmembed.training.charts import CHARTS_DIR
-from mmembed.training.checkpoints import COMPLETE_MARKER, TEST_POINTS, find_last_complete_checkpoint
+from mmembed.training.checkpoints import (
+    COMPLETE_MARKER,
+    TEST_POINTS,
+    find_last_complete_checkpoint,
+    is_complete,
+    is_model_only,
+)
 
 # every file a LoRA checkpoint needs to embed with it and to resume training from it
 REQUIRED = ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -160,3 +166,32 @@ def test_rerun_with_overwrite_output_dir_replaces_the_old_checkpoints(setup):
     assert any(not torch.equal(ours[k], first[k]) for k in first)  # this run's weights, not the first run's
     # --save_strategy no: the final model alone, no optimizer or trainer state to resume from
     assert not {"optimizer.pt", "scheduler.pt", "trainer_state.json"} & set(os.listdir(out / "checkpoint-2"))
+
+
+@pytest.mark.parametrize("point", ["save:model", "save:written", "save:marked"])
+def test_save_strategy_no_final_model_is_whole_or_absent(setup, point):
+    """--save_strategy no saves the last step's model alone the way a checkpoint is saved:
+    killed while writing it, nothing is left under checkpoint-N (only the staging folder,
+    which a rerun refuses or --overwrite_output_dir deletes); the model it writes is marked
+    as the model alone, so resuming does not take it for a training checkpoint."""
+    d, common, ref = setup
+    out = d / f"final-{point.replace(':', '-')}"
+    args = common + ["--output_dir", str(out), "--save_strategy", "no", "--max_steps", "2"]
+    killed = run_cli(args, env={"MMEMBED_TEST_KILL_AT": f"{point}:1"})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert _folders(out) == [".partial-checkpoint-2"]
+    assert find_last_complete_checkpoint(str(out)) is None
+
+    refused = run_cli(args)
+    assert refused.returncode == 2 and ".partial-checkpoint-2" in refused.stderr, refused.stderr[-3000:]
+    r = run_cli(args + ["--overwrite_output_dir", "true"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _folders(out) == ["checkpoint-2"]
+    final = str(out / "checkpoint-2")
+    assert is_complete(final) and is_model_only(final)
+    assert {"adapter_model.safetensors", "mmembed.json", "tokenizer.json"} <= set(os.listdir(final))
+
+    r = run_cli(args + ["--resume_from_checkpoint", "true"])
+    assert r.returncode == 1 and "no complete checkpoint" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli(args + ["--resume_from_checkpoint", final])
+    assert r.returncode == 2 and "--resume_only_model true" in r.stderr and "Traceback" not in r.stderr

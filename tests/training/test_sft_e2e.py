@@ -241,8 +241,14 @@ def test_save_strategy_no_writes_the_final_model_only(minilm_path, group_data, t
     names = {p.name for p in final.iterdir()}
     weights = "adapter_model.safetensors" if tuner == "lora" else "model.safetensors"
     assert {weights, "mmembed.json", "tokenizer.json"} <= names
-    for state in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", COMPLETE_MARKER):
+    for state in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"):
         assert state not in names, state
+    # written whole like a checkpoint (staged, marked, renamed), marked as the model alone
+    manifest = json.loads((final / COMPLETE_MARKER).read_text())
+    assert manifest["model_only"] is True and manifest["step"] == 3
+    files = {str(p.relative_to(final)) for p in final.rglob("*") if p.is_file()}
+    assert set(manifest["files"]) == files - {COMPLETE_MARKER}
+    assert find_last_complete_checkpoint(str(out)) is None  # nothing to resume training from
     base = Embedder.from_pretrained(minilm_path).encode(TEXTS)
     trained = Embedder.from_pretrained(str(final)).encode(TEXTS)
     assert np.abs(trained - base).max() > 1e-4
