@@ -246,6 +246,14 @@ class SftArguments(TrainingArguments):
         _check_report_to(self.report_to)
 
 
+def _check_prefetch(args: "SftArguments") -> None:
+    """A prefetch needs workers; unset workers are decided by :func:`device_defaults`, which
+    calls this again once they are known."""
+    if args.dataloader_prefetch_factor is not None and args.dataloader_num_workers == 0:
+        raise UsageError(f"--dataloader_prefetch_factor {args.dataloader_prefetch_factor} needs data-loader workers "
+                         f"(--dataloader_num_workers > 0), got --dataloader_num_workers {args.dataloader_num_workers}")
+
+
 def _check_values(args: "SftArguments") -> None:
     """Every numeric flag against :data:`LIMITS`, and the settings that would train nothing."""
     for flag, (ok, allowed) in LIMITS.items():
@@ -254,9 +262,7 @@ def _check_values(args: "SftArguments") -> None:
             raise UsageError(f"--{flag} must be {allowed}, got {value!r}")
     if not (args.max_steps >= 1 or (math.isfinite(args.num_train_epochs) and args.num_train_epochs > 0)):
         raise UsageError(f"--num_train_epochs must be a number > 0 (or give --max_steps), got {args.num_train_epochs!r}")
-    if args.dataloader_prefetch_factor is not None and not args.dataloader_num_workers:
-        raise UsageError(f"--dataloader_prefetch_factor {args.dataloader_prefetch_factor} needs data-loader workers "
-                         f"(--dataloader_num_workers > 0), got --dataloader_num_workers {args.dataloader_num_workers}")
+    _check_prefetch(args)
     for flag in ("lr_scheduler_kwargs", "gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"):
         value = getattr(args, flag, None)
         if isinstance(value, str):  # transformers parses it later, with an error that names no flag
@@ -518,6 +524,7 @@ def device_defaults(args: "SftArguments", cuda: bool) -> list[str]:
             choose("dataloader_prefetch_factor", 4)
         if workers and not args.dataloader_persistent_workers:
             choose("dataloader_persistent_workers", True)
+        _check_prefetch(args)
     if cuda and args.torch_dtype is None:
         # LoRA: the frozen base in the model's half precision (ms-swift's default); full
         # training keeps float32 master weights under bf16 autocast, since AdamW steps of a
