@@ -305,13 +305,6 @@ def data_teacher(args: SftArguments, loss: EmbeddingLoss, train: EmbeddingDatase
     return key, width
 
 
-def check_every_row(dataset: EmbeddingDataset) -> None:
-    """Read every row with its teacher signals now: a ``.npy`` that does not fit an eval row
-    fails before training (eval rows may go without a teacher, but what they carry must fit)."""
-    for i in range(len(dataset)):
-        dataset[i]
-
-
 def check_loss_setup(args: SftArguments, loss: EmbeddingLoss, width: int, side_models: SideModels,
                      teacher_key: str | None, teacher_width: int | None) -> None:
     """The loss's start-up checks (widths, side inputs), as usage errors before training."""
@@ -436,8 +429,8 @@ class TrainingData:
         data = cls(EmbeddingDataset(train, teacher_files), EmbeddingDataset(val, teacher_files) if val is not None else None,
                    files=files)
         data.teacher_key, data.teacher_width = data_teacher(args, loss, data.train)
-        if data.teacher_key and data.val is not None:
-            check_every_row(data.val)
+        if val is not None:  # data_teacher read the training rows with their arrays; the eval rows' must fit too
+            teacher_files.check_rows(val)
         return data
 
 
