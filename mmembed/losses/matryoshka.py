@@ -164,7 +164,7 @@ class MatryoshkaLoss(EmbeddingLoss):
         return inner_targets(labels, n_rows) if inner_targets is not None else labels
 
     def check_setup(self, setup: Setup) -> None:
-        """Every width fits the model's, and the inner loss's own checks."""
+        """Every width fits the model's (:meth:`check_dims`), and the inner loss's own checks."""
         self.check_dims(setup.width)
         if hasattr(self.inner, "check_setup"):
             self.inner.check_setup(setup)

@@ -669,11 +669,11 @@ def check_settings(args: SftArguments) -> None:
                          f"got {args.max_length}")
     loss = make_loss(args)
     check_side_flags(args, loss.side)
-    if hasattr(loss, "check_dims"):  # Matryoshka's widths against the model's, known from its config
-        try:
-            loss.check_dims(hidden_size(config))
-        except ValueError as e:
-            raise UsageError(f"--mrl_dims {args.mrl_dims!r}: {e}") from None
+    try:  # the loss's checks against the width, known from the config (e.g. Matryoshka's widths); sides: later
+        loss.check_setup(Setup(width=hidden_size(config), sides_known=False))
+    except ValueError as e:
+        flag = f"--mrl_dims {args.mrl_dims!r}" if args.mrl_dims and "mrl_dims" in str(e) else f"--loss_type {args.loss_type}"
+        raise UsageError(f"{flag}: {e}") from None
     check_lora_targets(args, template, config)
     # the data paths last: a flag that does not fit the loss says more than a file that is not there
     for flag in ("dataset", "val_dataset"):
