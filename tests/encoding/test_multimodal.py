@@ -351,7 +351,8 @@ def test_full_training_keeps_frozen_parts_and_moves_the_rest(tiny_model, tmp_pat
 def test_a_users_template_file_trains_and_loads_like_the_shipped_one(tiny_model, tmp_path):
     """A new model family is one TOML file: a renamed copy of qwen2_gme.toml, passed as
     --template path.toml, trains the same LoRA adapter (same targets, same weights) and its
-    checkpoint embeds an image row as the shipped template's does, after the file is gone."""
+    checkpoint embeds an image row as the shipped template's does, after the file is gone; so
+    does its `mmembed export` (in mmembed and through the card's transformers snippet)."""
     from safetensors.torch import load_file
 
     from mmembed import Embedder
@@ -381,6 +382,18 @@ def test_a_users_template_file_trains_and_loads_like_the_shipped_one(tiny_model,
     shipped, user = (Embedder.from_pretrained(c) for c in ckpts.values())
     assert user.template.name == "my_family" and user.template.tower == "vision"
     np.testing.assert_allclose(user.encode(inputs), shipped.encode(inputs), atol=1e-6)
+    # `mmembed export` merges the user's checkpoint without the file: the export keeps the template and
+    # embeds as the checkpoint does, in mmembed and through its card's transformers snippet
+    r = subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "export", "--adapters", ckpts["user"], "--merge_lora", "true"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    merged = ckpts["user"] + "-merged"
+    exported = Embedder.from_pretrained(merged)
+    assert exported.template.name == "my_family" and json.load(open(os.path.join(merged, "mmembed.json")))["template"] == saved
+    np.testing.assert_allclose(exported.encode(inputs), shipped.encode(inputs), atol=1e-5)
+    card, embed = _card_embed(merged)
+    snippet = np.stack([embed("a red circle").numpy(), embed("<image>", [inputs[1]["images"][0]]).numpy()])
+    np.testing.assert_allclose(snippet, shipped.encode(inputs), atol=1e-5)
 
 
 @pytest.mark.parametrize("edit,message", [
