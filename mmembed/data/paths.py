@@ -61,6 +61,9 @@ SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 MEDIA_FIELDS = (
     tuple(f"{prefix}{kind}s" for prefix in ("", "positive_", "negative_") for kind in MEDIA_KINDS) + MEDIA_KINDS
 )
+#: The keys of a media entry given as an object (``{"path": ...}``, ``{"url": ...}``) that hold
+#: its path or URL, in the order :func:`resolve_media` looks; ``{"bytes": ...}`` holds the data.
+ENTRY_PATH_KEYS = ("path", "url")
 
 
 class MediaFileError(DataError):
@@ -172,7 +175,7 @@ def resolve_media(value: Any, kind: str, fieldname: str, ctx: RowContext) -> str
             if not isinstance(data, (bytes, bytearray)):
                 raise ctx.error(fieldname, f"'bytes' must be binary data, got {json_type(data)}")
             return _bytes_to_data_uri(bytes(data))
-        value = value.get("path", value.get("url"))
+        value = next((value[k] for k in ENTRY_PATH_KEYS if k in value), None)
     if not isinstance(value, str):
         raise ctx.error(fieldname, f"a {kind} must be a path or URL string, got {json_type(value)}")
     value = value.strip()

@@ -81,9 +81,12 @@ __all__ = [
     "NEGATIVE_FIELDS",
     "NEGATIVE_N_RE",
     "QUERY_ALIASES",
+    "PART_MEDIA_KEYS",
     "TEACHER_FIELDS",
     "check_teacher_embeddings",
     "check_teacher_scores",
+    "has_group_messages",
+    "media_key",
     "parse_row",
 ]
 
@@ -116,6 +119,25 @@ _ROLE_ALIASES = {
     "gpt": "assistant",
     "bot": "assistant",
 }
+
+
+def has_group_messages(raw: Any) -> bool:
+    """Whether ``raw`` is a row of the messages form with ``positive_messages`` (ms-swift >=
+    3.9: negatives are ``negative_messages`` groups with their own media lists), as opposed
+    to the query form and ms-swift 3.x messages rows (negatives are strings whose tags bind
+    in the shared media lists)."""
+    return (isinstance(raw, dict) and any(raw.get(k) is not None for k in MESSAGES_FIELDS)
+            and raw.get("positive_messages") is not None)
+
+
+def media_key(raw: dict, kind: str) -> str:
+    """The top-level key that holds a row's media of ``kind``: ``images`` or its alias
+    ``image`` (videos/video, audios/audio), whichever the row gives (``images`` when none)."""
+    return next((k for k in _media_keys(kind) if raw.get(k) is not None), kind + "s")
+
+
+def _media_keys(kind: str) -> tuple[str, str]:
+    return kind + "s", kind
 
 
 def parse_row(
@@ -266,7 +288,7 @@ def _negatives(raw: dict, ctx: RowContext) -> list[tuple[str, str]]:
 
 def _media_list(raw: dict, kind: str, ctx: RowContext) -> tuple[list[Any], str]:
     """Top-level ``images``/``image`` (or videos/audios): a list of entries, and the key."""
-    key = _present_key(raw, (kind + "s", kind), ctx, kind + "s")
+    key = _present_key(raw, _media_keys(kind), ctx, kind + "s")
     if key is None:
         return [], kind + "s"
     return _as_media_entries(raw[key], key, ctx), key
@@ -338,7 +360,7 @@ def _parse_messages_row(raw: dict, mkey: str, ctx: RowContext) -> Sample:
             raise ctx.error(k, f"'{k}' belongs to the query form, but the row also has '{mkey}'; use one form")
     label = _parse_label(raw, ctx)
     top_system = _parse_system(raw, ctx)
-    if raw.get("positive_messages") is None:
+    if not has_group_messages(raw):
         return _parse_legacy_messages_row(raw, mkey, top_system, label, ctx)
     for k in NEGATIVE_FIELDS:
         if raw.get(k) is not None:
@@ -505,6 +527,8 @@ _PART_KINDS = {
     "audio_url": "audio",
     "input_audio": "audio",
 }
+#: The keys of a media content part that may hold its path or URL (``_part_media`` reads them).
+PART_MEDIA_KEYS = tuple(k for k, kind in _PART_KINDS.items() if kind != "text" and k != "input_audio") + ("url", "path")
 
 
 def _content_text(content: Any, fieldname: str, draft: Draft, ctx: RowContext) -> str:

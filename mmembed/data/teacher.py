@@ -103,6 +103,24 @@ class TeacherFiles:
             self._arrays[npy] = np.load(npy, mmap_mode="r")
         return self._arrays[npy]
 
+    def check_rows(self, dataset: Any) -> None:
+        """Check every row of ``dataset`` (Arrow samples, as ``load_samples`` returns them)
+        whose file has an array: its slice fits the row (:meth:`attach`'s checks). For rows
+        that are not read before training (the eval rows), so that a misaligned array fails
+        at start, not at the first evaluation; rows of files without an array (a
+        ``--val_dataset``) are not decoded.
+
+        Raises:
+            DataError: the first row whose slice does not fit (named as :meth:`attach` does).
+        """
+        files = set(self.scores) | set(self.embeddings)
+        if not files:
+            return
+        for batch in dataset.select_columns(["sample", "source", "row"]).iter(batch_size=1000):
+            for sample, source, row in zip(batch["sample"], batch["source"], batch["row"]):
+                if source in files:
+                    self.attach(Sample.from_json(sample), int(row))
+
     def attach(self, sample: Sample, row: int) -> Sample:
         """Fill ``sample``'s teacher signals from the arrays of its file (row ``row``).
 

@@ -151,12 +151,16 @@ class Setup:
         teacher_signal: ``"embeddings"`` (a teacher model, or the data's embeddings),
             ``"scores"`` (the data's scores) or None.
         teacher_width: The teacher's embedding width, when it gives embeddings.
+        sides_known: False while the side inputs are not known yet (``mmembed sft`` checks
+            the width from the model's config before the data is read): only the checks
+            against ``width`` run, :func:`check_side` passes.
     """
 
     width: int
     guide: bool = False
     teacher_signal: str | None = None
     teacher_width: int | None = None
+    sides_known: bool = True
 
 
 @dataclass(frozen=True)
@@ -317,6 +321,8 @@ class EmbeddingLoss(nn.Module):
 
 def check_side(loss_name: str, side: SideNeeds, setup: Setup) -> None:
     """The side inputs ``setup`` provides are the ones ``side`` asks for."""
+    if not setup.sides_known:
+        return
     if side.guide and not setup.guide:
         raise ValueError(f"{loss_name} needs a guide model (--guide_model): its similarities decide the candidates")
     if not side.guide and setup.guide:

@@ -17,7 +17,6 @@ embeddings) pass through untouched.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data.labels import LabelRule
-from .base import CrossProcess, EmbeddingLoss, Layout, Setup, SideNeeds
+from .base import CrossProcess, EmbeddingLoss, Layout, Setup, SideNeeds, finite_number
 
 
 def parse_dims(dims: Mapping[int | str, float] | str) -> dict[int, float]:
@@ -58,9 +57,7 @@ def parse_dims(dims: Mapping[int | str, float] | str) -> dict[int, float]:
             raise ValueError(f"mrl_dims width {key!r} must be an integer >= 1")
         if width in out:
             raise ValueError(f"mrl_dims gives width {width} twice")
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
-            raise ValueError(f"mrl_dims weight of width {width} must be a finite number >= 0, got {weight!r}")
-        out[width] = float(weight)
+        out[width] = finite_number("mrl_dims", f"weight of width {width}", weight, minimum=0)
     return out
 
 
@@ -167,7 +164,7 @@ class MatryoshkaLoss(EmbeddingLoss):
         return inner_targets(labels, n_rows) if inner_targets is not None else labels
 
     def check_setup(self, setup: Setup) -> None:
-        """Every width fits the model's, and the inner loss's own checks."""
+        """Every width fits the model's (:meth:`check_dims`), and the inner loss's own checks."""
         self.check_dims(setup.width)
         if hasattr(self.inner, "check_setup"):
             self.inner.check_setup(setup)

@@ -81,6 +81,8 @@ def model_card(path: str, config: dict[str, Any], form: TextForm | None) -> str:
         parts.append(_transformers_text_usage(path, config, form, adapter, template))
     elif template is not None and template.tower == "vision" and not adapter:
         parts.append(_transformers_vision_usage(path, template, config))
+    elif template is not None and template.tower == "audio" and not adapter:
+        parts.append(_transformers_audio_usage(path, template, config))
     return "\n".join(parts)
 
 
@@ -225,6 +227,43 @@ def _transformers_vision_usage(path: str, template, config: dict[str, Any]) -> s
     return ("### transformers\n\nThe model's rendering around the input, the processor (images sized by qwen-vl-utils "
             "under `MAX_PIXELS`/`MIN_PIXELS`, as in training), the last token's hidden state, L2 normalization. "
             "There are no sentence-transformers files: see the mmembed README (Checkpoints, exporting).\n\n" + code)
+
+
+def _transformers_audio_usage(path: str, template, config: dict[str, Any]) -> str:
+    from ..data.sample import Item
+
+    system = config.get("default_system", template.default_system) or ""
+    prefix, _, suffix = template.render(Item(text="\x00", system=system)).partition("\x00")
+    audio = template.media.get("audio", "")
+    code = (
+        "```python\nimport numpy as np\nimport soundfile\nimport soxr\nimport torch\nimport torch.nn.functional as F\n"
+        "from transformers import AutoModel, AutoProcessor\n\n"
+        f"path = {path!r}\nprocessor = AutoProcessor.from_pretrained(path)\n"
+        "model = AutoModel.from_pretrained(path).eval()\n"
+        "rate = processor.feature_extractor.sampling_rate\n\n\n"
+        "def load_audio(file):\n"
+        "    \"\"\"Mono float32 at the model's rate, as mmembed reads it (librosa.load(file, sr=rate) gives the same).\"\"\"\n"
+        "    y, sr = soundfile.read(file, dtype=\"float32\", always_2d=True)\n"
+        "    y = y.mean(axis=1, dtype=np.float32)\n"
+        "    if sr != rate:\n"
+        "        n = -(-len(y) * rate // sr)  # ceil(len(y) * rate / sr) samples\n"
+        "        y = soxr.resample(y, sr, rate, quality=\"soxr_hq\")[:n]\n"
+        "        y = np.pad(y, (0, n - len(y)))\n"
+        "    return y\n\n\n"
+        "def embed(text, audios=()):\n"
+        "    \"\"\"One input: `text` with an `<audio>` tag where each audio clip goes.\"\"\"\n"
+        f"    text = {prefix!r} + text.replace(\"<audio>\", {audio!r}) + {suffix!r}\n"
+        "    media = {\"audio\": [load_audio(a) for a in audios], \"sampling_rate\": rate} if audios else {}\n"
+        "    batch = processor(text=[text], **media, return_tensors=\"pt\")\n"
+        "    with torch.no_grad():\n        hidden = model(**batch).last_hidden_state\n"
+        "    return F.normalize(hidden[0, -1], dim=-1)  # the last token\n\n\n"
+        "text_embedding = embed(\"a steady tone\")\n"
+        "# audio_embedding = embed(\"<audio>\", [\"tone.wav\"])\n```\n"
+    )
+    return ("### transformers\n\nThe model's rendering around the input, the audio read as mmembed reads it (mono, "
+            "resampled to the feature extractor's rate), the processor, the last token's hidden state, L2 "
+            "normalization. There are no sentence-transformers files: see the mmembed README (Checkpoints, "
+            "exporting).\n\n" + code)
 
 
 def _fstring(fmt: str) -> str:

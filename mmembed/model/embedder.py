@@ -113,7 +113,7 @@ def as_item(x: Any, source: str = "<input>", line: int = 0, base_dir: str | None
         x = {"messages": x}
     if not isinstance(x, dict):
         raise TypeError(f"cannot embed an input of type {type(x).__name__}")
-    from ..data.reader import parse_row
+    from ..data.rows import parse_row
     from ..data.sample import DataError
 
     row = dict(x)
@@ -188,7 +188,7 @@ def read_inputs(path: str) -> tuple[list[Any], list[tuple[str, int]]]:
         with open(path, encoding="utf-8") as f:
             lines = [(n, line.rstrip("\n")) for n, line in enumerate(f, 1) if line.strip()]
         return [t for _, t in lines], [(path, n) for n, _ in lines]
-    from ..data.reader import iter_raw_rows
+    from ..data.formats import iter_raw_rows
 
     rows: list[Any] = []
     origins: list[tuple[str, int]] = []

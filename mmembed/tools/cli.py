@@ -238,7 +238,7 @@ def cmd_eval(argv: list[str]) -> int:
 
 def cmd_mine(argv: list[str]) -> int:
     p = ArgumentParser(prog="mmembed mine", allow_abbrev=False,
-                       description="Add hard negatives to a data file (see mmembed/mining.py for the rules).")
+                       description="Add hard negatives to a data file (see mmembed/tools/mining.py for the rules).")
     p.add_argument("--dataset", "--input", dest="dataset", required=True, help="rows in either ms-swift form")
     p.add_argument("--output", required=True, help=".jsonl or .json to write (rows in the form they were read)")
     p.add_argument("--model", default=None, help="dense mining with this model (default: BM25)")

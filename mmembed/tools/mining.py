@@ -76,8 +76,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..data.formats import iter_raw_rows
-from ..data.paths import MEDIA_FIELDS, SCHEME_RE
-from ..data.rows import GROUP_FIELDS, MESSAGES_FIELDS, NEGATIVE_FIELDS, NEGATIVE_N_RE, parse_row
+from ..data.paths import ENTRY_PATH_KEYS, MEDIA_FIELDS, SCHEME_RE
+from ..data.rows import GROUP_FIELDS, NEGATIVE_FIELDS, NEGATIVE_N_RE, PART_MEDIA_KEYS, has_group_messages, media_key, parse_row
 from ..data.sample import MEDIA_KINDS, DataError, Item, Sample
 from ..eval.ranking import top_k
 from ..files import replaced_when_done
@@ -292,7 +292,7 @@ def mine_rows(
         kinds &= _media_kinds(guide)
 
     parsed = [
-        _Row(i, line, raw, parse_row(raw, source, line, base_dir), _is_messages_form(raw))
+        _Row(i, line, raw, parse_row(raw, source, line, base_dir), has_group_messages(raw))
         for i, (line, raw) in enumerate(rows)
     ]
 
@@ -438,13 +438,6 @@ def _filter_and_pick(
 # ----------------------------------------------------------------------------- writing rows
 
 
-def _is_messages_form(raw: Any) -> bool:
-    return isinstance(raw, dict) and any(raw.get(k) is not None for k in MESSAGES_FIELDS) and raw.get("positive_messages") is not None
-
-
-_PART_KEYS = ("image", "image_url", "video", "video_url", "audio", "audio_url", "url", "path")
-
-
 def _rebase_media(row: Any, src: str, dst: str) -> Any:
     """A copy of ``row`` whose relative local media paths (resolved against ``src``, as the
     reader does) are rewritten relative to ``dst``: the output file may live elsewhere.
@@ -457,7 +450,7 @@ def _rebase_media(row: Any, src: str, dst: str) -> Any:
                 return os.path.relpath(os.path.join(src, v), dst)
             return value
         if isinstance(value, dict):  # {"path": ...} / {"url": ...}; inline bytes have no path
-            return {k: path(v) if k in ("path", "url") else v for k, v in value.items()}
+            return {k: path(v) if k in ENTRY_PATH_KEYS else v for k, v in value.items()}
         if isinstance(value, list):
             return [path(v) for v in value]
         return value
@@ -465,7 +458,7 @@ def _rebase_media(row: Any, src: str, dst: str) -> Any:
     def part(p: Any) -> Any:
         if not (isinstance(p, dict) and p.get("type") not in (None, "text", "input_audio")):
             return p
-        return {k: path(v) if k in _PART_KEYS else v for k, v in p.items()}
+        return {k: path(v) if k in PART_MEDIA_KEYS else v for k, v in p.items()}
 
     def messages(msgs: Any) -> Any:
         if not isinstance(msgs, list):
@@ -499,13 +492,6 @@ def _out_media(path: str, media_root: str | None) -> str:
     return os.path.relpath(path, media_root)
 
 
-def _media_key(raw: dict, kind: str) -> str:
-    for key in (kind + "s", kind):
-        if raw.get(key) is not None:
-            return key
-    return kind + "s"
-
-
 def _as_list(value: Any) -> list:
     if value is None:
         return []
@@ -526,7 +512,7 @@ def _with_rejected_responses(raw: dict, new: list[Item], overwrite: bool, media_
         for kind in MEDIA_KINDS:  # the existing negatives' paths are the tail of each list
             used = sum(text.count(f"<{kind}>") for text in existing)
             if used:
-                key = _media_key(row, kind)
+                key = media_key(row, kind)
                 paths = _as_list(row[key])
                 row[key] = paths[: len(paths) - used]
         for _, k in numbered:
@@ -535,7 +521,7 @@ def _with_rejected_responses(raw: dict, new: list[Item], overwrite: bool, media_
     for kind in MEDIA_KINDS:
         added = [_out_media(p, media_root) for item in new for p in item.media(kind)]
         if added:
-            key = _media_key(row, kind)
+            key = media_key(row, kind)
             row[key] = _as_list(row.get(key)) + added
     texts = [item.text for item in new]
     if numbered:  # negative_1, negative_2, ...: go on counting

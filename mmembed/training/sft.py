@@ -307,13 +307,6 @@ def data_teacher(args: SftArguments, loss: EmbeddingLoss, train: EmbeddingDatase
     return key, width
 
 
-def check_every_row(dataset: EmbeddingDataset) -> None:
-    """Read every row with its teacher signals now: a ``.npy`` that does not fit an eval row
-    fails before training (eval rows may go without a teacher, but what they carry must fit)."""
-    for i in range(len(dataset)):
-        dataset[i]
-
-
 def check_loss_setup(args: SftArguments, loss: EmbeddingLoss, width: int, side_models: SideModels,
                      teacher_key: str | None, teacher_width: int | None) -> None:
     """The loss's start-up checks (widths, side inputs), as usage errors before training."""
@@ -464,8 +457,8 @@ class TrainingData:
         data = cls(EmbeddingDataset(train, teacher_files), EmbeddingDataset(val, teacher_files) if val is not None else None,
                    files=files)
         data.teacher_key, data.teacher_width = data_teacher(args, loss, data.train)
-        if data.teacher_key and data.val is not None:
-            check_every_row(data.val)
+        if val is not None:  # data_teacher read the training rows with their arrays; the eval rows' must fit too
+            teacher_files.check_rows(val)
         return data
 
 
@@ -748,11 +741,11 @@ def check_settings(args: SftArguments) -> None:
                          f"got {args.max_length}")
     loss = make_loss(args)
     check_side_flags(args, loss.side)
-    if hasattr(loss, "check_dims"):  # Matryoshka's widths against the model's, known from its config
-        try:
-            loss.check_dims(hidden_size(config))
-        except ValueError as e:
-            raise UsageError(f"--mrl_dims {args.mrl_dims!r}: {e}") from None
+    try:  # the loss's checks against the width, known from the config (e.g. Matryoshka's widths); sides: later
+        loss.check_setup(Setup(width=hidden_size(config), sides_known=False))
+    except ValueError as e:
+        flag = f"--mrl_dims {args.mrl_dims!r}" if args.mrl_dims and "mrl_dims" in str(e) else f"--loss_type {args.loss_type}"
+        raise UsageError(f"{flag}: {e}") from None
     check_lora_targets(args, template, config)
     check_metric_for_best_model(args, loss)
     # the data paths last: a flag that does not fit the loss says more than a file that is not there

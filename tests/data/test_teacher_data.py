@@ -374,10 +374,14 @@ def test_python_api_takes_the_flags_as_keywords(minilm_path, tmp_path):
         mmembed.train(model=minilm_path, dataset=[data], no_such_flag=1)
 
 
-def test_a_bad_array_row_in_the_split_off_eval_rows_fails_before_training(minilm_path, tmp_path):
+def test_a_bad_array_row_in_the_split_off_eval_rows_fails_before_training(minilm_path, tmp_path, monkeypatch):
     from mmembed.data import DataError, load_samples, split_dataset
     from mmembed.training.arguments import parse_sft_args
     from mmembed.training.sft import run_sft
+    from mmembed.training.trainer import EmbeddingTrainer
+
+    # before the Trainer starts (its first callbacks would read the eval rows too, the model loaded)
+    monkeypatch.setattr(EmbeddingTrainer, "train", lambda *a, **k: pytest.fail("training started"))
 
     rows = [dict(r, rejected_response=[f"n{i}"]) for i, r in enumerate(_rows(2) * 4)]
     data = _write_jsonl(tmp_path / "d.jsonl", rows)

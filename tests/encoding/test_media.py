@@ -30,7 +30,7 @@ from qwen_vl_utils import smart_resize
 from qwen_vl_utils import vision_process as qvu
 
 from mmembed.data import read_file
-from mmembed.data.reader import MediaFileError
+from mmembed.data.paths import MediaFileError
 from mmembed.encoding.media import MediaBudget, Video, load_audio, load_image, load_video, video_reader
 
 MM = os.path.join(REPO, "examples", "data", "mm")

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import DATA, REPO, launch
+from conftest import DATA, REPO, launch, write_wav
 
 from mmembed.data import read_file
 from mmembed.data.sample import DataError, Item
@@ -351,7 +351,8 @@ def test_full_training_keeps_frozen_parts_and_moves_the_rest(tiny_model, tmp_pat
 def test_a_users_template_file_trains_and_loads_like_the_shipped_one(tiny_model, tmp_path):
     """A new model family is one TOML file: a renamed copy of qwen2_gme.toml, passed as
     --template path.toml, trains the same LoRA adapter (same targets, same weights) and its
-    checkpoint embeds an image row as the shipped template's does, after the file is gone."""
+    checkpoint embeds an image row as the shipped template's does, after the file is gone; so
+    does its `mmembed export` (in mmembed and through the card's transformers snippet)."""
     from safetensors.torch import load_file
 
     from mmembed import Embedder
@@ -381,6 +382,18 @@ def test_a_users_template_file_trains_and_loads_like_the_shipped_one(tiny_model,
     shipped, user = (Embedder.from_pretrained(c) for c in ckpts.values())
     assert user.template.name == "my_family" and user.template.tower == "vision"
     np.testing.assert_allclose(user.encode(inputs), shipped.encode(inputs), atol=1e-6)
+    # `mmembed export` merges the user's checkpoint without the file: the export keeps the template and
+    # embeds as the checkpoint does, in mmembed and through its card's transformers snippet
+    r = subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "export", "--adapters", ckpts["user"], "--merge_lora", "true"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    merged = ckpts["user"] + "-merged"
+    exported = Embedder.from_pretrained(merged)
+    assert exported.template.name == "my_family" and json.load(open(os.path.join(merged, "mmembed.json")))["template"] == saved
+    np.testing.assert_allclose(exported.encode(inputs), shipped.encode(inputs), atol=1e-5)
+    card, embed = _card_embed(merged)
+    snippet = np.stack([embed("a red circle").numpy(), embed("<image>", [inputs[1]["images"][0]]).numpy()])
+    np.testing.assert_allclose(snippet, shipped.encode(inputs), atol=1e-5)
 
 
 @pytest.mark.parametrize("edit,message", [
@@ -460,16 +473,10 @@ def test_example_script_trains_a_few_steps_and_the_checkpoint_embeds(tiny_model,
     assert vec.shape == (len(inputs), 64) and np.allclose(np.linalg.norm(vec, axis=1), 1, atol=1e-5)
 
 
-def test_vl_export_loads_in_transformers_with_the_same_embeddings(tiny_model, tmp_path):
-    """LoRA on GME -> export -> AutoModel + AutoProcessor + last-token pooling by hand equals
-    the Embedder on the checkpoint; `mmembed embed` on a media row file gives the same too."""
-    from transformers import AutoModel, AutoProcessor
-
-    from mmembed import Embedder
-    from mmembed.encoding.media import load_image
-
-    out = tmp_path / "out"
-    r = sft(["--model", tiny_model("qwen2_vl"), "--dataset", os.path.join(MM, "gme_train.jsonl"), "--max_steps", "2",
+def _lora_export(folder: str, template: str, data: str, out) -> tuple[str, str]:
+    """Two LoRA steps on ``folder`` with ``template``, then ``mmembed export --merge_lora``:
+    (checkpoint, merged folder)."""
+    r = sft(["--model", folder, "--template", template, "--dataset", data, "--max_steps", "2",
              "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1", "--learning_rate", "1e-2",
              "--output_dir", str(out), "--report_to", "none"])
     assert r.returncode == 0, r.stderr[-3000:]
@@ -477,17 +484,39 @@ def test_vl_export_loads_in_transformers_with_the_same_embeddings(tiny_model, tm
     r = subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "export", "--adapters", ckpt, "--merge_lora", "true"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
+    return ckpt, ckpt + "-merged"
+
+
+def _card_embed(merged: str):
+    """The ``embed`` function of the merged folder's model card transformers snippet, run as written."""
+    card = open(os.path.join(merged, "README.md"), encoding="utf-8").read()
+    namespace: dict = {}
+    exec(re.search(r"### transformers\n.*?```python\n(.*?)```", card, re.S).group(1), namespace)
+    return card, namespace["embed"]
+
+
+@pytest.mark.parametrize("kind,name", [("qwen2_vl", "qwen2_gme"), ("qwen2_5_vl", "qwen2_5_vl"), ("qwen3_vl", "qwen3_vl_emb")])
+def test_vl_export_loads_in_transformers_with_the_same_embeddings(tiny_model, tmp_path, kind, name):
+    """LoRA on GME, Qwen2.5-VL, Qwen3-VL -> export -> AutoModel + AutoProcessor + last-token
+    pooling by hand equals the Embedder on the checkpoint; so does the card's snippet, and
+    `mmembed embed` on a media row file."""
+    from transformers import AutoModel, AutoProcessor
+
+    from mmembed import Embedder
+    from mmembed.encoding.media import load_image
+
+    ckpt, merged = _lora_export(tiny_model(kind), name, os.path.join(MM, "gme_train.jsonl"), tmp_path / "out")
     image = os.path.join(MM, "green_circle.png")
     inputs = ["a green circle", {"query": "<image>", "images": [image]}]
     ours = Embedder.from_pretrained(ckpt).encode(inputs)
 
-    merged = ckpt + "-merged"
     model = AutoModel.from_pretrained(merged).eval()
     proc = AutoProcessor.from_pretrained(merged)
-    template = get_template("qwen2_gme")
+    template = get_template(name)
     refs = []
     for text, images in [(template.render(Item("a green circle")), None),
-                         (template.render(Item("<image>", images=[image])), [load_image(image)])]:
+                         (template.render(Item("<image>", images=[image])),
+                          [load_image(image, patch_size=proc.image_processor.patch_size)])]:
         enc = proc(text=[text], images=images, do_resize=False, return_tensors="pt")
         with torch.no_grad():
             h = model(**enc).last_hidden_state[0, -1]
@@ -495,12 +524,10 @@ def test_vl_export_loads_in_transformers_with_the_same_embeddings(tiny_model, tm
     np.testing.assert_allclose(ours, np.stack(refs), atol=1e-5)
 
     # the model card's transformers snippet, run as written, gives the same; no sentence-transformers files
-    card = open(os.path.join(merged, "README.md"), encoding="utf-8").read()
-    namespace: dict = {}
-    exec(re.search(r"### transformers\n.*?```python\n(.*?)```", card, re.S).group(1), namespace)
-    snippet = np.stack([namespace["embed"]("a green circle").numpy(), namespace["embed"]("<image>", [image]).numpy()])
+    card, embed = _card_embed(merged)
+    snippet = np.stack([embed("a green circle").numpy(), embed("<image>", [image]).numpy()])
     np.testing.assert_allclose(snippet, ours, atol=1e-5)
-    assert not os.path.exists(os.path.join(merged, "modules.json")) and "`qwen2_gme`" in card
+    assert not os.path.exists(os.path.join(merged, "modules.json")) and f"`{name}`" in card
 
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"query": "a green circle"}) + "\n" + json.dumps({"query": "<image>", "images": [image]}) + "\n")
@@ -508,6 +535,33 @@ def test_vl_export_loads_in_transformers_with_the_same_embeddings(tiny_model, tm
                         "--output", str(tmp_path / "e.npy")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     np.testing.assert_allclose(np.load(tmp_path / "e.npy"), ours, atol=1e-5)
+
+
+def test_audio_export_loads_in_transformers_with_the_same_embeddings(tiny_model, tmp_path):
+    """LoRA on Qwen2-Audio -> export: the card's snippet (AutoModel + AutoProcessor, the audio
+    read with soundfile and soxr) gives the Embedder's vectors of a text row and of audio rows,
+    a clip at the model's 16 kHz and one at 22.05 kHz, stereo (resampled, channels averaged)."""
+    import soundfile
+
+    from mmembed import Embedder
+
+    ckpt, merged = _lora_export(tiny_model("qwen2_audio"), "qwen2_audio", os.path.join(MM, "audio_train.jsonl"),
+                                tmp_path / "out")
+    tone = os.path.join(MM, "tone.wav")
+    stereo = str(tmp_path / "stereo.wav")
+    mono, rate = soundfile.read(write_wav(tmp_path / "mono.wav", seconds=0.7, rate=22050))
+    soundfile.write(stereo, np.stack([mono, 0.5 * mono[::-1]], axis=1), rate)
+    inputs = ["a steady tone", {"query": "<audio>", "audios": [tone]}, {"query": "<audio>what is it", "audios": [stereo]}]
+    ours = Embedder.from_pretrained(ckpt).encode(inputs)
+    assert Embedder.from_pretrained(merged).template.name == "qwen2_audio"
+    np.testing.assert_allclose(Embedder.from_pretrained(merged).encode(inputs), ours, atol=1e-5)
+
+    card, embed = _card_embed(merged)
+    snippet = np.stack([embed("a steady tone").numpy(), embed("<audio>", [tone]).numpy(),
+                        embed("<audio>what is it", [stereo]).numpy()])
+    np.testing.assert_allclose(snippet, ours, atol=1e-5)
+    assert not np.allclose(ours[1], ours[2], atol=1e-3)  # the two clips give two vectors
+    assert not os.path.exists(os.path.join(merged, "modules.json")) and "`qwen2_audio`" in card
 
 
 def test_embed_names_the_input_line_of_a_broken_media_row(tiny_model, tmp_path):

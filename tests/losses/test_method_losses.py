@@ -693,6 +693,22 @@ def test_matryoshka_dims_wider_than_the_embedding_are_refused():
         loss_fn.split_parts({"last_hidden_state": emb}, labels)
 
 
+def test_check_setup_before_the_side_inputs_are_known_checks_the_width_only():
+    """mmembed sft checks the loss against the config's width before the data is read
+    (``sides_known=False``): Matryoshka's widths are refused, side inputs are not asked for."""
+    from mmembed.losses import Setup, build_loss
+
+    early = Setup(width=8, sides_known=False)
+    with pytest.raises(ValueError, match=r"mrl_dims \[16\] exceed the embedding width 8"):
+        MatryoshkaLoss(InfoNCELoss(), {4: 1.0, 16: 1.0}).check_setup(early)
+    MatryoshkaLoss(InfoNCELoss(), {4: 1.0, 8: 1.0}).check_setup(early)
+    gist = MatryoshkaLoss(build_loss("gist"), {4: 1.0})
+    gist.check_setup(early)  # the guide is checked once the side models are known
+    with pytest.raises(ValueError, match="needs a guide model"):
+        gist.check_setup(Setup(width=8))
+    gist.check_setup(Setup(width=8, guide=True))
+
+
 @pytest.mark.parametrize("name, extra", [
     ("infonce", {}),
     ("gist", {"guide_hidden_state": "guide"}),
@@ -740,7 +756,7 @@ def test_matryoshka_dims_parsing_and_build(monkeypatch):
     assert list(parse_dims(json.loads(spec))) == [64, 128]
     for bad, message in [
         ("{}", "empty"), ("[64]", "map widths"), ("64:1", "JSON object"), ({0: 1.0}, ">= 1"),
-        ({"6.5": 1.0}, "integer"), ({True: 1.0}, "integer"), ({64: -1.0}, ">= 0"), ({64: float("inf")}, ">= 0"),
+        ({"6.5": 1.0}, "integer"), ({True: 1.0}, "integer"), ({64: -1.0}, ">= 0"), ({64: float("inf")}, "finite number"),
         ({64: 1.0, "64": 1.0}, "twice"),
     ]:
         with pytest.raises(ValueError, match=message):

@@ -252,6 +252,51 @@ def test_media_paths_refused_without_allowed_folder(vl):
         assert len(_client(server.url).embeddings.create(model="m", input=[{"image": data}]).data) == 1
 
 
+def _file_uri(path: str, mime: str) -> str:
+    with open(path, "rb") as f:
+        return f"data:{mime};base64," + base64.b64encode(f.read()).decode()
+
+
+@pytest.mark.parametrize("kind,model,source,mime", [
+    ("video", "qwen2_vl", "clip.mp4", "video/mp4"),
+    ("audio", "qwen2_audio", "tone.wav", "audio/wav"),
+], ids=["video", "audio"])  # .ci/floor deselects "audio"
+def test_a_clip_as_data_uri_and_allowed_path_equals_encode(tiny_model, tmp_path, kind, model, source, mime):
+    """A video (tiny Qwen2-VL) and an audio clip (tiny Qwen2-Audio), each as a data: URI and
+    as a path in the allowed folder, alone and with text: the vectors Embedder.encode gives
+    the same rows read from files."""
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    media = str(allowed / source)
+    shutil.copy(os.path.join(MM, source), media)
+    path = tiny_model(model)
+    embedder = Embedder.from_pretrained(path, device="cpu")
+    plural = kind + "s"
+    want = embedder.encode([{"query": f"<{kind}>", plural: [media]},
+                            {"query": f"<{kind}>what is this", plural: [media]}, "what is this"])
+    inputs = [{kind: _file_uri(media, mime)}, {kind: source}, {plural: [media]},
+              {"text": "what is this", kind: _file_uri(media, mime)}, {"text": f"<{kind}>what is this", plural: [source]},
+              "what is this"]
+    config = ServeConfig(model=path, allowed_media_dir=str(allowed))
+    with ThreadServer(create_app(embedder, config)) as server:
+        got = _client(server.url).embeddings.create(model=config.name(), input=inputs)
+        vec = np.array([d.embedding for d in got.data])
+        np.testing.assert_allclose(vec[:3], np.repeat(want[:1], 3, axis=0), atol=1e-5)
+        np.testing.assert_allclose(vec[3:5], np.repeat(want[1:2], 2, axis=0), atol=1e-5)
+        np.testing.assert_allclose(vec[5], want[2], atol=1e-5)
+        assert not np.allclose(want[0], want[2], atol=1e-3)  # the medium counts: not the text's vector
+        n_media, n_both, n_text = embedder.builder.lengths([as_item(r) for r in (
+            {"query": f"<{kind}>", plural: [media]}, {"query": f"<{kind}>what is this", plural: [media]}, "what is this")])
+        assert got.usage.prompt_tokens == 3 * n_media + 2 * n_both + n_text
+        # a broken file of the kind is the request's error; the server keeps serving
+        (allowed / ("broken" + os.path.splitext(source)[1])).write_bytes(b"not a media file" * 20)
+        r = httpx.post(server.url + "/v1/embeddings", timeout=60,
+                       json={"model": config.name(), "input": [{kind: "broken" + os.path.splitext(source)[1]}]})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_input", r.text
+        ok = _client(server.url).embeddings.create(model=config.name(), input=[{kind: source}])
+        np.testing.assert_allclose(ok.data[0].embedding, want[0], atol=1e-5)
+
+
 # ---- the command line --------------------------------------------------------------------
 def test_mmembed_serve_command(minilm_path, minilm_embedder):
     """``mmembed serve`` as a user starts it: default model name (the folder's), /health, one request."""
