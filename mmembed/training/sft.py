@@ -167,26 +167,46 @@ def _frozen(args: SftArguments) -> set[str]:
 
 
 def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_proc: int, what: str,
-                  strict: bool = True):
+                  strict: bool = True, truncate: bool = False):
     """``--truncation_strategy delete``: remove rows with any input over ``max_length`` tokens
     (media expanded, as the model sees them), and say how many.
 
     Measuring loads every row's media, so a media file that opens but does not decode is
     found here, before training: an error naming its row, or with ``strict=False`` the row
     is skipped and listed like the rows skipped when the data was read.
+
+    With ``truncate`` (``--truncation_strategy left|right``) only the rows with media are
+    measured, for the same reason: their media are decoded here rather than first in the
+    middle of training, and since a row with media is never truncated, one over
+    ``max_length`` is a data error naming it (or, with ``strict=False``, skipped and listed).
+    Text rows are left to be truncated.
     """
+
+    def lengths_of(samples: list[Sample]) -> list[int]:
+        if not truncate:
+            return token_lengths(samples, builder, layout)
+        media = [i for i, s in enumerate(samples) if any(it.has_media for it in (s.anchor, *s.positives, *s.negatives))]
+        out = [0] * len(samples)
+        for i, n in zip(media, token_lengths([samples[i] for i in media], builder, layout) if media else []):
+            out[i] = n
+            if n > max_length:
+                raise DataError(samples[i].source, samples[i].line, None,
+                                f"{n} tokens with its media, over --max_length {max_length}; a row with media is not "
+                                "truncated (that would cut its media tokens): raise --max_length, lower MAX_PIXELS, or "
+                                "use --truncation_strategy delete")
+        return out
 
     def measure(batch: dict[str, list]) -> dict[str, list]:
         samples = [Sample.from_json(s) for s in batch["sample"]]
         try:
-            return {"n_tokens": token_lengths(samples, builder, layout), "load_error": [""] * len(samples)}
+            return {"n_tokens": lengths_of(samples), "load_error": [""] * len(samples)}
         except DataError:
             if strict:
                 raise
         lengths, errors = [], []
         for sample in samples:  # one at a time, to find the rows that fail
             try:
-                lengths.append(token_lengths([sample], builder, layout)[0])
+                lengths.append(lengths_of([sample])[0])
                 errors.append("")
             except DataError as e:
                 lengths.append(0)
@@ -201,14 +221,14 @@ def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_p
     features = datasets.Features({"n_tokens": datasets.Value("int64"), "load_error": datasets.Value("string")})
     measured = ds.map(measure, batched=True, num_proc=num_proc if num_proc > 1 else None, features=features,
                       remove_columns=ds.column_names, desc=f"length check ({what})",
-                      new_fingerprint=length_check_fingerprint(ds, builder, layout, strict),
+                      new_fingerprint=length_check_fingerprint(ds, builder, layout, strict) + ("-media" if truncate else ""),
                       load_from_cache_file=strict)
     lengths, errors = measured["n_tokens"], measured["load_error"]
     skipped = [DataError(*json.loads(e)) for e in errors if e]
     if skipped:
         listed = "\n".join(f"  {e}" for e in skipped)
-        logger.warning("%s: skipped %d row(s) whose media cannot be loaded (--strict false):\n%s", what, len(skipped),
-                       listed)
+        logger.warning("%s: skipped %d row(s) whose media cannot be loaded%s (--strict false):\n%s", what,
+                       len(skipped), " or are over --max_length with them" if truncate else "", listed)
     keep = [i for i, (n, e) in enumerate(zip(lengths, errors)) if not e and n <= max_length]
     dropped = len(ds) - len(skipped) - len(keep)
     if dropped:
@@ -443,13 +463,15 @@ class TrainingData:
         else:
             val = loaded.val
         train, val = fetch_remote_media(train, val, args.strict)
-        if args.truncation_strategy == "delete":
+        if args.truncation_strategy == "delete" or encoding.template.media:
+            # delete: the over-long rows go; left / right: the media rows are decoded and measured now
+            truncate = args.truncation_strategy != "delete"
             builder = InputBuilder(encoding.template, encoding.processing, encoding.max_length, truncate=False)
             train = drop_overlong(train, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "train",
-                                  args.strict)
+                                  args.strict, truncate)
             if val is not None:
                 val = drop_overlong(val, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "val",
-                                    args.strict)
+                                    args.strict, truncate)
         if len(train) == 0:  # all deleted by the length check (loading itself refuses empty data): a data error
             raise SpecError(f"no training rows left: every row of {', '.join(args.dataset)} is longer than "
                             f"--max_length {encoding.max_length} or has media that cannot be loaded (listed above; "

@@ -315,19 +315,30 @@ def test_a_fake_video_read_with_workers_is_one_line_before_training(tiny_model, 
     assert not (tmp_path / "out" / "checkpoint-1").exists()
 
 
-def test_strict_false_skips_a_corrupt_video_and_a_worker_names_one_that_fails_later(tiny_model, video_data, tmp_path):
-    """The fake video fails its header check at load and is skipped and listed; the one-frame
-    video opens, and with --truncation_strategy right nothing decodes it before training, so
-    it fails in the data-loader worker that builds its batch: one line naming file, line,
-    field and path, no traceback."""
+def test_strict_false_skips_corrupt_videos_before_training_under_truncation(tiny_model, video_data, tmp_path):
+    """The fake video fails its header check at load; the one-frame video opens but does not
+    decode. With --truncation_strategy right the media rows are still decoded at load (a row
+    with media is never truncated), so both are skipped and listed before training, and the
+    run trains on the rest; with --strict true the second is one line naming it, before
+    training."""
     d, good = video_data
     data = write(d, "mixed.jsonl", "\n".join([row(query="<video>", videos=["fake.mp4"]), row(query="<video>", videos=["one.mp4"]),
                                               *good]) + "\n")
     r = sft(tiny_model("qwen2_vl"), data, tmp_path / "out", "--strict", "false", "--dataloader_num_workers", "1",
-            "--truncation_strategy", "right")
+            "--truncation_strategy", "right", "--per_device_train_batch_size", "2", "--max_length", "2048")
+    assert r.returncode == 0, r.stderr[-3000:]
     assert "skipped 1 bad row(s) of 4 read" in r.stderr and f"{data}:1 field 'videos[0]': unreadable video" in r.stderr
-    line = error_line(r)
-    assert f"{data}:2 field 'query videos[0]':" in line and str(d / "one.mp4") in line and "at least 2" in line
+    assert "skipped 1 row(s) whose media cannot be loaded or are over --max_length with them" in r.stderr
+    assert f"{data}:2 field 'query videos[0]':" in r.stderr and "at least 2" in r.stderr
+    strict = sft(tiny_model("qwen2_vl"), write(d, "one.jsonl", "\n".join([row(query="<video>", videos=["one.mp4"]), *good])
+                                                + "\n"), tmp_path / "strict", "--truncation_strategy", "right")
+    line = error_line(strict)
+    assert "field 'query videos[0]':" in line and str(d / "one.mp4") in line
+    assert not (tmp_path / "strict" / "checkpoint-1").exists()
+    long = sft(tiny_model("qwen2_vl"), write(d, "long.jsonl", "\n".join(good) + "\n"), tmp_path / "long",
+               "--truncation_strategy", "right", "--max_length", "12")
+    line = error_line(long)
+    assert f"{d / 'long.jsonl'}:1" in line and "tokens with its media, over --max_length 12" in line
 
 
 def test_strict_false_with_every_row_bad_is_one_line(minilm_path, tmp_path):
