@@ -791,11 +791,11 @@ def print_targets(rows: list, s: dict, dry: bool) -> None:
         if r["kind"] != "text" or r["side"] == "st" or r["gradcache"] or r["batch"] == s["oom_batch"]:
             continue
         if d["error"] or speed == "s-t OOM" or speed == "-":
-            print(f"  {r['label']} batch {r['batch']}: speed >= {TARGET_SPEED}x, memory <= {TARGET_MEMORY}x: "
+            print(f"  {r['label']} batch {r['batch']} {side}: speed >= {TARGET_SPEED}x, memory <= {TARGET_MEMORY}x: "
                   f"NOT met ({d['error'] or 'no s-t figure'})")
             continue
         ok = float(speed[:-1]) >= TARGET_SPEED and (mem == "-" or float(mem[:-1]) <= TARGET_MEMORY)
-        print(f"  {r['label']} batch {r['batch']}: speed >= {TARGET_SPEED}x s-t at memory <= {TARGET_MEMORY}x: "
+        print(f"  {r['label']} batch {r['batch']} {side}: speed >= {TARGET_SPEED}x s-t at memory <= {TARGET_MEMORY}x: "
               f"{verdict(ok)} ({speed}, {mem})")
     oom = [x for x in rows if x[0]["kind"] == "text" and x[0]["batch"] == s["oom_batch"]]
     if oom:
