@@ -301,6 +301,18 @@ class EmbeddingLoss(nn.Module):
             return Groups.from_labels(labels, n_rows)
         return labels
 
+    def averaged_over(self, targets: Tensor | Groups, n_rows: int) -> int:
+        """How many terms the loss of a batch is the mean of: the batch's weight when the
+        evaluation averages batch losses over the whole set (so that set's mean is the loss's
+        mean over every group, not skewed by how many negatives a batch's groups hold). The
+        groups (anchors) of the group layout, the pairs of the pair layout; a loss averaging
+        over something else says so here."""
+        if isinstance(targets, Groups):
+            return targets.n_groups
+        if self.layout is Layout.GROUP:
+            return int((targets == 1.0).sum())
+        return int(targets.shape[0])
+
     def check_setup(self, setup: Setup) -> None:
         """Start-up checks (before the first step); raise ``ValueError`` with a message a
         user can act on. The default checks the side inputs against :attr:`side`."""

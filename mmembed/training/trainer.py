@@ -345,7 +345,8 @@ class EmbeddingTrainer(Trainer):
         device = self.args.device
         loss_fn, needs = self.loss, self.loss.side  # per-batch loss, no cross-process scaling
         embs, labels = [], []
-        loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of batch loss * rows, rows)
+        # (sum of batch loss * its terms, terms): the terms the loss averages (groups, pairs, rows)
+        loss_sum = torch.zeros(2, dtype=torch.float64, device=device)
         loader = self._eval_loader(dataset)
         # ZeRO-3 gathers parameters inside every forward, so all processes must run as many
         # forwards: a process with fewer eval batches repeats one and discards the result
@@ -361,8 +362,10 @@ class EmbeddingTrainer(Trainer):
             out = {**model(**batch), **side.outputs()}
             # eval rows may lack the data's teacher: then no eval loss, the metrics still
             if needs.met_by(side):
-                targets = loss_fn.targets(lab.to(device), out["last_hidden_state"].shape[0])
-                loss_sum += torch.tensor([loss_fn(out, targets).item() * len(lab), len(lab)], dtype=torch.float64,
+                n_rows = out["last_hidden_state"].shape[0]
+                targets = loss_fn.targets(lab.to(device), n_rows)
+                terms = loss_fn.averaged_over(targets, n_rows)
+                loss_sum += torch.tensor([loss_fn(out, targets).item() * terms, terms], dtype=torch.float64,
                                          device=device)
             embs.append(out["last_hidden_state"].float())
             labels.append(lab.float())
