@@ -357,3 +357,29 @@ def test_resume_only_model_takes_a_full_class_folder(name, dataset, tiny_model, 
     want = Embedder.from_pretrained(full, device="cpu").encode(inputs)
     np.testing.assert_allclose(got, want, atol=1e-6)
     assert np.abs(want - Embedder.from_pretrained(base, device="cpu").encode(inputs)).max() > 1e-3
+
+
+def test_logged_learning_rate_is_the_steps_own_where_ms_swift_logs_the_next_steps(tiny_model, tmp_path, monkeypatch):
+    """The schedule is ms-swift's (cosine from --learning_rate, no warmup): the rates ms-swift
+    logged for steps 1-3 are the ones mmembed logs for steps 2-4. ms-swift's
+    ``_maybe_log_save_evaluate`` reads the rate after the scheduler has stepped (the next
+    step's); transformers, which mmembed's trainer uses, logs the rate the step trained with.
+    Same flags as make_fixtures.py's run."""
+    from mmembed.training.arguments import parse_sft_args
+    from mmembed.training.sft import run_sft
+
+    common = dict(zip(META["common_flags"][::2], META["common_flags"][1::2]))
+    common.pop("--save_only_model")  # (mmembed's checkpoints hold the weights anyway)
+    monkeypatch.chdir(os.path.join(FIXTURES, "data"))
+    result = run_sft(parse_sft_args([
+        "--model", tiny_model("qwen3"), "--model_type", "qwen3_emb", "--dataset", "text.jsonl", "--max_steps", "4",
+        "--learning_rate", "5e-3", "--output_dir", str(tmp_path / "out"), "--disable_tqdm", "true",
+        *[x for kv in common.items() for x in kv]]))
+    ours = [h["learning_rate"] for h in json.load(open(os.path.join(result["last_checkpoint"], "trainer_state.json")))
+            ["log_history"] if "loss" in h]
+    theirs = [h["learning_rate"] for h in json.load(open(os.path.join(FIXTURES, "qwen3_emb", "checkpoint-4",
+                                                                      "trainer_state.json")))["log_history"] if "loss" in h]
+    assert len(ours) == len(theirs) == 4
+    assert ours[0] == pytest.approx(5e-3)
+    assert ours[1:] == pytest.approx(theirs[:-1], rel=1e-9)
+    assert theirs[-1] == 0.0  # the schedule's end, after the last step
