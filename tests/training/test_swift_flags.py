@@ -66,6 +66,29 @@ def test_implemented_flags_parse(flag):
     parse_sft_args(BASE + [f"--{flag}", text])
 
 
+@pytest.mark.parametrize("flag, other", [("lazy_tokenize", "false"), ("use_chat_template", "false")])
+def test_no_effect_fields_log_a_line_saying_why_when_set_otherwise(flag, other, caplog):
+    """--lazy_tokenize and --use_chat_template are fields (ms-swift scripts set them); given
+    another value than what mmembed does, one line says they change nothing and why; given
+    that value (train_gme.sh's --lazy_tokenize true), nothing is logged."""
+    from mmembed.training.swift_flags import NO_EFFECT_FIELDS
+
+    assert flag in FIELDS and flag not in NO_EFFECT
+    with caplog.at_level(logging.INFO, logger="mmembed"):
+        args = parse_sft_args(BASE + [f"--{flag}", other])
+    assert getattr(args, flag) is False
+    lines = [r.getMessage() for r in caplog.records if f"--{flag} " in r.getMessage()]
+    assert lines == [f"--{flag} {other} has no effect here: {NO_EFFECT_FIELDS[flag][1]}"]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="mmembed"):
+        parse_sft_args(BASE + [f"--{flag}", "true"])
+        SftArguments(model="/m", dataset=["d.jsonl"], output_dir="/tmp/mmembed-flags-test")
+    assert not [r for r in caplog.records if f"--{flag} " in r.getMessage()]
+    with caplog.at_level(logging.INFO, logger="mmembed"):  # mmembed.train(...)'s keywords too
+        SftArguments(model="/m", dataset=["d.jsonl"], output_dir="/tmp/mmembed-flags-test", **{flag: False})
+    assert len([r for r in caplog.records if f"--{flag} " in r.getMessage()]) == 1
+
+
 @pytest.mark.parametrize("flag", sorted(NO_EFFECT))
 def test_no_effect_flags_are_accepted_with_a_line_saying_why(flag, caplog):
     with caplog.at_level(logging.INFO, logger="mmembed"):
