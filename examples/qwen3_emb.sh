@@ -23,7 +23,7 @@ mmembed sft \
     --model "$MODEL" \
     ${MODEL_TYPE:+--model_type "$MODEL_TYPE"} \
     --task_type embedding \
-    --train_type lora \
+    --tuner_type lora \
     --lora_rank 8 \
     --lora_alpha 32 \
     --learning_rate 5e-5 \

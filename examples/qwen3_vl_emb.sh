@@ -21,7 +21,7 @@ NPROC_PER_NODE=${NPROC_PER_NODE:-1} \
 mmembed sft \
     --model "$MODEL" \
     --task_type embedding \
-    --train_type lora \
+    --tuner_type lora \
     --lora_rank 8 \
     --lora_alpha 32 \
     --learning_rate 5e-5 \

@@ -17,8 +17,9 @@ MAX_PIXELS=${MAX_PIXELS:-1003520} \
 NPROC_PER_NODE=$nproc_per_node \
 mmembed sft \
     --model "$MODEL" \
-    --train_type lora \
+    --tuner_type lora \
     --dataset "$DATA" \
+    --load_from_cache_file true \
     --split_dataset_ratio 0.01 \
     --torch_dtype "${TORCH_DTYPE:-bfloat16}" \
     --num_train_epochs 1 \

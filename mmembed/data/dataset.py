@@ -30,7 +30,7 @@ import torch.utils.data
 
 from .formats import DATA_EXTENSIONS, iter_rows_or_errors
 from .labels import LabelRule
-from .paths import MediaFileError
+from .paths import ROOT_IMAGE_DIR, MediaFileError
 from .rows import parse_row
 from .sample import DataError, Sample
 
@@ -156,11 +156,12 @@ def _features():
 
 def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: str, work_dir: str,
               columns: dict[str, str] | None = None, labels: dict | None = None,
-              media_kinds: tuple[str, ...] | None = None):
+              media_kinds: tuple[str, ...] | None = None, root_image_dir: str = ""):
     """Arrow rows for the given file shards; a bad row becomes an ``error`` row.
 
     ``version`` only feeds the cache fingerprint; ``work_dir`` is where relative media paths
-    are tried besides the data file's folder (so it keys the cache too); ``columns`` renames
+    are tried besides the data file's folder, and ``root_image_dir`` (ms-swift's
+    ``ROOT_IMAGE_DIR``, "" when unset) too (so both key the cache); ``columns`` renames
     row fields (old -> new) before a row is read; ``labels`` (a :class:`LabelRule` as a
     dict) and ``media_kinds`` are :func:`parse_row`'s. With ``strict`` a shard stops at its
     first bad row (the caller raises it).
@@ -178,7 +179,7 @@ def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: s
                     raw = {columns.get(k, k): v for k, v in raw.items()}
                 try:
                     sample = parse_row(raw, path, line, base_dir, verify_images=verify_images, work_dir=work_dir,
-                                       labels=rule, media_kinds=kinds)
+                                       root_image_dir=root_image_dir, labels=rule, media_kinds=kinds)
                 except DataError as e:
                     err = e
                 except RecursionError:  # raised inside datasets' generator it would become its own error
@@ -263,7 +264,8 @@ def _load_files(
         n = num_proc if num_proc > 1 and path.lower().endswith(".jsonl") else 1
         shards += [(path, st.st_mtime_ns, st.st_size, i, n) for i in range(n)]
     gen_kwargs = {"shards": shards, "strict": strict, "verify_images": verify_images, "version": _CACHE_VERSION,
-                  "work_dir": os.getcwd(), "columns": columns, "labels": labels.as_dict() if labels else None,
+                  "work_dir": os.getcwd(), "root_image_dir": os.environ.get(ROOT_IMAGE_DIR, ""), "columns": columns,
+                  "labels": labels.as_dict() if labels else None,
                   "media_kinds": tuple(sorted(media_kinds)) if media_kinds is not None else None}
     started = time.time()
     ds = _build(gen_kwargs, cache_dir, num_proc, force)

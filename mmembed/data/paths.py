@@ -83,6 +83,8 @@ class RowContext:
     base_dir: str
     verify_images: bool  # read each local media file's header (images, videos, audio)
     work_dir: str | None = None  # the working directory relative paths are also tried against (None: the current one)
+    # ms-swift's ROOT_IMAGE_DIR, relative paths' third place ("": none; None: the environment's)
+    root_image_dir: str | None = None
     media_kinds: frozenset[str] | None = None  # the media kinds the model takes (None: any)
 
     def error(self, fieldname: str | None, message: str) -> DataError:
@@ -215,28 +217,41 @@ def resolve_media(value: Any, kind: str, fieldname: str, ctx: RowContext) -> str
     return path
 
 
+ROOT_IMAGE_DIR = "ROOT_IMAGE_DIR"
+
+
 def _relative(path: str, kind: str, fieldname: str, ctx: RowContext) -> tuple[str, os.stat_result]:
-    """A relative media path, as ms-swift resolves it (against the working directory) and as
-    a data file travels with its media (against its folder): the candidate that exists."""
+    """A relative media path, as ms-swift resolves it (its ``_check_path``: against the working
+    directory, then, when the ``ROOT_IMAGE_DIR`` environment variable is set, against that
+    folder) and as a data file travels with its media (against its folder): the candidate that
+    exists. Two that exist as different files: an error naming both."""
     work_dir = ctx.work_dir or os.getcwd()
-    candidates = list(dict.fromkeys(os.path.normpath(os.path.join(d, path)) for d in (work_dir, ctx.base_dir)))
+    root = ctx.root_image_dir if ctx.root_image_dir is not None else os.environ.get(ROOT_IMAGE_DIR, "")
+    places = [(work_dir, "working directory")]
+    if root:
+        places.append((os.path.expanduser(root), f"{ROOT_IMAGE_DIR}={root}"))
+    places.append((ctx.base_dir, "the data file's folder"))
+    candidates: dict[str, str] = {}
+    for folder, label in places:
+        candidates.setdefault(os.path.normpath(os.path.join(os.path.abspath(folder), path)), label)
     found = []
-    for cand in candidates:
+    for cand, label in candidates.items():
         try:
-            found.append((cand, os.stat(cand)))
+            found.append((cand, os.stat(cand), label))
         except OSError:
             pass
     if not found:
         tried = " and ".join(candidates)
         raise MediaFileError(ctx.source, ctx.line, fieldname, f"{kind} file not found: {path!r} (tried {tried})")
-    if len(found) > 1 and not os.path.samefile(found[0][0], found[1][0]):
+    distinct = [found[0]] + [f for f in found[1:] if not os.path.samefile(found[0][0], f[0])]
+    if len(distinct) > 1:
+        named = " and ".join(f"{cand} ({label})" for cand, _, label in distinct)
         raise MediaFileError(
             ctx.source, ctx.line, fieldname,
-            f"{kind} path {path!r} is ambiguous: both {found[0][0]} (working directory) and {found[1][0]} "
-            "(the data file's folder) exist and are different files; write the path absolute or relative to one "
-            "of them only",
+            f"{kind} path {path!r} is ambiguous: {named} exist and are different files; write the path absolute or "
+            "relative to one of them only",
         )
-    return found[0]
+    return found[0][0], found[0][1]
 
 
 @functools.lru_cache(maxsize=65536)

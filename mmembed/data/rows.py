@@ -148,6 +148,7 @@ def parse_row(
     *,
     verify_images: bool = True,
     work_dir: str | None = None,
+    root_image_dir: str | None = None,
     labels: LabelRule | None = None,
     media_kinds: frozenset[str] | None = None,
 ) -> Sample:
@@ -164,7 +165,7 @@ def parse_row(
     against what the loss takes; ``media_kinds`` (the kinds the model takes, e.g.
     ``frozenset()`` for a text model) makes media of any other kind an error.
     """
-    ctx = RowContext(source, line, os.path.abspath(base_dir), verify_images, work_dir, media_kinds)
+    ctx = RowContext(source, line, os.path.abspath(base_dir), verify_images, work_dir, root_image_dir, media_kinds)
     if not isinstance(raw, dict):
         raise ctx.error(None, f"row is not a JSON object (got {json_type(raw)})")
     messages_key = _present_key(raw, MESSAGES_FIELDS, ctx, "messages")

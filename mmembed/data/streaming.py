@@ -30,7 +30,7 @@ import torch.utils.data
 
 from .dataset import _CACHE_VERSION, _data_files, _draw_seed, _generate, parse_spec
 from .labels import LabelRule
-from .paths import MediaFileError
+from .paths import ROOT_IMAGE_DIR, MediaFileError
 from .sample import DataError, Sample
 
 logger = logging.getLogger("mmembed")
@@ -53,7 +53,8 @@ def stream_samples(specs: list[str], *, strict: bool, seed: int | None, shuffle:
         shards = list((f, os.stat(f).st_mtime_ns, os.stat(f).st_size, 0, 1) for f in files)
         part = datasets.IterableDataset.from_generator(
             _generate, gen_kwargs={"shards": shards, "strict": strict, "verify_images": True, "version": _CACHE_VERSION,
-                                   "work_dir": os.getcwd(), "columns": columns,
+                                   "work_dir": os.getcwd(), "root_image_dir": os.environ.get(ROOT_IMAGE_DIR, ""),
+                                   "columns": columns,
                                    "labels": labels.as_dict() if labels else None,
                                    "media_kinds": tuple(sorted(media_kinds)) if media_kinds is not None else None})
         parts.append(part.take(n) if n is not None else part)

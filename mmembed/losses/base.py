@@ -305,18 +305,63 @@ class EmbeddingLoss(nn.Module):
             return Groups.from_labels(labels, n_rows)
         return labels
 
+    def averaged_over(self, targets: Tensor | Groups, n_rows: int) -> int:
+        """How many terms the loss of a batch is the mean of: the batch's weight when the
+        evaluation averages batch losses over the whole set (so that set's mean is the loss's
+        mean over every group, not skewed by how many negatives a batch's groups hold). The
+        groups (anchors) of the group layout, the pairs of the pair layout; a loss averaging
+        over something else says so here."""
+        if isinstance(targets, Groups):
+            return targets.n_groups
+        if self.layout is Layout.GROUP:
+            return int((targets == 1.0).sum())
+        return int(targets.shape[0])
+
     def check_setup(self, setup: Setup) -> None:
         """Start-up checks (before the first step); raise ``ValueError`` with a message a
         user can act on. The default checks the side inputs against :attr:`side`."""
         check_side(type(self).__name__, self.side, setup)
 
-    def candidate_scores(self, outputs: Any, labels: Any, **options: Any) -> Any:
+    #: which documents each anchor's softmax weighs, for a group loss that ranks candidates:
+    #: True every positive and every negative of the batch, False its own group's positive and
+    #: negatives, None (the default) not declared. :meth:`candidate_scores` follows it, so the
+    #: evaluation's ``margin`` / ``mean_neg`` are over the candidates the loss weighs.
+    use_batch: ClassVar[bool | None] = None
+
+    def candidate_scores(self, outputs: Any, labels: Any, *, generator: torch.Generator | None = None,
+                         block_rows: int = 1024) -> Any:
         """The evaluation's view of a group loss: per block of anchors, ``(scores [b, C],
         target [b])``, the similarities its softmax weighs (``-inf`` where a candidate is
         left out) and each anchor's positive column (see
-        :meth:`mmembed.losses.InfoNCELoss.candidate_scores`). ``None`` (the default): the
-        loss has no such view, and the evaluation ranks every document of the set."""
-        return None
+        :meth:`mmembed.losses.InfoNCELoss.candidate_scores`, which adds its own settings).
+        By default the candidates :attr:`use_batch` declares (``generator``: unused here);
+        ``None`` when it declares none (or for the pair layout): then the evaluation ranks
+        every document of the set."""
+        use_batch = self.use_batch
+        if self.layout is not Layout.GROUP or use_batch is None:
+            return None
+        emb = outputs["last_hidden_state"]
+        groups = as_groups(labels, emb.shape[0], emb.device)
+        return _candidate_blocks(emb.index_select(0, groups.anchor), emb.index_select(0, groups.positive),
+                                 emb.index_select(0, groups.negative), groups.neg_group, bool(use_batch), block_rows)
+
+
+def _candidate_blocks(anchors: Tensor, positives: Tensor, negatives: Tensor, neg_group: Tensor, use_batch: bool,
+                      block_rows: int):
+    """``(scores, target)`` blocks: against every positive and negative of the set (the own
+    positive's column is the anchor's index) or, without ``use_batch``, against the own group's
+    ``[positive, negatives]`` (target column 0)."""
+    n = anchors.shape[0]
+    if use_batch:
+        docs = torch.cat([positives, negatives])
+        for start in range(0, n, block_rows):
+            stop = min(n, start + block_rows)
+            yield anchors[start:stop] @ docs.T, torch.arange(start, stop, device=anchors.device)
+        return
+    scores, _ = in_group_scores(anchors, positives, negatives, neg_group)
+    for start in range(0, n, block_rows):
+        block = scores[start : start + block_rows]
+        yield block, torch.zeros(block.shape[0], dtype=torch.long, device=block.device)
 
 
 def check_side(loss_name: str, side: SideNeeds, setup: Setup) -> None:

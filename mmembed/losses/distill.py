@@ -96,6 +96,10 @@ class _EmbeddingDistill(EmbeddingLoss):
         """Labels are not used: rows pair with the teacher's rows by position."""
         return labels
 
+    def averaged_over(self, targets: Tensor, n_rows: int) -> int:
+        """The loss is a mean over rows."""
+        return n_rows
+
     def check_setup(self, setup: Setup) -> None:
         """The teacher's embeddings are compared with the student's row by row: one width."""
         check_side(self.name, self.side, setup)

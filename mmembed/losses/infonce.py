@@ -269,6 +269,11 @@ class InfoNCELoss(EmbeddingLoss):
         return ", ".join(f"{k}={v!r}" for k, v in asdict(self.config).items())
 
     @property
+    def use_batch(self) -> bool:  # type: ignore[override]
+        """``INFONCE_USE_BATCH`` (the base class's declaration, from the config)."""
+        return self.config.use_batch
+
+    @property
     def cross_process(self) -> CrossProcess:
         """In-batch candidates come from every process; with ``use_batch`` off each group
         only sees itself."""

@@ -163,6 +163,10 @@ class MatryoshkaLoss(EmbeddingLoss):
         inner_targets = getattr(self.inner, "targets", None)
         return inner_targets(labels, n_rows) if inner_targets is not None else labels
 
+    def averaged_over(self, targets, n_rows: int) -> int:
+        inner = getattr(self.inner, "averaged_over", None)
+        return inner(targets, n_rows) if inner is not None else super().averaged_over(targets, n_rows)
+
     def check_setup(self, setup: Setup) -> None:
         """Every width fits the model's (:meth:`check_dims`), and the inner loss's own checks."""
         self.check_dims(setup.width)

@@ -365,6 +365,10 @@ def _check_swift_flags(args: "SftArguments") -> None:
     """ms-swift's tuning, data and media flags that mmembed implements, checked at start."""
     import json
 
+    from .swift_flags import log_no_effect_fields
+
+    log_no_effect_fields(args)
+
     if args.sequence_parallel_size != 1:
         raise UsageError(f"--sequence_parallel_size {args.sequence_parallel_size}: sequence parallelism is not offered "
                          "(embedding inputs are short); cut memory with --gradcache_mini_batch_size, --max_length or "

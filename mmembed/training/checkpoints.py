@@ -133,10 +133,48 @@ def check_complete(checkpoint: str) -> None:
             "merged folder (--model); or add --resume_only_model true to train on from its weights and step count "
             "with a fresh optimizer (as ms-swift's --resume_only_model does)."
         )
+    what = saved_model(checkpoint)
+    if what:
+        start = (f"--adapters {checkpoint}" if os.path.isfile(os.path.join(checkpoint, "adapter_config.json"))
+                 else f"--model {checkpoint}")
+        raise IncompleteCheckpointError(
+            f"{checkpoint} is {what}, not a checkpoint: it holds no optimizer, scheduler or data position to resume. "
+            f"Add --resume_only_model true to train on from its weights (the step count starts at 0), or start a new "
+            f"run from it with {start}."
+        )
     raise IncompleteCheckpointError(
         f"{checkpoint} is not a complete mmembed checkpoint (no {COMPLETE_MARKER}, or files it lists are missing: "
         "the run was probably killed while saving or deleting it); resume from an earlier checkpoint"
     )
+
+
+# what a training checkpoint holds beside the model; a saved model (final or exported) has none of it
+_TRAINING_STATE = ("trainer_state.json", "optimizer.pt", "scheduler.pt", "rng_state.pth")
+
+
+def saved_model(folder: str) -> str | None:
+    """What an mmembed folder that is a model and no checkpoint is: "an `mmembed export`
+    folder (...)" (``mmembed.json`` names the checkpoint it was exported from), "a final model
+    saved without training state (...)" (``--save_strategy no``: the weights, tokenizer and
+    ``mmembed.json``, no marker and no trainer / optimizer state; a checkpoint whose save was
+    killed is still a staging folder, one being deleted has lost its marker first); None
+    otherwise."""
+    from ..model.io import read_mmembed_config
+
+    name = os.path.basename(os.path.normpath(folder))
+    if name.startswith((STAGING_PREFIX, _TRASH_PREFIX)) or os.path.exists(os.path.join(folder, COMPLETE_MARKER)):
+        return None
+    try:
+        config = read_mmembed_config(folder)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    if config.get("exported_from"):
+        return f"an `mmembed export` folder (merged from {config['exported_from']})"
+    if any(os.path.exists(os.path.join(folder, f)) for f in _TRAINING_STATE):
+        return None
+    return "a final model saved without training state (as `--save_strategy no` saves it)"
 
 
 def foreign_checkpoint(checkpoint: str) -> str | None:
@@ -315,5 +353,6 @@ def test_point(name: str) -> None:
 
 __all__ = [
     "COMPLETE_MARKER", "CheckpointWriteError", "IncompleteCheckpointError", "check_complete", "clear_output_dir",
-    "find_last_complete_checkpoint", "foreign_checkpoint", "is_complete", "is_model_only", "list_checkpoints", "publish", "rotate",
+    "find_last_complete_checkpoint", "foreign_checkpoint", "is_complete", "is_model_only", "list_checkpoints",
+    "publish", "rotate", "saved_model",
 ]

@@ -42,6 +42,7 @@ from .checkpoints import (
     is_model_only,
     leftovers,
     list_checkpoints,
+    saved_model,
 )
 from .trainer import EmbeddingTrainer, eval_metric_names, load_backbone_weights
 
@@ -664,9 +665,10 @@ def resume_checkpoint(args: SftArguments) -> str | None:
         if not os.path.isdir(resume):
             raise UsageError(f"--resume_from_checkpoint {resume}: no such folder (a checkpoint folder, or true for "
                              "the newest complete one in --output_dir)")
-        if args.resume_only_model and foreign_checkpoint(resume):
-            # weights only: ms-swift's checkpoints and plain model / adapter folders load too
-            # (an mmembed checkpoint must still be whole: a killed save's weights may be partial)
+        if args.resume_only_model and (foreign_checkpoint(resume) or saved_model(resume)):
+            # weights only: ms-swift's checkpoints, plain model / adapter folders and mmembed's
+            # final models and exports load too (an mmembed checkpoint must still be whole: a
+            # killed save's weights may be partial)
             return resume
         check_complete(resume)  # before the Trainer's own loaders (DeepSpeed's included) read it
         if is_model_only(resume) and not args.resume_only_model:

@@ -140,6 +140,27 @@ class RefusedFlag(UsageError):
     """An ms-swift flag mmembed does not offer, with what to use instead (exit status 2)."""
 
 
+#: ms-swift flags kept as fields (so ms-swift scripts and ``mmembed.train(...)`` keywords set
+#: them) that change nothing here: flag -> (the value that is what mmembed does, why any
+#: other changes nothing); another value is logged in one line with the reason
+NO_EFFECT_FIELDS: dict[str, tuple[object, str]] = {
+    "lazy_tokenize": (True, "mmembed always tokenizes lazily, batch by batch in the collator (the rows are read "
+                            "once into an Arrow cache, untokenized)"),
+    "use_chat_template": (True, "the template (templates/*.toml, --template) decides how each input is rendered, "
+                                "chat markup included"),
+}
+
+
+def log_no_effect_fields(args: object) -> None:
+    """One log line for each :data:`NO_EFFECT_FIELDS` field given another value than what
+    mmembed does."""
+    for name, (value, why) in NO_EFFECT_FIELDS.items():
+        given = getattr(args, name, value)
+        if given != value:
+            shown = str(given).lower() if isinstance(given, bool) else str(given)
+            logger.info("--%s %s has no effect here: %s", name, shown, why)
+
+
 def take_swift_flags(argv: list[str], fields: set[str]) -> list[str]:
     """Remove the :data:`NO_EFFECT` flags (and refused ones given their ms-swift default)
     from ``argv``, logging one line for each; raise :class:`RefusedFlag` for a refused one.

@@ -355,7 +355,8 @@ class EmbeddingTrainer(Trainer):
         device = self.args.device
         loss_fn, needs = self.loss, self.loss.side  # per-batch loss, no cross-process scaling
         embs, labels = [], []
-        loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # (sum of batch loss * rows, rows)
+        # (sum of batch loss * its terms, terms): the terms the loss averages (groups, pairs, rows)
+        loss_sum = torch.zeros(2, dtype=torch.float64, device=device)
         loader = self._eval_loader(dataset)
         # ZeRO-3 gathers parameters inside every forward, so all processes must run as many
         # forwards: a process with fewer eval batches repeats one and discards the result
@@ -371,8 +372,10 @@ class EmbeddingTrainer(Trainer):
             out = {**model(**batch), **side.outputs()}
             # eval rows may lack the data's teacher: then no eval loss, the metrics still
             if needs.met_by(side):
-                targets = loss_fn.targets(lab.to(device), out["last_hidden_state"].shape[0])
-                loss_sum += torch.tensor([loss_fn(out, targets).item() * len(lab), len(lab)], dtype=torch.float64,
+                n_rows = out["last_hidden_state"].shape[0]
+                targets = loss_fn.targets(lab.to(device), n_rows)
+                terms = loss_fn.averaged_over(targets, n_rows)
+                loss_sum += torch.tensor([loss_fn(out, targets).item() * terms, terms], dtype=torch.float64,
                                          device=device)
             embs.append(out["last_hidden_state"].float())
             labels.append(lab.float())
@@ -652,21 +655,39 @@ def load_backbone_weights(backbone: torch.nn.Module, folder: str) -> None:
         _load_backbone_weights(backbone, folder)
 
 
-def _as_loaded(state: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Saved weights under the names ``from_pretrained`` maps them to on ``model``: transformers
-    saves some weights under their checkpoint names (BERT's ``LayerNorm.gamma`` / ``beta`` when
-    ZeRO-3 gathers the model to save it) and renames them when it loads."""
-    names = set(model.state_dict())
+def _as_loaded(state: dict[str, torch.Tensor], model: torch.nn.Module, source: str) -> dict[str, torch.Tensor]:
+    """Saved weights under the names ``from_pretrained`` maps them to on ``model`` (the bare
+    backbone), with transformers' own rule (``rename_source_key``): the checkpoint names of
+    some weights (BERT's ``LayerNorm.gamma`` / ``beta`` when ZeRO-3 gathers the model to save
+    it, Qwen2-VL's saved layout) are renamed, and the full class's prefix is taken off
+    (``model.embed_tokens.weight`` of a ``Qwen3ForCausalLM`` or
+    ``Qwen2VLForConditionalGeneration`` folder, as an ms-swift full checkpoint saves it). The
+    weights outside the backbone there (the head: ``lm_head``) are left out, as
+    ``AutoModel.from_pretrained`` leaves them out."""
+    names = model.state_dict()
     if all(k in names for k in state):
         return state
     from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightRenaming, apply_renamings
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
 
     try:
-        renamings = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
+        mapping = get_model_conversion_mapping(model)
     except Exception:  # not a transformers model: its names are taken as they are
         return state
-    return {k if k in names else apply_renamings(k, renamings): v for k, v in state.items()}
+    renamings = [t for t in mapping if isinstance(t, WeightRenaming)]
+    converters = [t for t in mapping if isinstance(t, WeightConverter)]
+    prefix = getattr(model, "base_model_prefix", "") or None
+    renamed = {key: key if key in names else rename_source_key(key, renamings, converters, prefix, names)[0]
+               for key in state}
+    # a folder of the full class (its backbone's weights under the prefix): what it holds
+    # beyond the backbone is its head
+    full_class = prefix is not None and any(k.startswith(prefix + ".") and r != k for k, r in renamed.items())
+    head = sorted(k for k, r in renamed.items() if full_class and r not in names and not k.startswith(prefix + "."))
+    if head:
+        logging.getLogger("mmembed").info(
+            "%s: the full model's head weights (%s) are left out: the embedding model has no head",
+            source, ", ".join(head[:4]))
+    return {renamed[k]: v for k, v in state.items() if k not in head}
 
 
 def _load_backbone_weights(backbone: torch.nn.Module, folder: str) -> None:
@@ -682,7 +703,7 @@ def _load_backbone_weights(backbone: torch.nn.Module, folder: str) -> None:
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(f))
-    state = _as_loaded(state, backbone)
+    state = _as_loaded(state, backbone, folder)
     missing, unexpected = backbone.load_state_dict(state, strict=False)
     if unexpected or [m for m in missing if not m.endswith("position_ids")]:
         raise ValueError(f"{folder}: weights do not match the model (missing {missing[:5]}, unexpected {unexpected[:5]})")

@@ -295,6 +295,44 @@ def test_a_relative_path_found_in_both_places_is_an_error_naming_both(media, mon
     assert read_file(path)[0].positives[0].images == [p(media, "dog.png")]
 
 
+def test_a_relative_path_resolves_against_root_image_dir_as_in_ms_swift(media, monkeypatch, tmp_path_factory):
+    """ms-swift's _check_path: a relative path that is not under the working directory is
+    looked up under $ROOT_IMAGE_DIR. mmembed does the same (in read_file, the Arrow loader,
+    whose cache is keyed on it, and the stream), and two different files reached from
+    different places stay an error naming both."""
+    from mmembed.data import load_samples
+    from mmembed.data.sample import Sample
+    from mmembed.data.streaming import stream_samples
+
+    here = tmp_path_factory.mktemp("here")
+    data_dir = tmp_path_factory.mktemp("data")
+    monkeypatch.chdir(here)
+    path = write_jsonl(data_dir / "rows.jsonl", [{"query": "<image>", "response": "fish", "images": ["sub/fish.png"]}])
+    monkeypatch.delenv("ROOT_IMAGE_DIR", raising=False)
+    with pytest.raises(DataError, match="not found"):
+        read_file(path)
+    cache = str(tmp_path_factory.mktemp("cache"))
+    with pytest.raises(DataError, match="not found"):
+        load_samples([path], cache_dir=cache)
+    monkeypatch.setenv("ROOT_IMAGE_DIR", str(media))
+    assert read_file(path)[0].anchor.images == [p(media, "sub/fish.png")]
+    ds = load_samples([path], cache_dir=cache).dataset  # not the cached error of the run without it
+    assert Sample.from_json(ds[0]["sample"]).anchor.images == [p(media, "sub/fish.png")]
+    stream = stream_samples([str(path)], strict=True, seed=42, shuffle=False, buffer_size=10)
+    assert next(iter(stream)).anchor.images == [p(media, "sub/fish.png")]
+    # the working directory holds another sub/fish.png: ambiguous, both named
+    (here / "sub").mkdir()
+    Image.new("RGB", (8, 8), "black").save(here / "sub" / "fish.png")
+    with pytest.raises(DataError) as e:
+        read_file(path)
+    msg = str(e.value)
+    assert "ambiguous" in msg and str(here / "sub" / "fish.png") in msg and p(media, "sub/fish.png") in msg
+    assert "ROOT_IMAGE_DIR" in msg
+    # the same file reached through ROOT_IMAGE_DIR and the working directory is no conflict
+    monkeypatch.chdir(media)
+    assert read_file(path)[0].anchor.images == [p(media, "sub/fish.png")]
+
+
 def test_a_relative_path_found_nowhere_names_file_line_field_and_both_tried_paths(media, monkeypatch, tmp_path_factory):
     here = tmp_path_factory.mktemp("here")
     monkeypatch.chdir(here)

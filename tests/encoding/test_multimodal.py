@@ -473,6 +473,31 @@ def test_example_script_trains_a_few_steps_and_the_checkpoint_embeds(tiny_model,
     assert vec.shape == (len(inputs), 64) and np.allclose(np.linalg.norm(vec, axis=1), 1, atol=1e-5)
 
 
+def _script_flags(script: str) -> dict[str, str]:
+    """The flags an example script passes to mmembed sft, with their values as written."""
+    text = open(os.path.join(REPO, "examples", script), encoding="utf-8").read()
+    body = text[text.index("mmembed sft"):]
+    return dict(re.findall(r"^\s+(--[a-z_]+)(?: ([^\\\n]*?))?\s*\\$", body, re.M))
+
+
+def test_example_scripts_spell_flags_as_ms_swifts_current_scripts():
+    """ms-swift's current examples/train/embedding scripts say --tuner_type (not the older
+    --train_type) and train_gme.sh reads --load_from_cache_file true; train_gte.sh takes
+    train_gme.sh's flags (its header says so) with the cosine-similarity loss, and without a
+    held-out split it asks for no evaluation."""
+    scripts = ["train_gme.sh", "train_gte.sh", "qwen3_emb.sh", "qwen3_vl_emb.sh"]
+    flags = {s: _script_flags(s) for s in scripts}
+    for s in scripts:
+        assert flags[s].get("--tuner_type") == "lora" and "--train_type" not in flags[s], s
+        has_eval_data = "--split_dataset_ratio" in flags[s] or "--val_dataset" in flags[s]
+        assert has_eval_data or "--eval_strategy" not in flags[s], s
+    assert flags["train_gme.sh"]["--load_from_cache_file"] == "true"
+    gme, gte = flags["train_gme.sh"], flags["train_gte.sh"]
+    eval_only = {"--split_dataset_ratio", "--per_device_eval_batch_size", "--eval_steps", "--eval_strategy"}
+    assert gte.pop("--loss_type") == "cosine_similarity" and gme.pop("--loss_type") == "infonce"
+    assert gte == {k: v for k, v in gme.items() if k not in eval_only}
+
+
 def _lora_export(folder: str, template: str, data: str, out) -> tuple[str, str]:
     """Two LoRA steps on ``folder`` with ``template``, then ``mmembed export --merge_lora``:
     (checkpoint, merged folder)."""

@@ -438,3 +438,46 @@ def test_eval_metrics_under_matryoshka_are_the_inner_losss_at_full_width(monkeyp
                                      .candidate_scores({"last_hidden_state": emb}, labels))
     assert inner == wrapped
     assert build_loss("cosine_similarity").candidate_scores({"last_hidden_state": emb}, labels) is None
+
+
+def _by_hand(emb: np.ndarray, sizes: list[int], use_batch: bool) -> dict:
+    """margin / mean_neg / mean_pos with each anchor's candidates written out: every positive
+    and negative of the set (use_batch) or its own group's negatives."""
+    groups, row = [], 0
+    for k in sizes:
+        groups.append((row, row + 1, list(range(row + 2, row + 2 + k))))
+        row += 2 + k
+    docs = [d for _, p, negs in groups for d in [p] + negs]
+    pos, negs, margins = [], [], []
+    for a, p, own in groups:
+        others = [d for d in docs if d != p] if use_batch else own
+        s_pos = float(emb[a] @ emb[p])
+        s_other = [float(emb[a] @ emb[d]) for d in others]
+        pos.append(s_pos)
+        negs += s_other
+        if s_other:
+            margins.append(s_pos - max(s_other))
+    return {"margin": np.mean(margins), "mean_neg": np.mean(negs), "mean_pos": np.mean(pos)}
+
+
+@pytest.mark.parametrize("name, options, use_batch", [("gist", {}, True), ("distill_kl", {}, True),
+                                                      ("distill_kl", {"use_batch": False}, False)])
+def test_eval_metrics_of_gist_and_distill_kl_follow_their_use_batch(name, options, use_batch):
+    """The group losses other than InfoNCE declare their candidates (``use_batch``) through the
+    loss protocol, and the evaluation's margin / mean_neg are over those: checked against the
+    metric computed by hand on the same rows (groups of 0 to 4 negatives)."""
+    from mmembed.losses import build_loss
+
+    sizes = [1, 3, 0, 2, 4, 1]
+    torch.manual_seed(2)
+    labels = torch.tensor(sum(([1.0] + [0.0] * k for k in sizes), []))
+    emb = torch.nn.functional.normalize(torch.randn(len(labels) + len(sizes), 6, dtype=torch.float64), dim=-1)
+    loss = build_loss(name, **options)
+    assert loss.use_batch is use_batch
+    got = embedding_eval_metrics(emb, labels, candidates=loss.candidate_scores(
+        {"last_hidden_state": emb}, labels, generator=torch.Generator().manual_seed(0), block_rows=4))
+    ref = _by_hand(emb.numpy(), sizes, use_batch)
+    for key in ref:
+        assert got[key] == pytest.approx(ref[key], abs=1e-12), key
+    # a loss that declares no candidates (per-row distillation) leaves the evaluation its default
+    assert build_loss("distill_cosine").candidate_scores({"last_hidden_state": emb}, labels) is None

@@ -299,3 +299,87 @@ def test_two_processes_share_a_stream_batch_by_batch(tiny_model, tmp_path, monke
     for rank in range(2):
         expected = [padded[i + 2 * rank:i + 2 * rank + 2] for i in range(0, len(padded), 4)]
         assert json.load(open(f"{out}.{rank}")) == expected, f"process {rank}"
+
+
+def _full_class_folder(name: str, base: str, out: str) -> str:
+    """A plain model folder as ms-swift's full training saves one: the family's full class
+    (``Qwen3ForCausalLM`` with its own ``lm_head``, GME's ``Qwen2VLForConditionalGeneration``)
+    with other weights than ``base``, and ``base``'s tokenizer / processor files."""
+    import transformers
+    from transformers import AutoConfig
+
+    os.makedirs(out)
+    for f in os.listdir(base):
+        if not f.endswith(".safetensors") and f != "config.json":
+            shutil.copy(os.path.join(base, f), out)
+    config = AutoConfig.from_pretrained(base)
+    torch.manual_seed(7)
+    if name == "qwen3_emb":
+        config.tie_word_embeddings = False  # an lm_head of its own, which the embedding model leaves out
+        model = transformers.Qwen3ForCausalLM(config)
+    else:
+        model = transformers.Qwen2VLForConditionalGeneration(config)
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("name, dataset", [("qwen3_emb", "text.jsonl"), ("qwen2_gme", "gme.jsonl")])
+def test_resume_only_model_takes_a_full_class_folder(name, dataset, tiny_model, tmp_path, monkeypatch):
+    """--resume_only_model from an ms-swift full checkpoint, or any folder saved as the
+    causal-LM / conditional-generation class: its backbone's weights are mapped as
+    ``AutoModel.from_pretrained`` maps them (the full class's ``model.`` prefix taken off, its
+    head left out). With learning rate 0 the run ends with that model's weights and embeddings,
+    those transformers loads from the folder."""
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+
+    from mmembed import Embedder
+    from mmembed.training.arguments import parse_sft_args
+    from mmembed.training.sft import run_sft
+
+    base = tiny_model(KIND[name])
+    full = _full_class_folder(name, base, str(tmp_path / "full"))
+    if name == "qwen3_emb":
+        assert "lm_head.weight" in load_file(os.path.join(full, "model.safetensors"))
+    monkeypatch.chdir(os.path.join(FIXTURES, "data"))
+    result = run_sft(parse_sft_args([
+        "--model", base, "--model_type", name, "--dataset", dataset, "--tuner_type", "full",
+        "--per_device_train_batch_size", "2", "--max_steps", "1", "--learning_rate", "0", "--report_to", "none",
+        "--disable_tqdm", "true", "--dataloader_num_workers", "0", "--output_dir", str(tmp_path / "out"),
+        "--resume_from_checkpoint", full, "--resume_only_model", "true"]))
+    expected = AutoModel.from_pretrained(full).state_dict()
+    saved = AutoModel.from_pretrained(result["last_checkpoint"]).state_dict()
+    assert saved.keys() == expected.keys()
+    for k in expected:
+        torch.testing.assert_close(saved[k], expected[k], rtol=0, atol=0, msg=k)
+    inputs = swift_inputs(name)
+    got = Embedder.from_pretrained(result["last_checkpoint"], device="cpu").encode(inputs)
+    want = Embedder.from_pretrained(full, device="cpu").encode(inputs)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert np.abs(want - Embedder.from_pretrained(base, device="cpu").encode(inputs)).max() > 1e-3
+
+
+def test_logged_learning_rate_is_the_steps_own_where_ms_swift_logs_the_next_steps(tiny_model, tmp_path, monkeypatch):
+    """The schedule is ms-swift's (cosine from --learning_rate, no warmup): the rates ms-swift
+    logged for steps 1-3 are the ones mmembed logs for steps 2-4. ms-swift's
+    ``_maybe_log_save_evaluate`` reads the rate after the scheduler has stepped (the next
+    step's); transformers, which mmembed's trainer uses, logs the rate the step trained with.
+    Same flags as make_fixtures.py's run."""
+    from mmembed.training.arguments import parse_sft_args
+    from mmembed.training.sft import run_sft
+
+    common = dict(zip(META["common_flags"][::2], META["common_flags"][1::2]))
+    common.pop("--save_only_model")  # (mmembed's checkpoints hold the weights anyway)
+    monkeypatch.chdir(os.path.join(FIXTURES, "data"))
+    result = run_sft(parse_sft_args([
+        "--model", tiny_model("qwen3"), "--model_type", "qwen3_emb", "--dataset", "text.jsonl", "--max_steps", "4",
+        "--learning_rate", "5e-3", "--output_dir", str(tmp_path / "out"), "--disable_tqdm", "true",
+        *[x for kv in common.items() for x in kv]]))
+    ours = [h["learning_rate"] for h in json.load(open(os.path.join(result["last_checkpoint"], "trainer_state.json")))
+            ["log_history"] if "loss" in h]
+    theirs = [h["learning_rate"] for h in json.load(open(os.path.join(FIXTURES, "qwen3_emb", "checkpoint-4",
+                                                                      "trainer_state.json")))["log_history"] if "loss" in h]
+    assert len(ours) == len(theirs) == 4
+    assert ours[0] == pytest.approx(5e-3)
+    assert ours[1:] == pytest.approx(theirs[:-1], rel=1e-9)
+    assert theirs[-1] == 0.0  # the schedule's end, after the last step

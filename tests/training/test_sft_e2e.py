@@ -287,3 +287,34 @@ def test_the_length_check_result_is_named_by_its_settings(minilm_path, tmp_path)
     config = tok_dir / "tokenizer_config.json"
     config.write_text(config.read_text().replace('"do_lower_case": true', '"do_lower_case": false'))
     assert length_check_fingerprint(ds, builder(32), "group", True) != base
+
+
+def test_eval_loss_is_the_mean_over_groups_whatever_their_negatives(minilm_path, tmp_path, monkeypatch):
+    """eval_loss weights each batch's loss by the groups (anchors) it averages, so it is the
+    loss's mean over every eval group: with INFONCE_USE_BATCH=false each group's term does not
+    depend on its batch, and the result equals the per-group cross-entropy computed by hand
+    on the Embedder's embeddings, averaged. Batches of 4 and 2 groups with 1-3 negatives each:
+    weighting by rows (positives + negatives) gives another number."""
+    from mmembed.model.embedder import Embedder
+    from mmembed.training.sft import build_trainer
+
+    monkeypatch.setenv("INFONCE_USE_BATCH", "false")
+    pairs = stsb_pairs(20)
+    negatives = [1, 3, 3, 3, 1, 1]
+    rows = [{"query": p["query"], "response": p["response"],
+             "rejected_response": [pairs[(i + k + 5) % 20]["response"] for k in range(negatives[i])]}
+            for i, p in enumerate(pairs[:6])]
+    val = write_jsonl(tmp_path / "val.jsonl", rows)
+    trainer = build_trainer(_args(minilm_path, (val, val), tmp_path / "out", "--tuner_type", "full",
+                                  "--per_device_eval_batch_size", "4"))
+    got = trainer.evaluate()["eval_loss"]
+
+    embedder = Embedder.from_pretrained(minilm_path)
+    per_group = []
+    for r in rows:
+        e = torch.from_numpy(embedder.encode([r["query"], r["response"], *r["rejected_response"]])).double()
+        logits = (e[1:] @ e[0]) / 0.1  # INFONCE_TEMPERATURE's default
+        per_group.append(float(-torch.log_softmax(logits, 0)[0]))
+    assert got == pytest.approx(np.mean(per_group), rel=1e-4)
+    by_rows = [(np.mean(per_group[s:s + 4]), sum(1 + negatives[i] for i in range(s, min(s + 4, 6)))) for s in (0, 4)]
+    assert abs(sum(v * w for v, w in by_rows) / sum(w for _, w in by_rows) - np.mean(per_group)) > 1e-3

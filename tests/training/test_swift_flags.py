@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 
 import pytest
 import torch
@@ -63,6 +64,29 @@ def test_implemented_flags_parse(flag):
     if flag == "deepspeed" or flag.startswith(("fsdp", "torch_compile", "use_cpu", "hub_", "push_to_hub")):
         return  # meaningful only with their companions; TrainingArguments checks those itself
     parse_sft_args(BASE + [f"--{flag}", text])
+
+
+@pytest.mark.parametrize("flag, other", [("lazy_tokenize", "false"), ("use_chat_template", "false")])
+def test_no_effect_fields_log_a_line_saying_why_when_set_otherwise(flag, other, caplog):
+    """--lazy_tokenize and --use_chat_template are fields (ms-swift scripts set them); given
+    another value than what mmembed does, one line says they change nothing and why; given
+    that value (train_gme.sh's --lazy_tokenize true), nothing is logged."""
+    from mmembed.training.swift_flags import NO_EFFECT_FIELDS
+
+    assert flag in FIELDS and flag not in NO_EFFECT
+    with caplog.at_level(logging.INFO, logger="mmembed"):
+        args = parse_sft_args(BASE + [f"--{flag}", other])
+    assert getattr(args, flag) is False
+    lines = [r.getMessage() for r in caplog.records if f"--{flag} " in r.getMessage()]
+    assert lines == [f"--{flag} {other} has no effect here: {NO_EFFECT_FIELDS[flag][1]}"]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="mmembed"):
+        parse_sft_args(BASE + [f"--{flag}", "true"])
+        SftArguments(model="/m", dataset=["d.jsonl"], output_dir="/tmp/mmembed-flags-test")
+    assert not [r for r in caplog.records if f"--{flag} " in r.getMessage()]
+    with caplog.at_level(logging.INFO, logger="mmembed"):  # mmembed.train(...)'s keywords too
+        SftArguments(model="/m", dataset=["d.jsonl"], output_dir="/tmp/mmembed-flags-test", **{flag: False})
+    assert len([r for r in caplog.records if f"--{flag} " in r.getMessage()]) == 1
 
 
 @pytest.mark.parametrize("flag", sorted(NO_EFFECT))
@@ -202,6 +226,57 @@ def test_vit_lr_and_aligner_lr_become_optimizer_groups_by_template_part(tiny_mod
     assert seen == {1e-4, 1e-3, 2e-3}
     # weight decay is still split as the Trainer splits it (no decay on biases and norms)
     assert {g["weight_decay"] for g in optimizer.param_groups} == {0.0, 0.1}
+
+
+def test_a_final_model_or_an_export_is_named_and_resumes_with_resume_only_model(minilm_path, tmp_path):
+    """A folder mmembed saved as a model, not a checkpoint (the final model of --save_strategy
+    no, an `mmembed export` folder) is named as what it is, with what to do, where a killed
+    save is named as such; --resume_only_model true trains on from its weights."""
+    from safetensors.torch import load_file
+
+    from mmembed.tools.export import export_checkpoint
+    from mmembed.training.checkpoints import IncompleteCheckpointError, check_complete
+    from mmembed.training.sft import run_sft
+
+    rows = tmp_path / "train.jsonl"
+    with open(os.path.join(DATA, "stsb_train_pairs.jsonl"), encoding="utf-8") as f:
+        rows.write_text("".join(f.readline() for _ in range(8)))
+    common = ["--model", minilm_path, "--dataset", str(rows), "--tuner_type", "full", "--per_device_train_batch_size", "4",
+              "--gradient_accumulation_steps", "1", "--max_length", "32", "--report_to", "none", "--disable_tqdm", "true",
+              "--dataloader_num_workers", "0", "--logging_steps", "1"]
+    final = run_sft(parse_sft_args(common + ["--max_steps", "2", "--learning_rate", "1e-3", "--save_strategy", "no",
+                                             "--output_dir", str(tmp_path / "a")]))["last_checkpoint"]
+    exported = export_checkpoint(final, str(tmp_path / "exported"))
+    with pytest.raises(IncompleteCheckpointError) as e:
+        run_sft(parse_sft_args(common + ["--max_steps", "3", "--output_dir", str(tmp_path / "b"),
+                                         "--resume_from_checkpoint", final]))
+    assert "a final model saved without training state (as `--save_strategy no` saves it)" in str(e.value)
+    assert "--resume_only_model true" in str(e.value) and f"--model {final}" in str(e.value)
+    assert "killed" not in str(e.value)
+    with pytest.raises(IncompleteCheckpointError, match=r"is an `mmembed export` folder \(merged from .*--resume_only_model "
+                                                        r"true.*--model "):
+        check_complete(exported)
+    # a checkpoint with its training state but no marker is still what a killed save leaves
+    killed = tmp_path / "killed" / "checkpoint-2"
+    shutil.copytree(final, killed)
+    (killed / "trainer_state.json").write_text("{}")
+    with pytest.raises(IncompleteCheckpointError, match="probably killed while saving"):
+        check_complete(str(killed))
+
+    trained = load_file(os.path.join(final, "model.safetensors"))
+    for source, out in ((final, "c"), (exported, "d")):
+        # learning rate 0: the run ends with the folder's weights; no trainer_state.json, so from step 0
+        result = run_sft(parse_sft_args(common + ["--max_steps", "1", "--learning_rate", "0", "--output_dir",
+                                                  str(tmp_path / out), "--resume_from_checkpoint", source,
+                                                  "--resume_only_model", "true"]))
+        assert result["last_checkpoint"].endswith("checkpoint-1")
+        got = load_file(os.path.join(result["last_checkpoint"], "model.safetensors"))
+        assert got.keys() == trained.keys()
+        for k in trained:
+            torch.testing.assert_close(got[k], trained[k], rtol=0, atol=0)
+    base = load_file(os.path.join(minilm_path, "model.safetensors"))
+    key = next(k for k in trained if "query.weight" in k)
+    assert (trained[key] - base[key]).abs().max() > 1e-5  # the first run moved the weights
 
 
 def test_resume_only_model_loads_weights_and_goes_on_from_the_step(minilm_path, tmp_path):
