@@ -672,9 +672,9 @@ def resume_checkpoint(args: SftArguments) -> str | None:
             return resume
         check_complete(resume)  # before the Trainer's own loaders (DeepSpeed's included) read it
         if is_model_only(resume) and not args.resume_only_model:
-            raise UsageError(f"--resume_from_checkpoint {resume}: the model alone that a --save_strategy no run saves "
-                             "(no optimizer, scheduler or data position); add --resume_only_model true to train on "
-                             "from its weights")
+            raise UsageError(f"--resume_from_checkpoint {resume}: a final model saved without training state (as "
+                             "`--save_strategy no` saves it: no optimizer, scheduler or data position); add "
+                             f"--resume_only_model true to train on from its weights, or start from it with --model {resume}")
     return resume
 
 

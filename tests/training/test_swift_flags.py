@@ -235,7 +235,8 @@ def test_a_final_model_or_an_export_is_named_and_resumes_with_resume_only_model(
     from safetensors.torch import load_file
 
     from mmembed.tools.export import export_checkpoint
-    from mmembed.training.checkpoints import IncompleteCheckpointError, check_complete
+    from mmembed.errors import UsageError
+    from mmembed.training.checkpoints import COMPLETE_MARKER, IncompleteCheckpointError, check_complete
     from mmembed.training.sft import run_sft
 
     rows = tmp_path / "train.jsonl"
@@ -247,18 +248,24 @@ def test_a_final_model_or_an_export_is_named_and_resumes_with_resume_only_model(
     final = run_sft(parse_sft_args(common + ["--max_steps", "2", "--learning_rate", "1e-3", "--save_strategy", "no",
                                              "--output_dir", str(tmp_path / "a")]))["last_checkpoint"]
     exported = export_checkpoint(final, str(tmp_path / "exported"))
-    with pytest.raises(IncompleteCheckpointError) as e:
+    with pytest.raises(UsageError) as e:  # marked whole (the save is atomic), but it holds the model alone
         run_sft(parse_sft_args(common + ["--max_steps", "3", "--output_dir", str(tmp_path / "b"),
                                          "--resume_from_checkpoint", final]))
-    assert "a final model saved without training state (as `--save_strategy no` saves it)" in str(e.value)
+    assert "a final model saved without training state (as `--save_strategy no` saves it" in str(e.value)
     assert "--resume_only_model true" in str(e.value) and f"--model {final}" in str(e.value)
     assert "killed" not in str(e.value)
     with pytest.raises(IncompleteCheckpointError, match=r"is an `mmembed export` folder \(merged from .*--resume_only_model "
                                                         r"true.*--model "):
         check_complete(exported)
+    # a final model of an older mmembed (saved without the marker) is named the same way
+    unmarked = tmp_path / "unmarked" / "checkpoint-2"
+    shutil.copytree(final, unmarked)
+    os.remove(unmarked / COMPLETE_MARKER)
+    with pytest.raises(IncompleteCheckpointError, match=r"a final model saved without training state"):
+        check_complete(str(unmarked))
     # a checkpoint with its training state but no marker is still what a killed save leaves
     killed = tmp_path / "killed" / "checkpoint-2"
-    shutil.copytree(final, killed)
+    shutil.copytree(unmarked, killed)
     (killed / "trainer_state.json").write_text("{}")
     with pytest.raises(IncompleteCheckpointError, match="probably killed while saving"):
         check_complete(str(killed))
