@@ -155,19 +155,19 @@ def _features():
 
 
 def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: str, work_dir: str,
-              columns: dict[str, str] | None = None, labels: dict | None = None,
+              columns: dict[str, str] | None = None, label_rule: dict | None = None,
               media_kinds: tuple[str, ...] | None = None, root_image_dir: str = ""):
     """Arrow rows for the given file shards; a bad row becomes an ``error`` row.
 
     ``version`` only feeds the cache fingerprint; ``work_dir`` is where relative media paths
     are tried besides the data file's folder, and ``root_image_dir`` (ms-swift's
     ``ROOT_IMAGE_DIR``, "" when unset) too (so both key the cache); ``columns`` renames
-    row fields (old -> new) before a row is read; ``labels`` (a :class:`LabelRule` as a
+    row fields (old -> new) before a row is read; ``label_rule`` (a :class:`LabelRule` as a
     dict) and ``media_kinds`` are :func:`parse_row`'s. With ``strict`` a shard stops at its
     first bad row (the caller raises it).
     """
     del version
-    rule = LabelRule.from_dict(labels) if labels else None
+    rule = LabelRule.from_dict(label_rule) if label_rule else None
     kinds = frozenset(media_kinds) if media_kinds is not None else None
     for path, _mtime_ns, _size, shard, num_shards in shards:
         base_dir = os.path.dirname(path)
@@ -179,7 +179,7 @@ def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: s
                     raw = {columns.get(k, k): v for k, v in raw.items()}
                 try:
                     sample = parse_row(raw, path, line, base_dir, verify_images=verify_images, work_dir=work_dir,
-                                       root_image_dir=root_image_dir, labels=rule, media_kinds=kinds)
+                                       root_image_dir=root_image_dir, label_rule=rule, media_kinds=kinds)
                 except DataError as e:
                     err = e
                 except RecursionError:  # raised inside datasets' generator it would become its own error
@@ -254,7 +254,7 @@ def _from_cache(ds, started: float) -> bool:
 
 def _load_files(
     files: list[str], *, strict: bool, verify_images: bool, cache_dir: str | None, num_proc: int, force: bool,
-    columns: dict[str, str] | None = None, labels: LabelRule | None = None, media_kinds: frozenset[str] | None = None,
+    columns: dict[str, str] | None = None, label_rule: LabelRule | None = None, media_kinds: frozenset[str] | None = None,
 ):
     """Arrow dataset of the files' good rows (with their ``row`` in their file), the bad rows
     as DataErrors, and the rows read per file."""
@@ -265,7 +265,7 @@ def _load_files(
         shards += [(path, st.st_mtime_ns, st.st_size, i, n) for i in range(n)]
     gen_kwargs = {"shards": shards, "strict": strict, "verify_images": verify_images, "version": _CACHE_VERSION,
                   "work_dir": os.getcwd(), "root_image_dir": os.environ.get(ROOT_IMAGE_DIR, ""), "columns": columns,
-                  "labels": labels.as_dict() if labels else None,
+                  "label_rule": label_rule.as_dict() if label_rule else None,
                   "media_kinds": tuple(sorted(media_kinds)) if media_kinds is not None else None}
     started = time.time()
     ds = _build(gen_kwargs, cache_dir, num_proc, force)
@@ -352,7 +352,7 @@ def load_samples(
     split_ratio: float = 0.0,
     shuffle: bool = False,
     columns: dict[str, str] | None = None,
-    labels: LabelRule | None = None,
+    label_rule: LabelRule | None = None,
     media_kinds: frozenset[str] | None = None,
 ) -> LoadResult:
     """Read dataset specs into one Arrow-backed ``datasets.Dataset`` of samples.
@@ -372,7 +372,7 @@ def load_samples(
     ``strict=True``: the first bad row raises its :class:`DataError`. ``strict=False``: bad
     rows are skipped, listed in ``LoadResult.skipped`` and logged as a warning (never
     silently). A spec that gives no usable row (an empty file, only blank lines, or every
-    row bad with ``strict=False``) is a :class:`DataError` naming it. ``labels`` (the
+    row bad with ``strict=False``) is a :class:`DataError` naming it. ``label_rule`` (the
     loss's :class:`~mmembed.data.labels.LabelRule`) and ``media_kinds`` (the media kinds
     the model takes) make a row whose label or media the training cannot use a bad row
     too. The Arrow cache (``cache_dir`` or the ``datasets`` default) is keyed by every
@@ -407,7 +407,7 @@ def load_samples(
             num_proc=max(1, int(num_proc or 1)),
             force=not load_from_cache_file,
             columns=columns,
-            labels=labels,
+            label_rule=label_rule,
             media_kinds=media_kinds,
         )
         skipped += bad

@@ -1,9 +1,9 @@
 """What a loss needs of each row's ``label``, so that a bad label is found when the rows are
 read (naming file and line) rather than in the middle of training.
 
-A loss states it as :attr:`mmembed.losses.EmbeddingLoss.labels` (a :class:`LabelRule`, or
+A loss states it as :attr:`mmembed.losses.EmbeddingLoss.label_rule` (a :class:`LabelRule`, or
 None when it does not read labels); :func:`mmembed.data.load_samples` and
-:func:`mmembed.data.parse_row` take it as ``labels=`` and check every row against it.
+:func:`mmembed.data.parse_row` take it as ``label_rule=`` and check every row against it.
 The rule lives here, with the row contract, so that the data layer does not import the
 losses: it is plain data, and it keys the Arrow cache like the other reading options.
 """

@@ -25,15 +25,15 @@ from .sample import Sample
 __all__ = ["DATA_EXTENSIONS", "MediaFileError", "iter_raw_rows", "parse_row", "read_file"]
 
 
-def read_file(path: str, *, verify_images: bool = True, labels: LabelRule | None = None,
+def read_file(path: str, *, verify_images: bool = True, label_rule: LabelRule | None = None,
               media_kinds: frozenset[str] | None = None) -> list[Sample]:
     """Read and validate a whole (small) file into a list of Samples.
 
     For validation or small files; use :func:`mmembed.data.load_samples` for training data,
     which streams to Arrow. Raises the first :class:`~mmembed.data.sample.DataError`.
-    ``labels`` (a loss's ``labels``, e.g. ``build_loss("contrastive").labels``) and
+    ``label_rule`` (a loss's ``label_rule``, e.g. ``build_loss("contrastive").label_rule``) and
     ``media_kinds`` check the rows against a loss and a model as training does.
     """
     base_dir = os.path.dirname(os.path.abspath(path))
-    return [parse_row(raw, path, line, base_dir, verify_images=verify_images, labels=labels, media_kinds=media_kinds)
+    return [parse_row(raw, path, line, base_dir, verify_images=verify_images, label_rule=label_rule, media_kinds=media_kinds)
             for line, raw in iter_raw_rows(path)]

@@ -149,7 +149,7 @@ def parse_row(
     verify_images: bool = True,
     work_dir: str | None = None,
     root_image_dir: str | None = None,
-    labels: LabelRule | None = None,
+    label_rule: LabelRule | None = None,
     media_kinds: frozenset[str] | None = None,
 ) -> Sample:
     """Normalize one raw row (query form or messages form, detected per row) into a Sample.
@@ -161,7 +161,7 @@ def parse_row(
     every breach of the data contract: not an object, a missing or mistyped field, a tag
     count that differs from the path count, a missing or (with ``verify_images``)
     unreadable local media file, an unknown role, a member with empty text and no media.
-    ``labels`` (a loss's :class:`~mmembed.data.labels.LabelRule`) checks the row's label
+    ``label_rule`` (a loss's :class:`~mmembed.data.labels.LabelRule`) checks the row's label
     against what the loss takes; ``media_kinds`` (the kinds the model takes, e.g.
     ``frozenset()`` for a text model) makes media of any other kind an error.
     """
@@ -181,8 +181,8 @@ def parse_row(
     if raw.get("teacher_embeddings") is not None:
         sample.teacher_embeddings = check_teacher_embeddings(
             raw["teacher_embeddings"], len(sample.negatives), ctx.error, "teacher_embeddings")
-    if labels is not None:
-        problem = labels.problem(sample.label)
+    if label_rule is not None:
+        problem = label_rule.problem(sample.label)
         if problem:
             raise ctx.error(_present_key(raw, QUERY_ALIASES["label"], ctx, "label") or "label", problem)
     return sample

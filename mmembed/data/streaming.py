@@ -37,7 +37,7 @@ logger = logging.getLogger("mmembed")
 
 
 def stream_samples(specs: list[str], *, strict: bool, seed: int | None, shuffle: bool, buffer_size: int,
-                   columns: dict[str, str] | None = None, labels: LabelRule | None = None,
+                   columns: dict[str, str] | None = None, label_rule: LabelRule | None = None,
                    media_kinds: frozenset[str] | None = None) -> StreamingSamples:
     """The training rows of ``specs`` as a stream (see the module's description); the seeds
     are drawn as :func:`load_samples` draws them (one per spec, then the shuffle's)."""
@@ -55,7 +55,7 @@ def stream_samples(specs: list[str], *, strict: bool, seed: int | None, shuffle:
             _generate, gen_kwargs={"shards": shards, "strict": strict, "verify_images": True, "version": _CACHE_VERSION,
                                    "work_dir": os.getcwd(), "root_image_dir": os.environ.get(ROOT_IMAGE_DIR, ""),
                                    "columns": columns,
-                                   "labels": labels.as_dict() if labels else None,
+                                   "label_rule": label_rule.as_dict() if label_rule else None,
                                    "media_kinds": tuple(sorted(media_kinds)) if media_kinds is not None else None})
         parts.append(part.take(n) if n is not None else part)
     stream = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)

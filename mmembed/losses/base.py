@@ -11,7 +11,7 @@ Every loss is an :class:`EmbeddingLoss` (an ``nn.Module`` called as
   embeddings or scores);
 - :attr:`~EmbeddingLoss.cross_process`: how a batch spread over several processes is
   combined (:class:`CrossProcess`; ``mmembed.training.distributed`` carries each one out);
-- :attr:`~EmbeddingLoss.labels`: what each row's ``label`` must be
+- :attr:`~EmbeddingLoss.label_rule`: what each row's ``label`` must be
   (:class:`~mmembed.data.labels.LabelRule`: required or not, allowed values or range),
   checked on every row when the data is read, so a bad label names its file and line;
 - :meth:`~EmbeddingLoss.check_setup`: start-up checks against the model and the side
@@ -262,7 +262,7 @@ class EmbeddingLoss(nn.Module):
         return CrossProcess.WHOLE_BATCH
 
     @property
-    def labels(self) -> LabelRule | None:
+    def label_rule(self) -> LabelRule | None:
         """What each row's ``label`` must be, checked when the rows are read (a bad one is an
         error naming file and line, or a skipped row with ``--strict false``). Default: a
         group loss reads no labels (None); a pair loss needs a number on every row."""

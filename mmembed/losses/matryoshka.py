@@ -152,8 +152,8 @@ class MatryoshkaLoss(EmbeddingLoss):
         return getattr(self.inner, "cross_process", CrossProcess.WHOLE_BATCH)
 
     @property
-    def labels(self) -> LabelRule | None:
-        return getattr(self.inner, "labels", None)
+    def label_rule(self) -> LabelRule | None:
+        return getattr(self.inner, "label_rule", None)
 
     @property
     def student_parts(self) -> int:  # type: ignore[override]

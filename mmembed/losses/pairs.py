@@ -97,7 +97,7 @@ class CosineSimilarityLoss(_PairLoss):
 
     #: the cosine of a pair lies in [-1, 1], so a label outside it cannot be fitted
     #: (STS-B's 0-5 scores are the usual case: scale them to 0-1)
-    labels = LabelRule("cosine_similarity", low=-1.0, high=1.0,
+    label_rule = LabelRule("cosine_similarity", low=-1.0, high=1.0,
                        meaning="the target of the pair's cosine, which lies in [-1, 1]; scale 0-5 scores to 0-1")
 
     def forward(self, outputs: Mapping[str, Tensor], labels: Tensor) -> Tensor:
@@ -133,7 +133,7 @@ class ContrastiveLoss(_MarginPairLoss):
             loss = loss_fn({"last_hidden_state": emb}, torch.tensor([1.0, 0.0]))
     """
 
-    labels = LabelRule("contrastive", values=(0.0, 1.0), meaning="1 similar, 0 dissimilar")
+    label_rule = LabelRule("contrastive", values=(0.0, 1.0), meaning="1 similar, 0 dissimilar")
 
     def forward(self, outputs: Mapping[str, Tensor], labels: Tensor) -> Tensor:
         """Scalar loss; see the class docstring for the layout."""
@@ -179,7 +179,7 @@ class OnlineContrastiveLoss(_MarginPairLoss):
 
     #: which pairs count depends on statistics of the whole batch
     cross_process = CrossProcess.WHOLE_BATCH
-    labels = LabelRule("online_contrastive", values=(0.0, 1.0), meaning="1 similar, 0 dissimilar")
+    label_rule = LabelRule("online_contrastive", values=(0.0, 1.0), meaning="1 similar, 0 dissimilar")
 
     def forward(self, outputs: Mapping[str, Tensor], labels: Tensor) -> Tensor:
         """Scalar loss; see the class docstring for the layout."""

@@ -446,7 +446,7 @@ class TrainingData:
         load_opts = dict(strict=args.strict, seed=args.data_seed, num_proc=args.dataset_num_proc,
                          load_from_cache_file=args.load_from_cache_file,
                          columns=json.loads(args.columns) if args.columns else None,
-                         labels=loss.labels, media_kinds=frozenset(encoding.template.media))
+                         label_rule=loss.label_rule, media_kinds=frozenset(encoding.template.media))
         if args.streaming:
             return cls.stream(args, encoding, loss, load_opts)
         loaded = load_samples(args.dataset, split_ratio=0.0 if args.val_dataset else args.split_dataset_ratio,
@@ -495,7 +495,7 @@ class TrainingData:
                              "up front with --streaming true: give --teacher_model, or leave out --streaming")
         train = stream_samples(args.dataset, strict=args.strict, seed=args.data_seed, shuffle=args.dataset_shuffle,
                                buffer_size=args.shuffle_buffer_size, columns=load_opts["columns"],
-                               labels=load_opts["labels"], media_kinds=load_opts["media_kinds"])
+                               label_rule=load_opts["label_rule"], media_kinds=load_opts["media_kinds"])
         val, files = None, {}
         if args.val_dataset:
             val_loaded = load_samples(args.val_dataset, split_ratio=1.0, shuffle=args.val_dataset_shuffle, **load_opts)

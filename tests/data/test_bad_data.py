@@ -34,9 +34,9 @@ def csv_text(*lines: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-CONTRASTIVE = build_loss("contrastive").labels
-ONLINE = build_loss("online_contrastive").labels
-COSINE = build_loss("cosine_similarity").labels
+CONTRASTIVE = build_loss("contrastive").label_rule
+ONLINE = build_loss("online_contrastive").label_rule
+COSINE = build_loss("cosine_similarity").label_rule
 TEXT_ONLY = frozenset()  # the media a text model takes
 
 # id: (file name, content, reading options, line, field, words in the message); a content of
@@ -90,18 +90,18 @@ CASES = {
         ["missing field 'query'", "'question_text'"]),
     # --- labels, against what the loss declares
     "contrastive: a label of 0.5": (
-        "d.jsonl", row(label=1) + "\n" + row(label=0.5) + "\n", {"labels": CONTRASTIVE}, 2, "label",
+        "d.jsonl", row(label=1) + "\n" + row(label=0.5) + "\n", {"label_rule": CONTRASTIVE}, 2, "label",
         ["is 0.5", "contrastive takes 0 or 1"]),
     "online_contrastive: a label of 2": (
-        "d.jsonl", row(label=2) + "\n", {"labels": ONLINE}, 1, "label", ["is 2", "online_contrastive takes 0 or 1"]),
+        "d.jsonl", row(label=2) + "\n", {"label_rule": ONLINE}, 1, "label", ["is 2", "online_contrastive takes 0 or 1"]),
     "cosine_similarity: an STS-B score of 4.2": (
-        "d.jsonl", row(score=4.2) + "\n", {"labels": COSINE}, 1, "score", ["outside [-1, 1]", "scale 0-5"]),
+        "d.jsonl", row(score=4.2) + "\n", {"label_rule": COSINE}, 1, "score", ["outside [-1, 1]", "scale 0-5"]),
     "a pair loss: no label": (
-        "d.jsonl", row() + "\n", {"labels": COSINE}, 1, "label", ["missing", "numeric label on every row"]),
+        "d.jsonl", row() + "\n", {"label_rule": COSINE}, 1, "label", ["missing", "numeric label on every row"]),
     "a label that is text": (
-        "d.jsonl", row(label="high") + "\n", {"labels": CONTRASTIVE}, 1, "label", ["must be a number"]),
+        "d.jsonl", row(label="high") + "\n", {"label_rule": CONTRASTIVE}, 1, "label", ["must be a number"]),
     "csv: a label that is text": (
-        "d.csv", csv_text("query,response,label", "q,r,yes"), {"labels": CONTRASTIVE}, 2, "label", ["must be a number"]),
+        "d.csv", csv_text("query,response,label", "q,r,yes"), {"label_rule": CONTRASTIVE}, 2, "label", ["must be a number"]),
     # --- media
     "an image row on a text-only model": (
         "d.jsonl", row(query="<image>what is it", images=["dog.png"]) + "\n", {"media_kinds": TEXT_ONLY}, 1, "images",
@@ -177,10 +177,10 @@ ACCEPTED = {
 }
 
 
-@pytest.mark.parametrize("name,content,labels,check", ACCEPTED.values(), ids=list(ACCEPTED))
-def test_careless_but_valid_files_are_read(tmp_path, name, content, labels, check):
+@pytest.mark.parametrize("name,content,rule,check", ACCEPTED.values(), ids=list(ACCEPTED))
+def test_careless_but_valid_files_are_read(tmp_path, name, content, rule, check):
     path = write(tmp_path, name, content)
-    [sample] = load_samples([path], cache_dir=str(tmp_path / "cache"), labels=labels).dataset["sample"]
+    [sample] = load_samples([path], cache_dir=str(tmp_path / "cache"), label_rule=rule).dataset["sample"]
     assert check(Sample.from_json(sample))
 
 
@@ -189,7 +189,7 @@ def test_strict_false_skips_each_bad_row_and_lists_it(media, caplog):
             row(query="<image>", images=["dog.png"], label=1), row(label=0)]
     path = write(media, "d.jsonl", "\n".join(rows) + "\n")
     with caplog.at_level(logging.WARNING, logger="mmembed.data.dataset"):
-        result = load_samples([path], strict=False, cache_dir=str(media / "cache"), labels=CONTRASTIVE,
+        result = load_samples([path], strict=False, cache_dir=str(media / "cache"), label_rule=CONTRASTIVE,
                               media_kinds=frozenset({"video"}))
     assert len(result.dataset) == 2 and result.dataset["line"] == [1, 6]
     assert [(e.line, e.field) for e in result.skipped] == [(2, "label"), (3, "videos[0]"), (4, None), (5, "images")]
@@ -201,7 +201,7 @@ def test_strict_false_skips_each_bad_row_and_lists_it(media, caplog):
 def test_strict_false_with_every_row_bad_names_the_file_and_the_count(media, caplog):
     path = write(media, "d.jsonl", "\n".join([row(label=3), "{oops", row(query=7)]) + "\n")
     with caplog.at_level(logging.WARNING, logger="mmembed.data.dataset"), pytest.raises(DataError) as e:
-        load_samples([path], strict=False, cache_dir=str(media / "cache"), labels=CONTRASTIVE)
+        load_samples([path], strict=False, cache_dir=str(media / "cache"), label_rule=CONTRASTIVE)
     assert str(e.value).startswith(f"{path}:0: no usable rows, 3 skipped")
     assert all(f"{path}:{n}" in caplog.text for n in (1, 2, 3))
 
@@ -227,10 +227,10 @@ def test_each_loss_declares_the_labels_it_takes():
     assert (COSINE.low, COSINE.high) == (-1.0, 1.0)
     for name in ("infonce", "gist", "distill_mse", "distill_kl"):
         options = {"use_batch": False} if name == "distill_kl" else {}
-        assert build_loss(name, **options).labels is None, name  # group losses read no labels
+        assert build_loss(name, **options).label_rule is None, name  # group losses read no labels
     # the Matryoshka wrapper takes its inner loss's; a user's pair loss needs a number on every row
-    assert build_loss("matryoshka", dims={8: 1.0}, inner="contrastive").labels == CONTRASTIVE
-    assert _PairScore().labels == LabelRule("_PairScore")
+    assert build_loss("matryoshka", dims={8: 1.0}, inner="contrastive").label_rule == CONTRASTIVE
+    assert _PairScore().label_rule == LabelRule("_PairScore")
     assert LabelRule("x", required=False).problem(None) is None and LabelRule("x").problem(float("nan"))
 
 
