@@ -201,11 +201,17 @@ def _transformers_text_usage(path: str, config: dict[str, Any], form: TextForm, 
     return text
 
 
-def _transformers_vision_usage(path: str, template, config: dict[str, Any]) -> str:
+def _around_input(template, config: dict[str, Any]) -> tuple[str, str]:
+    """The template's rendering before and after an item's text (with the saved system prompt)."""
     from ..data.sample import Item
 
     system = config.get("default_system", template.default_system) or ""
     prefix, _, suffix = template.render(Item(text="\x00", system=system)).partition("\x00")
+    return prefix, suffix
+
+
+def _transformers_vision_usage(path: str, template, config: dict[str, Any]) -> str:
+    prefix, suffix = _around_input(template, config)
     image = template.media.get("image", "")
     code = (
         "```python\nimport torch\nimport torch.nn.functional as F\n"
@@ -230,10 +236,7 @@ def _transformers_vision_usage(path: str, template, config: dict[str, Any]) -> s
 
 
 def _transformers_audio_usage(path: str, template, config: dict[str, Any]) -> str:
-    from ..data.sample import Item
-
-    system = config.get("default_system", template.default_system) or ""
-    prefix, _, suffix = template.render(Item(text="\x00", system=system)).partition("\x00")
+    prefix, suffix = _around_input(template, config)
     audio = template.media.get("audio", "")
     code = (
         "```python\nimport numpy as np\nimport soundfile\nimport soxr\nimport torch\nimport torch.nn.functional as F\n"
