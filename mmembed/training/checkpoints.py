@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import signal
+import time
 from collections import Counter
 
 from ..files import WriteError, sync_folder, sync_tree
@@ -307,6 +308,32 @@ def rotate(output_dir: str, save_total_limit: int | None, keep: list[str]) -> li
     return deleted
 
 
+def set_aside_later_checkpoints(output_dir: str, resume: str, delete: bool = False) -> tuple[list[str], str | None]:
+    """A run resumed from an earlier checkpoint of its own ``output_dir`` (a roll-back) must
+    not live beside the later checkpoints of the run it abandons: ``--resume_from_checkpoint
+    true`` would pick one of them after a crash, and rotation would keep them as the newest.
+    They are moved, whole, into ``output_dir/superseded-<step>-<time>/`` (nothing is
+    deleted), or deleted with ``delete`` (``--overwrite_output_dir``). Returns the checkpoints
+    set aside and the folder they went to."""
+    step = checkpoint_step(resume)
+    if step is None or os.path.normpath(os.path.dirname(os.path.abspath(resume))) != \
+            os.path.normpath(os.path.abspath(output_dir)):
+        return [], None
+    later = [path for s, path in list_checkpoints(output_dir) if s > step]
+    if not later:
+        return [], None
+    if delete:
+        for path in later:
+            remove_checkpoint(path)
+        return later, None
+    folder = os.path.join(output_dir, f"superseded-{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(folder, exist_ok=True)
+    for path in later:
+        os.rename(path, os.path.join(folder, os.path.basename(path)))
+    sync_folder(output_dir)
+    return later, folder
+
+
 def clear_output_dir(output_dir: str) -> list[str]:
     """``--overwrite_output_dir``: delete every checkpoint and leftover of earlier runs."""
     removed = []
@@ -354,5 +381,5 @@ def test_point(name: str) -> None:
 __all__ = [
     "COMPLETE_MARKER", "CheckpointWriteError", "IncompleteCheckpointError", "check_complete", "clear_output_dir",
     "find_last_complete_checkpoint", "foreign_checkpoint", "is_complete", "is_model_only", "list_checkpoints",
-    "publish", "rotate", "saved_model",
+    "publish", "rotate", "saved_model", "set_aside_later_checkpoints",
 ]

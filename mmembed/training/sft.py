@@ -43,6 +43,7 @@ from .checkpoints import (
     leftovers,
     list_checkpoints,
     saved_model,
+    set_aside_later_checkpoints,
 )
 from .trainer import EmbeddingTrainer, eval_metric_names, load_backbone_weights
 
@@ -685,6 +686,14 @@ def prepare_output_dir(args: SftArguments, resume: str | None) -> None:
     with args.main_process_first(desc="checking --output_dir", local=args.save_on_each_node):
         check_writable(args.output_dir)  # every process writes into checkpoints (its RNG state)
         found = [path for _, path in list_checkpoints(args.output_dir)] + leftovers(args.output_dir)
+        if resume and args.should_save:
+            later, folder = set_aside_later_checkpoints(args.output_dir, resume, delete=args.overwrite_output_dir)
+            if later:
+                names = ", ".join(os.path.basename(p) for p in later)
+                logger.warning("--resume_from_checkpoint %s goes back to an earlier step: the later checkpoints of the "
+                               "run it leaves (%s) were %s, so that neither --resume_from_checkpoint true nor "
+                               "--save_total_limit takes them for this run's", os.path.basename(resume), names,
+                               f"moved to {folder}" if folder else "deleted (--overwrite_output_dir)")
         if not found or resume:
             return
         if not args.overwrite_output_dir:

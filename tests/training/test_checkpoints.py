@@ -195,3 +195,31 @@ def test_save_strategy_no_final_model_is_whole_or_absent(setup, point):
     assert r.returncode == 1 and "no complete checkpoint" in r.stderr and "Traceback" not in r.stderr
     r = run_cli(args + ["--resume_from_checkpoint", final])
     assert r.returncode == 2 and "--resume_only_model true" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_resuming_an_earlier_checkpoint_sets_the_later_ones_aside(setup):
+    """Going back to checkpoint-2 of a run that reached checkpoint-4: the later checkpoints of
+    the abandoned run are moved (whole) out of the way, so that a crash followed by
+    --resume_from_checkpoint true resumes this run's newest, not the old run's checkpoint-4;
+    --overwrite_output_dir deletes them instead."""
+    d, common, ref = setup
+    out = d / "rollback"
+    shutil.copytree(ref, out)
+    # this run stops at step 3: before, checkpoint-4 of the first run stayed the newest
+    r = run_cli(common + ["--output_dir", str(out), "--resume_from_checkpoint", str(out / "checkpoint-2"),
+                          "--max_steps", "3"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    aside = [n for n in os.listdir(out) if n.startswith("superseded-2-")]
+    assert len(aside) == 1 and sorted(os.listdir(out / aside[0])) == ["checkpoint-3", "checkpoint-4"]
+    assert "goes back to an earlier step" in r.stderr and "checkpoint-3, checkpoint-4" in r.stderr
+    _assert_same_weights(out / aside[0] / "checkpoint-4", ref / "checkpoint-4")  # moved whole, not rewritten
+    assert find_last_complete_checkpoint(str(out)) == str(out / "checkpoint-3")
+    assert _folders(out) == sorted(["checkpoint-1", "checkpoint-2", "checkpoint-3", aside[0]])
+
+    again = d / "rollback_overwrite"
+    shutil.copytree(ref, again)
+    r = run_cli(common + ["--output_dir", str(again), "--resume_from_checkpoint", str(again / "checkpoint-2"),
+                          "--max_steps", "3", "--overwrite_output_dir", "true"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "deleted (--overwrite_output_dir)" in r.stderr
+    assert _folders(again) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
