@@ -327,8 +327,12 @@ class EmbeddingTrainer(Trainer):
         rank, w = world()
         if w > 1:
             dataset = Subset(dataset, range(rank, len(dataset), w))
+        workers = self.args.dataloader_num_workers or 0
+        extra = {"prefetch_factor": self.args.dataloader_prefetch_factor} if workers and \
+            self.args.dataloader_prefetch_factor else {}
         return DataLoader(dataset, batch_size=self.args.per_device_eval_batch_size, collate_fn=self.data_collator,
-                          num_workers=self.args.dataloader_num_workers, shuffle=False)
+                          num_workers=workers, shuffle=False,
+                          pin_memory=bool(self.args.dataloader_pin_memory) and self.args.device.type == "cuda", **extra)
 
     @torch.no_grad()
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
