@@ -136,13 +136,7 @@ def check_complete(checkpoint: str) -> None:
         )
     what = saved_model(checkpoint)
     if what:
-        start = (f"--adapters {checkpoint}" if os.path.isfile(os.path.join(checkpoint, "adapter_config.json"))
-                 else f"--model {checkpoint}")
-        raise IncompleteCheckpointError(
-            f"{checkpoint} is {what}, not a checkpoint: it holds no optimizer, scheduler or data position to resume. "
-            f"Add --resume_only_model true to train on from its weights (the step count starts at 0), or start a new "
-            f"run from it with {start}."
-        )
+        raise IncompleteCheckpointError(not_a_checkpoint(checkpoint, what))
     raise IncompleteCheckpointError(
         f"{checkpoint} is not a complete mmembed checkpoint (no {COMPLETE_MARKER}, or files it lists are missing: "
         "the run was probably killed while saving or deleting it); resume from an earlier checkpoint"
@@ -157,14 +151,16 @@ def saved_model(folder: str) -> str | None:
     """What an mmembed folder that is a model and no checkpoint is: "an `mmembed export`
     folder (...)" (``mmembed.json`` names the checkpoint it was exported from), "a final model
     saved without training state (...)" (``--save_strategy no``: the weights, tokenizer and
-    ``mmembed.json``, no marker and no trainer / optimizer state; a checkpoint whose save was
-    killed is still a staging folder, one being deleted has lost its marker first); None
-    otherwise."""
+    ``mmembed.json``, whole, its marker saying ``model_only``; or, as older mmembed wrote it,
+    no marker and no trainer / optimizer state: a checkpoint whose save was killed is still a
+    staging folder, one being deleted has lost its marker first); None otherwise."""
     from ..model.io import read_mmembed_config
 
     name = os.path.basename(os.path.normpath(folder))
-    if name.startswith((STAGING_PREFIX, _TRASH_PREFIX)) or os.path.exists(os.path.join(folder, COMPLETE_MARKER)):
+    if name.startswith((STAGING_PREFIX, _TRASH_PREFIX)):
         return None
+    if os.path.exists(os.path.join(folder, COMPLETE_MARKER)):  # marked: whole, and the marker says what it holds
+        return _FINAL_MODEL if is_model_only(folder) and is_complete(folder) else None
     try:
         config = read_mmembed_config(folder)
     except (OSError, ValueError):
@@ -175,7 +171,20 @@ def saved_model(folder: str) -> str | None:
         return f"an `mmembed export` folder (merged from {config['exported_from']})"
     if any(os.path.exists(os.path.join(folder, f)) for f in _TRAINING_STATE):
         return None
-    return "a final model saved without training state (as `--save_strategy no` saves it)"
+    return _FINAL_MODEL  # as an mmembed before the marked final save wrote it
+
+
+_FINAL_MODEL = "a final model saved without training state (as `--save_strategy no` saves it)"
+
+
+def not_a_checkpoint(folder: str, what: str) -> str:
+    """Why ``folder`` (a saved model, ``what`` as :func:`saved_model` says) cannot be resumed,
+    and the two ways to go on from it."""
+    start = (f"--adapters {folder}" if os.path.isfile(os.path.join(folder, "adapter_config.json"))
+             else f"--model {folder}")
+    return (f"{folder} is {what}, not a checkpoint: it holds no optimizer, scheduler or data position to resume. "
+            f"Add --resume_only_model true to train on from its weights (the step count starts at 0), or start a new "
+            f"run from it with {start}.")
 
 
 def foreign_checkpoint(checkpoint: str) -> str | None:
@@ -381,5 +390,5 @@ def test_point(name: str) -> None:
 __all__ = [
     "COMPLETE_MARKER", "CheckpointWriteError", "IncompleteCheckpointError", "check_complete", "clear_output_dir",
     "find_last_complete_checkpoint", "foreign_checkpoint", "is_complete", "is_model_only", "list_checkpoints",
-    "publish", "rotate", "saved_model", "set_aside_later_checkpoints",
+    "not_a_checkpoint", "publish", "rotate", "saved_model", "set_aside_later_checkpoints",
 ]

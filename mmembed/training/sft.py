@@ -42,6 +42,7 @@ from .checkpoints import (
     is_model_only,
     leftovers,
     list_checkpoints,
+    not_a_checkpoint,
     saved_model,
     set_aside_later_checkpoints,
 )
@@ -672,10 +673,8 @@ def resume_checkpoint(args: SftArguments) -> str | None:
             # killed save's weights may be partial)
             return resume
         check_complete(resume)  # before the Trainer's own loaders (DeepSpeed's included) read it
-        if is_model_only(resume) and not args.resume_only_model:
-            raise UsageError(f"--resume_from_checkpoint {resume}: a final model saved without training state (as "
-                             "`--save_strategy no` saves it: no optimizer, scheduler or data position); add "
-                             f"--resume_only_model true to train on from its weights, or start from it with --model {resume}")
+        if is_model_only(resume):  # whole, but the model alone (--resume_only_model took it above)
+            raise UsageError(f"--resume_from_checkpoint: {not_a_checkpoint(resume, saved_model(resume))}")
     return resume
 
 
