@@ -229,6 +229,9 @@ class SftArguments(TrainingArguments):
         if self.deepspeed:
             one_process_group_env(os.environ)
         self.device_defaults = device_defaults(self, _has_accelerator())
+        if not _has_accelerator() and self.attn_impl == "flex_attention":
+            raise UsageError("--attn_impl flex_attention trains on a GPU only: torch's FlexAttention has no "
+                             "backward pass on the CPU; use --attn_impl sdpa here")
         if not _has_accelerator():
             # without use_cpu, accelerate starts the process group under torchrun but then treats
             # the run as single-process (no DDP, no data sharding); with it, CPU runs use gloo

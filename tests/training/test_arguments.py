@@ -6,6 +6,7 @@ import sys
 import pytest
 from conftest import REPO
 
+from mmembed.errors import UsageError
 from mmembed.training.arguments import default_gradient_accumulation, parse_sft_args
 
 BASE = ["--model", "/m", "--dataset", "d.jsonl", "--output_dir", "/tmp/mmembed-args-test"]
@@ -92,6 +93,20 @@ def test_offloaded_optimizer_keeps_a_non_adam_choice():
     config = _honour_optimizer_under_offload(offload, "sgd")
     assert config["zero_force_ds_cpu_optimizer"] is False
     assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+
+
+def test_flex_attention_is_refused_for_training_on_the_cpu():
+    """torch's FlexAttention has no backward on the CPU: the run would load, then fail at the
+    first backward; it is refused before anything loads."""
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q = torch.randn(1, 1, 16, 8, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="backward on CPU"):
+        flex_attention(q, q, q).sum().backward()  # the fact the check rests on
+    with pytest.raises(UsageError, match=r"--attn_impl flex_attention trains on a GPU only"):
+        parse_sft_args(BASE + ["--attn_impl", "flex_attention"])
+    assert parse_sft_args(BASE + ["--attn_impl", "sdpa"]).attn_impl == "sdpa"
 
 
 def test_device_defaults_differ_between_cpu_and_gpu(monkeypatch):
