@@ -41,6 +41,7 @@ MEDIA_TENSORS = (
     ("pixel_values_videos", ("video_grid_thw", "second_per_grid_ts")),
     (None, ("input_features", "feature_attention_mask")),
 )
+MEDIA_KEYS = frozenset(k for patch, per in MEDIA_TENSORS for k in (patch, *per) if k)
 
 
 def tokenizer_of(processing: Any) -> Any:
@@ -103,7 +104,6 @@ class InputBuilder:
             return dict(self._tokenize(texts, truncate=self.truncate))
         media = self._load_media(items, origins)
         out = self._process(texts, media, truncate=False)
-        out[MEDIA_COUNTS] = torch.tensor([[len(it.images), len(it.videos), len(it.audios)] for it in items])
         if self.truncate:
             lengths = out["attention_mask"].sum(1).tolist()
             over = [i for i, n in enumerate(lengths) if n > self.max_length]
@@ -116,7 +116,10 @@ class InputBuilder:
                                     "raise --max_length, lower MAX_PIXELS, or use --truncation_strategy delete")
             if over:  # only text-only rows are too long: cut those, the media rows are under the limit
                 out = self._process(texts, media, truncate=True)
-        return out
+        out[MEDIA_COUNTS] = torch.tensor([[len(it.images), len(it.videos), len(it.audios)] for it in items])
+        shape = out["input_ids"].shape
+        return self._widened(out, keys=[k for k, v in out.items() if k not in MEDIA_KEYS and k != MEDIA_COUNTS
+                                        and torch.is_tensor(v) and v.shape == shape])
 
     def lengths(self, items: Sequence[Item], origins: Sequence[Origin] | None = None) -> list[int]:
         """Tokens per item as the model would see them (media expanded), untruncated."""
@@ -144,12 +147,18 @@ class InputBuilder:
                 add_special_tokens=self.template.add_special_tokens,
                 return_tensors="pt",
             )
+        return self._widened(dict(enc))
+
+    def _widened(self, enc: dict[str, torch.Tensor], keys: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+        """With ``bucket``: ``enc`` padded to its bucketed width (never past ``max_length``
+        unless a row is longer); ``keys`` names the per-token tensors where a processor's
+        output also holds media tensors."""
         if not self.bucket:
             return enc
         width = enc["input_ids"].shape[1]
         target = min(bucket_width(width), max(width, self.max_length or width))
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        return pad_to_width(dict(enc), target, pad_id, self.padding_side)
+        return pad_to_width(enc, target, pad_id, self.padding_side, keys=keys)
 
     def _process(self, texts: list[str], media: dict[str, Any], truncate: bool) -> dict[str, torch.Tensor]:
         kwargs = dict(media)
@@ -217,10 +226,9 @@ def select_rows(batch: dict[str, Any], rows: torch.Tensor | Sequence[int]) -> di
     rows = torch.as_tensor(rows, dtype=torch.long)
     n = batch["input_ids"].shape[0]
     counts = batch.get(MEDIA_COUNTS)
-    media_keys = {k for patch, per in MEDIA_TENSORS for k in (patch, *per) if k}
     out: dict[str, Any] = {}
     for key, value in batch.items():
-        if key == "labels" or key in media_keys:
+        if key == "labels" or key in MEDIA_KEYS:
             continue
         out[key] = value[rows.to(value.device)] if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == n else value
     if counts is None:

@@ -266,6 +266,23 @@ def test_media_row_over_max_length_is_never_cut(tiny_model):
     assert lengths[0] == int(full["attention_mask"].sum()) > 60
 
 
+def test_a_batch_whose_text_rows_are_cut_keeps_its_media_bookkeeping(tiny_model):
+    """A media batch where only a text-only row is over --max_length is processed again with
+    truncation; the rows' media counts survive it, so that selecting or splitting its rows
+    (the gradient cache) still hands each row its own pictures."""
+    from mmembed.encoding.inputs import MEDIA_COUNTS, select_rows
+
+    builder = InputBuilder(get_template("qwen2_gme"), processing(tiny_model("qwen2_vl")), max_length=40)
+    picture = Item("<image>a red circle", images=[os.path.join(MM, "red_circle.png")])
+    batch = builder([Item("word " * 60), picture])
+    assert batch["input_ids"].shape[1] == 40
+    assert batch[MEDIA_COUNTS].tolist() == [[0, 0, 0], [1, 0, 0]]
+    alone = builder([picture])
+    second = select_rows(batch, [1])
+    torch.testing.assert_close(second["pixel_values"], alone["pixel_values"])
+    assert torch.equal(second["image_grid_thw"], alone["image_grid_thw"])
+
+
 # ---- freezing --------------------------------------------------------------------------------
 @pytest.mark.parametrize("freeze_vit,freeze_aligner,expect", [
     (True, True, {"llm"}), (False, True, {"llm", "vit"}), (True, False, {"llm", "aligner"}), (False, False, {"llm", "vit", "aligner"}),

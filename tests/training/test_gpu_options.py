@@ -12,9 +12,10 @@ import types
 
 import pytest
 import torch
-from conftest import REPO, stsb_pairs, write_jsonl
+from conftest import DATA, REPO, stsb_pairs, write_jsonl
 
 from mmembed.data.sample import Item
+from mmembed.encoding.buckets import bucket_width
 from mmembed.encoding.inputs import InputBuilder
 from mmembed.encoding.templates import get_template
 from mmembed.model.embedding import EmbeddingModel
@@ -69,6 +70,41 @@ def test_bucketed_collation_gives_the_same_embeddings(minilm_no_dropout):
     with torch.no_grad():
         torch.testing.assert_close(model(**bucketed)["last_hidden_state"], model(**plain)["last_hidden_state"],
                                    atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind,name", [("qwen2_vl", "qwen2_gme"), ("qwen3_vl", "qwen3_vl_emb")])
+def test_bucketed_media_batches_give_the_same_embeddings(tiny_model, kind, name):
+    """Media batches (pictures, a video, text-only rows) widen to the bucket too: the token
+    tensors gain padding on the template's side, the media tensors are untouched, and the
+    rows embed as before (the rope positions and last-token pooling read the mask)."""
+    from transformers import AutoProcessor
+
+    from mmembed.encoding.inputs import MEDIA_COUNTS
+    from mmembed.model.embedding import load_backbone
+
+    mm = os.path.join(DATA, "mm")
+    items = [Item("<image> a red circle", images=[os.path.join(mm, "red_circle.png")]),
+             Item("a somewhat longer caption about a small yellow square on white"),
+             Item("<video>", videos=[os.path.join(mm, "clip.mp4")])]
+    folder = tiny_model(kind)
+    template = get_template(name)
+    processor = AutoProcessor.from_pretrained(folder)
+    plain = InputBuilder(template, processor, max_length=4096)(items)
+    bucketed = InputBuilder(template, processor, max_length=4096, bucket=True)(items)
+    width, wide = plain["input_ids"].shape[1], bucketed["input_ids"].shape[1]
+    assert wide == bucket_width(width) > width
+    cut = slice(wide - width, None) if template.padding_side == "left" else slice(0, width)
+    for key, value in plain.items():
+        if value.shape == plain["input_ids"].shape and key != MEDIA_COUNTS:
+            assert torch.equal(bucketed[key][:, cut], value), key
+            assert int(bucketed[key].count_nonzero()) == int(value.count_nonzero()) or key == "input_ids", key
+        else:
+            assert torch.equal(bucketed[key], value), key
+    model = EmbeddingModel(load_backbone(folder), template.resolve_pooling(folder), tower=template.tower,
+                           length_chunks=1).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(**bucketed)["last_hidden_state"], model(**plain)["last_hidden_state"],
+                                   atol=2e-5, rtol=1e-4)
 
 
 LIGER_CHECK = r"""
