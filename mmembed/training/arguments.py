@@ -277,6 +277,42 @@ def _check_values(args: "SftArguments") -> None:
                 raise UsageError(f"--{flag} must be a JSON object ({{\"name\": value, ...}}), got "
                                  f"{getattr(args, flag)!r}")
             setattr(args, flag, value)
+    _check_scheduler_kwargs(args)
+
+
+def _check_scheduler_kwargs(args: "SftArguments") -> None:
+    """The keys of ``--lr_scheduler_kwargs`` against the settings of the schedule
+    ``--lr_scheduler_type`` names (transformers' ``get_scheduler`` passes them on): a wrong key
+    would fail only when the scheduler is built, after the model loads; for the constant
+    schedules, which take none, the log says they have no effect."""
+    import inspect
+
+    from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION
+    from transformers.trainer_utils import SchedulerType
+
+    given = args.lr_scheduler_kwargs
+    if not given or not isinstance(given, dict):
+        return
+    name = SchedulerType(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
+    if name in (SchedulerType.CONSTANT, SchedulerType.CONSTANT_WITH_WARMUP):
+        logging.getLogger("mmembed").info("--lr_scheduler_kwargs %s has no effect: the %s schedule takes no settings",
+                                          json.dumps(given), name.value)
+        return
+    target = TYPE_TO_SCHEDULER_FUNCTION[name]
+    if name == SchedulerType.REDUCE_ON_PLATEAU:
+        import torch
+
+        target = torch.optim.lr_scheduler.ReduceLROnPlateau
+    params = inspect.signature(target).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return  # passed on again: nothing to check them against here
+    settings = [k for k in params if k not in ("self", "optimizer", "num_warmup_steps", "num_training_steps")]
+    wrong = [k for k in given if k not in settings]
+    if wrong:
+        raise UsageError(f"--lr_scheduler_kwargs: {', '.join(repr(k) for k in wrong)} "
+                         f"{'is not a setting' if len(wrong) == 1 else 'are not settings'} of the {name.value} "
+                         f"schedule (its settings: {', '.join(settings) or 'none'}; the warmup and the number of "
+                         "steps come from --warmup_steps / --warmup_ratio and the run's length)")
 
 
 def _check_streaming(args: "SftArguments") -> None:

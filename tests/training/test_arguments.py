@@ -95,6 +95,31 @@ def test_offloaded_optimizer_keeps_a_non_adam_choice():
     assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
 
 
+def test_scheduler_kwargs_are_checked_against_the_named_schedule(caplog):
+    """--lr_scheduler_kwargs keys are the schedule's own settings (transformers' schedule
+    functions, torch's ReduceLROnPlateau); the steps and warmup are not among them; the
+    constant schedules take none, which the log says."""
+    import inspect
+
+    from transformers.optimization import get_cosine_with_min_lr_schedule_with_warmup
+
+    def parsed(kind, kwargs, *extra):
+        return parse_sft_args(BASE + ["--lr_scheduler_type", kind, "--lr_scheduler_kwargs", kwargs, *extra])
+
+    assert parsed("cosine", '{"num_cycles": 0.25}').lr_scheduler_kwargs == {"num_cycles": 0.25}
+    assert "min_lr" in inspect.signature(get_cosine_with_min_lr_schedule_with_warmup).parameters
+    assert parsed("cosine_with_min_lr", '{"min_lr": 1e-6}').lr_scheduler_kwargs == {"min_lr": 1e-6}
+    plateau = ["--split_dataset_ratio", "0.1"]  # evaluates: the plateau schedule follows the eval loss
+    assert parsed("reduce_lr_on_plateau", '{"patience": 2}', *plateau).lr_scheduler_kwargs == {"patience": 2}
+    with pytest.raises(UsageError, match=r"'patiense' is not a setting of the reduce_lr_on_plateau schedule"):
+        parsed("reduce_lr_on_plateau", '{"patiense": 2}', *plateau)
+    with pytest.raises(UsageError, match=r"'num_training_steps', 'power' are not settings of the linear schedule"):
+        parsed("linear", '{"num_training_steps": 9, "power": 2}')
+    with caplog.at_level("INFO", logger="mmembed"):
+        parsed("constant", '{"num_cycles": 2}')
+    assert "has no effect: the constant schedule takes no settings" in caplog.text
+
+
 def test_flex_attention_is_refused_for_training_on_the_cpu():
     """torch's FlexAttention has no backward on the CPU: the run would load, then fail at the
     first backward; it is refused before anything loads."""

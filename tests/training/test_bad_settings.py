@@ -79,6 +79,8 @@ SFT_ROWS = [
     row("--lr_scheduler_type", "bogus"),
     row("--lr_scheduler_kwargs", "{bad"),
     row("--lr_scheduler_kwargs", "[1]"),
+    row("--lr_scheduler_kwargs", '{"min_lr": 1e-6}', "--lr_scheduler_type", "cosine",
+        names=("--lr_scheduler_kwargs", "'min_lr'", "cosine schedule", "num_cycles")),
     row("--metric_for_best_model", "bogus", "--split_dataset_ratio", "0.25"),
     row("--metric_for_best_model", "eval_bogus", "--split_dataset_ratio", "0.25"),
     row("--metric_for_best_model", "loss", "--eval_sts", "{sts}", names=("--metric_for_best_model", "loss",
