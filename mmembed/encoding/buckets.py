@@ -8,7 +8,7 @@ masked in attention and pooling, so the embeddings are the same.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection
 
 import torch
 import torch.nn.functional as F
@@ -26,20 +26,18 @@ def bucket_width(length: int, minimum: int = 16) -> int:
 
 
 def pad_to_width(enc: dict[str, torch.Tensor], width: int, pad_id: int, side: str,
-                 keys: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
-    """A tokenizer's output ``[N, L]`` padded to ``width >= L`` columns on ``side``
-    (``input_ids`` with ``pad_id``, the attention mask and every other per-token tensor with 0).
-    ``keys``: the per-token tensors, where ``enc`` also holds others (a processor's media
-    tensors); by default every ``[N, L]`` tensor."""
+                 exclude: Collection[str] = ()) -> dict[str, torch.Tensor]:
+    """A tokenizer's or processor's output ``[N, L]`` padded to ``width >= L`` columns on
+    ``side`` (``input_ids`` with ``pad_id``, the attention mask and every other per-token
+    ``[N, L]`` tensor with 0); ``exclude`` names tensors that are never per-token (a
+    processor's media tensors), whatever their shape."""
     extra = width - enc["input_ids"].shape[1]
     if extra <= 0:
         return enc
     pad = (extra, 0) if side == "left" else (0, extra)
     out = {}
     for key, value in enc.items():
-        per_token = key in keys if keys is not None else (
-            torch.is_tensor(value) and value.dim() == 2 and value.shape == enc["input_ids"].shape)
-        if per_token:
+        if key not in exclude and torch.is_tensor(value) and value.dim() == 2 and value.shape == enc["input_ids"].shape:
             out[key] = F.pad(value, pad, value=pad_id if key == "input_ids" else 0)
         else:
             out[key] = value

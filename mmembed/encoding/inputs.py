@@ -116,10 +116,9 @@ class InputBuilder:
                                     "raise --max_length, lower MAX_PIXELS, or use --truncation_strategy delete")
             if over:  # only text-only rows are too long: cut those, the media rows are under the limit
                 out = self._process(texts, media, truncate=True)
+        out = self._widened(out)
         out[MEDIA_COUNTS] = torch.tensor([[len(it.images), len(it.videos), len(it.audios)] for it in items])
-        shape = out["input_ids"].shape
-        return self._widened(out, keys=[k for k, v in out.items() if k not in MEDIA_KEYS and k != MEDIA_COUNTS
-                                        and torch.is_tensor(v) and v.shape == shape])
+        return out
 
     def lengths(self, items: Sequence[Item], origins: Sequence[Origin] | None = None) -> list[int]:
         """Tokens per item as the model would see them (media expanded), untruncated."""
@@ -149,16 +148,15 @@ class InputBuilder:
             )
         return self._widened(dict(enc))
 
-    def _widened(self, enc: dict[str, torch.Tensor], keys: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+    def _widened(self, enc: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """With ``bucket``: ``enc`` padded to its bucketed width (never past ``max_length``
-        unless a row is longer); ``keys`` names the per-token tensors where a processor's
-        output also holds media tensors."""
+        unless a row is longer); a processor's media tensors are left as they are."""
         if not self.bucket:
             return enc
         width = enc["input_ids"].shape[1]
         target = min(bucket_width(width), max(width, self.max_length or width))
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        return pad_to_width(enc, target, pad_id, self.padding_side, keys=keys)
+        return pad_to_width(enc, target, pad_id, self.padding_side, exclude=MEDIA_KEYS)
 
     def _process(self, texts: list[str], media: dict[str, Any], truncate: bool) -> dict[str, torch.Tensor]:
         kwargs = dict(media)

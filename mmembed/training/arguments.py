@@ -229,9 +229,6 @@ class SftArguments(TrainingArguments):
         if self.deepspeed:
             one_process_group_env(os.environ)
         self.device_defaults = device_defaults(self, _has_accelerator())
-        if not _has_accelerator() and self.attn_impl == "flex_attention":
-            raise UsageError("--attn_impl flex_attention trains on a GPU only: torch's FlexAttention has no "
-                             "backward pass on the CPU; use --attn_impl sdpa here")
         if not _has_accelerator():
             # without use_cpu, accelerate starts the process group under torchrun but then treats
             # the run as single-process (no DDP, no data sharding); with it, CPU runs use gloo
@@ -356,6 +353,9 @@ def _check_names(args: "SftArguments") -> None:
     if args.attn_impl in ("flash_attn", "flash_attention_2") and importlib.util.find_spec("flash_attn") is None:
         raise UsageError(f"--attn_impl {args.attn_impl} needs the flash-attn package, which is not installed "
                          "(pip install flash-attn), or use --attn_impl sdpa")
+    if args.attn_impl == "flex_attention" and not _has_accelerator():
+        raise UsageError("--attn_impl flex_attention trains on a GPU only: torch's FlexAttention has no "
+                         "backward pass on the CPU; use --attn_impl sdpa here")
     if args.use_liger_kernel and importlib.util.find_spec("liger_kernel") is None:
         raise UsageError("--use_liger_kernel true needs the liger-kernel package, which is not installed "
                          "(pip install liger-kernel)")
