@@ -98,9 +98,10 @@ def run_case(label: str, key: tuple, argv: list[str], n: int, out: str) -> dict:
     common = ["--max_steps", str(n + 10), "--save_strategy", "no", "--report_to", "none", "--output_dir", out,
               "--overwrite_output_dir", "true", "--length_buckets", "true", "--length_chunks", "1",
               "--dataloader_drop_last", "true", "--disable_tqdm", "true"]
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a data-loader worker runs on one thread (torch sets it so in workers)
     cost, stats = time_batches(loader_for(argv + common + ["--dataloader_num_workers", "0"]), n)
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     two, _ = time_batches(loader_for(argv + common + ["--dataloader_num_workers", "2",
                                                       "--dataloader_prefetch_factor", "4"]), n)
     total = {k: sum(s[k] for s in stats) / n for k in stats[0]}  # per batch
