@@ -72,7 +72,8 @@ def main() -> None:
         child(*a.child)
         return
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
-    one = lambda *c: _run([sys.executable, __file__, "--child", *map(str, c)], dict(env, OMP_NUM_THREADS="2"))
+    def one(*c):
+        return _run([sys.executable, __file__, "--child", *map(str, c)], dict(env, OMP_NUM_THREADS="2"))
     plain = one(16, a.plain_steps, 0)
     cached = one(512, a.cached_steps, 16)
     with socket.socket() as s:

@@ -7,7 +7,8 @@ import errno
 import os
 import shutil
 import tempfile
-from typing import IO, Iterator
+from collections.abc import Iterator
+from typing import IO
 
 
 class WriteError(OSError):

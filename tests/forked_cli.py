@@ -59,7 +59,7 @@ def run_cli(argv: list[str], env: dict[str, str] | None = None, timeout: float =
     output. ``file_size_limit``: no file can grow past so many bytes (``RLIMIT_FSIZE``), as if
     the disk were full; ``user``: run as this user id (a read-only folder means nothing to root).
     The output comes through named pipes, which a file size limit does not touch."""
-    global _context
+    global _context  # noqa: PLW0603  (one forkserver context for the whole test session)
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(["torch", "transformers", "mmembed.training.sft", "mmembed.tools.cli",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command (README, and .ci/run): set up .venv if needed, then run the whole suite on
+# The test command (README, and .ci/run): set up .venv if needed, lint, then run the whole suite on
 # MMEMBED_TEST_WORKERS pytest-xdist workers (default 2, one per core here; 1 runs it in one
 # process), each file on one worker, the longest files first (tests/conftest.py).
 set -euo pipefail
@@ -14,4 +14,9 @@ fi
 # one thread per worker: two workers of two threads each would contend for two cores
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$([ "$workers" -gt 1 ] && echo 1 || echo 2)}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-python -m pytest tests "${parallel[@]}" "$@"
+# the linter first (its rules: [tool.ruff] in pyproject.toml): a name defined twice, an unused
+# import or a bug pattern fails the run before any test starts
+echo "lint: ruff $(ruff --version | cut -d' ' -f2)"
+ruff check --no-cache mmembed tests benchmarks examples
+# --durations: every run shows where the time goes (the suite must stay under 20 minutes)
+python -m pytest tests "${parallel[@]}" --durations=30 "$@"

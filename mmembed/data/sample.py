@@ -69,7 +69,7 @@ class Sample:
         return json.dumps(d, ensure_ascii=False)
 
     @classmethod
-    def from_json(cls, text: str) -> "Sample":
+    def from_json(cls, text: str) -> Sample:
         d = json.loads(text)
         return cls(
             anchor=Item(**d["anchor"]),

@@ -22,8 +22,9 @@ for the same rows, or the teacher signals the data carries.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.utils.data

@@ -23,8 +23,9 @@ A media file that cannot be read is a ``DataError`` naming the data file, line a
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 

@@ -329,7 +329,7 @@ def _stream(url: str, out, timeout: float, limit: int) -> int:
         if isinstance(e.reason, (socket.timeout, TimeoutError)):
             raise ValueError(slow) from None
         raise ValueError(f"cannot fetch URL ({e.reason})") from None
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         raise ValueError(slow) from None
     except (OSError, http.client.HTTPException) as e:
         raise ValueError(f"cannot fetch URL ({type(e).__name__}: {e})") from None

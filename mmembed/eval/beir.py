@@ -44,8 +44,9 @@ import csv
 import json
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -161,7 +162,7 @@ def evaluate_beir(
         embedder = Embedder.from_pretrained(embedder)
     q_emb = np.asarray(embedder.encode([query_prefix + t for t in data.query_texts], batch_size=batch_size), dtype=np.float32)
     d_emb = np.asarray(embedder.encode([doc_prefix + t for t in data.doc_texts], batch_size=batch_size), dtype=np.float32)
-    depth = max(max(ks), cutoff)
+    depth = max(*ks, cutoff)
     doc_pos = {d: i for i, d in enumerate(data.doc_ids)}
     missing = sum(1 for q in data.query_ids for d, g in data.qrels[q].items() if g > 0 and d not in doc_pos)
     if missing:

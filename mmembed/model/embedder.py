@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -145,7 +146,7 @@ class Embedder:
         self.builder = InputBuilder(template, tokenizer, max_length, truncate=True)
 
     @classmethod
-    def from_pretrained(cls, path: str, device: str | None = None, torch_dtype: str | None = None) -> "Embedder":
+    def from_pretrained(cls, path: str, device: str | None = None, torch_dtype: str | None = None) -> Embedder:
         model, tokenizer, template, info = load_embedding_model(path, torch_dtype)
         return cls(model, tokenizer, template, info["max_length"], device)
 

@@ -70,14 +70,23 @@ import logging
 import math
 import os
 from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..data.formats import iter_raw_rows
 from ..data.paths import ENTRY_PATH_KEYS, MEDIA_FIELDS, SCHEME_RE
-from ..data.rows import GROUP_FIELDS, NEGATIVE_FIELDS, NEGATIVE_N_RE, PART_MEDIA_KEYS, has_group_messages, media_key, parse_row
+from ..data.rows import (
+    GROUP_FIELDS,
+    NEGATIVE_FIELDS,
+    NEGATIVE_N_RE,
+    PART_MEDIA_KEYS,
+    has_group_messages,
+    media_key,
+    parse_row,
+)
 from ..data.sample import MEDIA_KINDS, DataError, Item, Sample
 from ..eval.ranking import top_k
 from ..files import replaced_when_done

@@ -28,9 +28,10 @@ import base64
 import logging
 import os
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from fastapi import Request  # at module level: FastAPI resolves the handlers' annotations here

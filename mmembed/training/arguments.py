@@ -246,7 +246,7 @@ class SftArguments(TrainingArguments):
         _check_report_to(self.report_to)
 
 
-def _check_prefetch(args: "SftArguments") -> None:
+def _check_prefetch(args: SftArguments) -> None:
     """A prefetch needs workers; unset workers are decided by :func:`device_defaults`, which
     calls this again once they are known."""
     if args.dataloader_prefetch_factor is not None and args.dataloader_num_workers == 0:
@@ -254,7 +254,7 @@ def _check_prefetch(args: "SftArguments") -> None:
                          f"(--dataloader_num_workers > 0), got --dataloader_num_workers {args.dataloader_num_workers}")
 
 
-def _check_values(args: "SftArguments") -> None:
+def _check_values(args: SftArguments) -> None:
     """Every numeric flag against :data:`LIMITS`, and the settings that would train nothing."""
     for flag, (ok, allowed) in LIMITS.items():
         value = getattr(args, flag)
@@ -277,7 +277,7 @@ def _check_values(args: "SftArguments") -> None:
     _check_scheduler_kwargs(args)
 
 
-def _check_scheduler_kwargs(args: "SftArguments") -> None:
+def _check_scheduler_kwargs(args: SftArguments) -> None:
     """The keys of ``--lr_scheduler_kwargs`` against the settings of the schedule
     ``--lr_scheduler_type`` names (transformers' ``get_scheduler`` passes them on): a wrong key
     would fail only when the scheduler is built, after the model loads; for the constant
@@ -312,7 +312,7 @@ def _check_scheduler_kwargs(args: "SftArguments") -> None:
                          "steps come from --warmup_steps / --warmup_ratio and the run's length)")
 
 
-def _check_streaming(args: "SftArguments") -> None:
+def _check_streaming(args: SftArguments) -> None:
     """``--streaming``: the number of rows is unknown until they are read, so ``--max_steps``
     sets the length; the split and the row-aligned teacher files need every row up front."""
     if not args.streaming:
@@ -331,7 +331,7 @@ def _check_streaming(args: "SftArguments") -> None:
         args.split_dataset_ratio = 0.0
 
 
-def _check_names(args: "SftArguments") -> None:
+def _check_names(args: SftArguments) -> None:
     """The flags that take one of a set of names, and the template, before the model's config is read."""
     from ..encoding.templates import POOLINGS, get_template
     from ..model.embedding import check_torch_dtype
@@ -400,7 +400,7 @@ def _check_report_to(report_to) -> None:
                              f"(or all, none), got {name!r}")
 
 
-def _check_swift_flags(args: "SftArguments") -> None:
+def _check_swift_flags(args: SftArguments) -> None:
     """ms-swift's tuning, data and media flags that mmembed implements, checked at start."""
     import json
 
@@ -445,7 +445,7 @@ def _check_swift_flags(args: "SftArguments") -> None:
         os.environ["MAX_PIXELS"] = str(args.max_pixels)
 
 
-def _check_loss_args(args: "SftArguments") -> None:
+def _check_loss_args(args: SftArguments) -> None:
     """What can be checked of the loss flags before anything loads; what depends on the
     loss's declarations is checked by :func:`check_side_flags` once it is built."""
     import json
@@ -475,7 +475,7 @@ def _check_loss_args(args: "SftArguments") -> None:
             raise UsageError(f"--{e}" if str(e).startswith("mrl_dims") else f"--mrl_dims {args.mrl_dims!r}: {e}") from None
 
 
-def check_side_flags(args: "SftArguments", side) -> None:
+def check_side_flags(args: SftArguments, side) -> None:
     """The side-input flags against what the loss takes (its ``side``, a
     :class:`mmembed.losses.SideNeeds`), before any model loads."""
     name = args.loss_type
@@ -533,7 +533,7 @@ def one_process_group_env(environ) -> bool:
     return True
 
 
-def device_defaults(args: "SftArguments", cuda: bool) -> list[str]:
+def device_defaults(args: SftArguments, cuda: bool) -> list[str]:
     """Fill the flags left unset whose best value depends on the device, and return them as
     ``--flag value`` for the log. What helps on a few CPU cores does not on a GPU: there the
     padding cut by length chunks costs more in host syncs, launches and new shapes than it

@@ -271,7 +271,7 @@ def remove_checkpoint(path: str) -> None:
         sync_folder(path)
     test_point("rotate:unmarked")
     first = True
-    for folder, dirs, names in os.walk(path, topdown=False):
+    for folder, _dirs, names in os.walk(path, topdown=False):
         for name in names:
             os.remove(os.path.join(folder, name))
             if first:

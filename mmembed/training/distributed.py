@@ -17,7 +17,7 @@ and tensors are padded to the largest, gathered, and unpadded; nothing is pickle
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist

@@ -152,16 +152,6 @@ class EmbeddingTrainer(Trainer):
                 optimizer.add_param_group(group)
         return optimizer
 
-    def train(self, *args, **kwargs):
-        """The Trainer's loop. ``--use_liger_kernel`` was applied to the backbone when it was
-        built (``sft.build_model``); the Trainer would try again on the EmbeddingModel wrapper,
-        which is no PreTrainedModel, and warn that nothing was applied."""
-        liger, self.args.use_liger_kernel = self.args.use_liger_kernel, False
-        try:
-            return super().train(*args, **kwargs)
-        finally:
-            self.args.use_liger_kernel = liger
-
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         strategy = str(getattr(self.args, "train_sampling_strategy", "random"))
@@ -275,7 +265,7 @@ class EmbeddingTrainer(Trainer):
             # DDP communicates only in the last chunk's backward, so chunk counts may differ
             backward_fn, no_sync, num_chunks_fn = None, getattr(model, "no_sync", None), None
         cache = GradCache(model, loss_in_batch_order, self.gradcache_mini_batch_size, split_fn=split_rows)
-        loss = cache.step(inputs, labels, loss_backward_fn=lambda l: (self._checked(l) * scale).backward(),
+        loss = cache.step(inputs, labels, loss_backward_fn=lambda value: (self._checked(value) * scale).backward(),
                           backward_fn=backward_fn, no_sync=no_sync, num_chunks_fn=num_chunks_fn)
         return loss.detach() * scale
 
@@ -547,16 +537,26 @@ class EmbeddingTrainer(Trainer):
         return bool(t.item())
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        if not (self.weights_only_resume and resume_from_checkpoint and self.is_deepspeed_enabled):
-            return super().train(resume_from_checkpoint, *args, **kwargs)
-        # the engine's checkpoint holds the optimizer state this resume leaves out (and an
-        # ms-swift or weights-only checkpoint has none): the weights were loaded before
+        """The Trainer's loop, with two of its steps left out where mmembed did them already:
+
+        - ``--use_liger_kernel`` was applied to the backbone when it was built
+          (``build_model``); the Trainer would apply it again to the EmbeddingModel wrapper,
+          which is no PreTrainedModel, and warn that nothing was applied.
+        - ``--resume_only_model`` under DeepSpeed: the weights were loaded before, and the
+          engine's checkpoint holds the optimizer state this resume leaves out (an ms-swift or
+          weights-only checkpoint has none), so the engine does not load it.
+        """
         import transformers.trainer as hf_trainer
 
-        load, hf_trainer.deepspeed_load_checkpoint = hf_trainer.deepspeed_load_checkpoint, lambda *a, **k: None
+        skip_engine_load = bool(self.weights_only_resume and resume_from_checkpoint and self.is_deepspeed_enabled)
+        liger, self.args.use_liger_kernel = self.args.use_liger_kernel, False
+        load = hf_trainer.deepspeed_load_checkpoint
+        if skip_engine_load:
+            hf_trainer.deepspeed_load_checkpoint = lambda *a, **k: None
         try:
             return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
+            self.args.use_liger_kernel = liger
             hf_trainer.deepspeed_load_checkpoint = load
 
     def _load_optimizer_and_scheduler(self, checkpoint) -> None:

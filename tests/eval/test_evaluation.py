@@ -113,7 +113,8 @@ def _infonce_reference(a, p, negs_per_group, use_batch):
 def test_infonce_matches_loop_reference_with_uneven_groups(use_batch, monkeypatch):
     rng = np.random.default_rng(0)
     sizes = [0, 3, 1, 7, 2, 0, 5]
-    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
+    def unit(x):
+        return x / np.linalg.norm(x, axis=-1, keepdims=True)
     a = unit(rng.normal(size=(len(sizes), 8)))
     p = unit(rng.normal(size=(len(sizes), 8)))
     negs_per_group = [unit(rng.normal(size=(k, 8))) for k in sizes]

@@ -118,7 +118,7 @@ def reference_gist(
         t = g(a, p)
         threshold = t - margin if margin_strategy == "absolute" else t * (1 - margin)
 
-        def dropped(block, x, y, row):
+        def dropped(block, x, y, row, i=i, threshold=threshold):
             if drop is not None:
                 return (i, block, row) in drop
             return g(x, y) > threshold

@@ -137,6 +137,32 @@ def test_use_liger_kernel_patches_the_backbone(tiny_model, tmp_path):
     assert out.stdout.split() == ["transformers"] * 3
 
 
+def test_use_liger_kernel_is_applied_once_to_the_backbone(tiny_model, tmp_path, monkeypatch, caplog):
+    """A whole run with --use_liger_kernel: liger-kernel is applied once, to the backbone
+    (a PreTrainedModel, before LoRA wraps it) when the model is built, and the Trainer's own
+    attempt on the EmbeddingModel wrapper (which would warn that nothing was applied) never
+    happens. The kernels themselves need a GPU, so the application is recorded, not run."""
+    import transformers.integrations.liger as hf_liger
+    import transformers.trainer as hf_trainer
+    from transformers import PreTrainedModel
+
+    from mmembed.training.sft import run_sft
+
+    applied = []
+    monkeypatch.setattr(hf_liger, "apply_liger_kernel", lambda model, config: applied.append(model))
+    monkeypatch.setattr(hf_trainer, "apply_liger_kernel", lambda model, config: applied.append(model))
+    data = write_jsonl(tmp_path / "d.jsonl", stsb_pairs(4))
+    args = parse_sft_args(["--model", tiny_model("qwen3"), "--dataset", data, "--output_dir", str(tmp_path / "o"),
+                           "--use_liger_kernel", "true", "--max_steps", "1", "--per_device_train_batch_size", "2",
+                           "--save_strategy", "no", "--report_to", "none"])
+    with caplog.at_level("WARNING"):
+        run_sft(args)
+    assert len(applied) == 1
+    assert isinstance(applied[0], PreTrainedModel)
+    assert args.use_liger_kernel  # handed back to the arguments after training
+    assert not [r for r in caplog.records if "liger" in r.getMessage().lower()]
+
+
 def test_use_liger_kernel_without_the_package_is_a_usage_error(monkeypatch, tmp_path):
     import importlib.util
 

@@ -234,8 +234,8 @@ def test_a_final_model_or_an_export_is_named_and_resumes_with_resume_only_model(
     save is named as such; --resume_only_model true trains on from its weights."""
     from safetensors.torch import load_file
 
-    from mmembed.tools.export import export_checkpoint
     from mmembed.errors import UsageError
+    from mmembed.tools.export import export_checkpoint
     from mmembed.training.checkpoints import COMPLETE_MARKER, IncompleteCheckpointError, check_complete
     from mmembed.training.sft import run_sft
 
