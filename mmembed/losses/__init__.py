@@ -6,17 +6,22 @@ layout (see each class). :func:`build_loss` builds one by name. Besides ms-swift
 there are mmembed's own: ``gist`` (negatives vetted by a guide model), distillation from
 a teacher (``distill_cosine``, ``distill_mse``, ``distill_marginal``, ``distill_kl``) and
 the ``matryoshka`` wrapper (ms-swift's ``--mrl_dims``).
+
+The batch layouts (:class:`Layout`) and their splitters (:func:`split_groups`) live in
+:mod:`mmembed.encoding.layout`, below the losses; they are exported here as well.
 """
 
 from __future__ import annotations
 
-from .base import CrossProcess, EmbeddingLoss, Groups, Layout, Setup, Side, SideNeeds, as_groups
+from ..encoding.layout import Layout, split_groups
+from .base import CrossProcess, EmbeddingLoss, Groups, Setup, Side, SideNeeds, WrapperLoss, as_groups
 from .config import InfoNCEConfig
 from .distill import DistillCosineLoss, DistillKLLoss, DistillMarginalLoss, DistillMSELoss
 from .gist import GISTLoss
-from .infonce import InfoNCELoss, select_hard_negatives, split_groups
+from .infonce import InfoNCELoss, select_hard_negatives
 from .matryoshka import MatryoshkaLoss
 from .pairs import ContrastiveLoss, CosineSimilarityLoss, OnlineContrastiveLoss, split_pairs
+from .parts import GroupParts, RowParts, SideRows
 from .registry import LOSSES, build_loss, loss_class, register_loss
 
 __all__ = [
@@ -30,15 +35,19 @@ __all__ = [
     "DistillMarginalLoss",
     "EmbeddingLoss",
     "GISTLoss",
+    "GroupParts",
     "Groups",
     "InfoNCEConfig",
     "InfoNCELoss",
     "Layout",
     "MatryoshkaLoss",
     "OnlineContrastiveLoss",
+    "RowParts",
     "Setup",
     "Side",
     "SideNeeds",
+    "SideRows",
+    "WrapperLoss",
     "as_groups",
     "build_loss",
     "loss_class",

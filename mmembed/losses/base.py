@@ -23,6 +23,21 @@ builds them from a :class:`Side`, never from key names of its own. Group losses 
 their labels already split into :class:`Groups` (done once per batch, by
 :meth:`EmbeddingLoss.targets`); given the raw 1.0 / 0.0 labels, they split them
 themselves, so the public call ``loss({"last_hidden_state": emb}, labels)`` keeps working.
+The layout and its splitters live below the losses, in :mod:`mmembed.encoding.layout`.
+
+A loss that combines processes by its parts (``GROUP_PARTS`` / ``ROW_PARTS``) implements
+the parts protocol, two methods declared here (their default refuses):
+
+- :meth:`~EmbeddingLoss.split_parts` ``(outputs, labels)`` -> :class:`GroupParts` (the
+  student's ``anchors``, ``positives``, ``negatives``, ``neg_group``, and a side model's
+  rows aligned with them as ``guide`` / ``teacher`` :class:`SideRows`, None where unused) or
+  :class:`RowParts` (``student``, and ``teacher`` / ``guide`` rows);
+- :meth:`~EmbeddingLoss.forward_from_parts` ``(parts, *, query_rows=None)``: the loss of
+  (possibly gathered) parts, averaged over the ``query_rows`` groups or rows.
+
+``mmembed.training.distributed`` gathers each tensor field of the parts across processes,
+and :class:`WrapperLoss` (the Matryoshka wrapper's base) passes them to the loss it wraps,
+whose declarations it repeats through one delegation (:attr:`WrapperLoss.DELEGATED`).
 """
 
 from __future__ import annotations
@@ -30,6 +45,7 @@ from __future__ import annotations
 import enum
 import inspect
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -37,17 +53,10 @@ import torch
 from torch import Tensor, nn
 
 from ..data.labels import LabelRule
+from ..encoding.layout import Layout, split_groups
+from .parts import Parts
 
 NEG_INF = float("-inf")
-
-
-class Layout(str, enum.Enum):
-    """The row layout of a batch (ms-swift's two)."""
-
-    #: rows ``a0, p0, n0_0, ..., a1, p1, ...``; labels ``[N - B]``: 1.0 per positive, 0.0 per negative
-    GROUP = "group"
-    #: rows ``s1_0, s2_0, s1_1, s2_1, ...``; labels ``[P]``: one score per pair
-    PAIR = "pair"
 
 
 class CrossProcess(str, enum.Enum):
@@ -61,17 +70,33 @@ class CrossProcess(str, enum.Enum):
     #: each row's loss involves only its own row: the local mean, scaled by N_r * W / N
     LOCAL_ROWS = "local_rows"
     #: anchors score against the documents of every process: the loss's ``split_parts``
-    #: (anchors, positives, negatives, neg_group, then side rows aligned with those three)
-    #: are gathered, with gradient for the student's, and ``forward_from_parts`` scores
-    #: this process's anchors (``query_rows``)
+    #: (a :class:`GroupParts`) is gathered field by field, with gradient for the student's,
+    #: and ``forward_from_parts`` scores this process's anchors (``query_rows``)
     GROUP_PARTS = "group_parts"
-    #: rows compare with the rows of every process: ``split_parts`` gives
-    #: ``(student [n, D], side [n, ...])``, gathered the same way, ``forward_from_parts``
-    #: averages over this process's rows
+    #: rows compare with the rows of every process: ``split_parts`` gives a
+    #: :class:`RowParts`, gathered the same way, ``forward_from_parts`` averages over this
+    #: process's rows
     ROW_PARTS = "row_parts"
     #: anything else: every process computes the loss on the whole gathered batch
     #: (correct for any loss; each process repeats the same work)
     WHOLE_BATCH = "whole_batch"
+
+
+class SideMismatch(enum.Enum):
+    """How the side inputs of a run differ from what a loss takes (:meth:`SideNeeds.mismatch`,
+    the one rule); each edge words it for its reader: :func:`check_side` for the loss's
+    start-up check, ``mmembed.training.arguments.check_side_flags`` for the command line."""
+
+    #: the loss takes a guide model, none is given
+    NEEDS_GUIDE = "needs_guide"
+    #: a guide model is given, the loss takes none
+    TAKES_NO_GUIDE = "takes_no_guide"
+    #: the loss takes a teacher, none is given
+    NEEDS_TEACHER = "needs_teacher"
+    #: a teacher is given, the loss takes none
+    TAKES_NO_TEACHER = "takes_no_teacher"
+    #: the teacher gives a signal (embeddings, scores) the loss does not take
+    OTHER_TEACHER_SIGNAL = "other_teacher_signal"
 
 
 @dataclass(frozen=True)
@@ -94,6 +119,28 @@ class SideNeeds:
         guide_ok = side.guide is not None or not self.guide
         teacher_ok = not self.teacher or side.teacher_signal() in self.teacher
         return guide_ok and teacher_ok
+
+    def mismatch(self, guide: bool, teacher_signal: str | None, *, teacher_known: bool = True) -> SideMismatch | None:
+        """The first way the given side inputs differ from these needs (in the order of
+        :class:`SideMismatch`), or None when they fit.
+
+        Args:
+            guide: Whether a guide model is given.
+            teacher_signal: The teacher's signal, ``"embeddings"`` or ``"scores"``, or None.
+            teacher_known: False while a teacher may still come with the data (its rows can
+                carry teacher signals): a missing teacher is then not a mismatch.
+        """
+        if self.guide and not guide:
+            return SideMismatch.NEEDS_GUIDE
+        if guide and not self.guide:
+            return SideMismatch.TAKES_NO_GUIDE
+        if teacher_signal is None:
+            return SideMismatch.NEEDS_TEACHER if self.teacher and teacher_known else None
+        if not self.teacher:
+            return SideMismatch.TAKES_NO_TEACHER
+        if teacher_signal not in self.teacher:
+            return SideMismatch.OTHER_TEACHER_SIGNAL
+        return None
 
     def __post_init__(self) -> None:
         unknown = set(self.teacher) - {"embeddings", "scores"}
@@ -176,9 +223,7 @@ class Groups:
 
     @classmethod
     def from_labels(cls, labels: Tensor, n_rows: int) -> Groups:
-        """Split ms-swift's labels (see :func:`mmembed.losses.infonce.split_groups`)."""
-        from .infonce import split_groups
-
+        """Split ms-swift's labels (see :func:`mmembed.encoding.layout.split_groups`)."""
         return cls(*split_groups(labels, n_rows))
 
     @property
@@ -270,10 +315,6 @@ class EmbeddingLoss(nn.Module):
             return LabelRule(type(self).__name__)
         return None
 
-    #: for GROUP_PARTS / ROW_PARTS: how many leading parts of ``split_parts`` are student
-    #: embeddings (the Matryoshka wrapper truncates those and passes the rest through)
-    student_parts: ClassVar[int] = 3
-
     @classmethod
     def build(cls, **options: Any) -> EmbeddingLoss:
         """Build from ``build_loss`` options (by default the constructor's arguments)."""
@@ -345,6 +386,22 @@ class EmbeddingLoss(nn.Module):
         return _candidate_blocks(emb.index_select(0, groups.anchor), emb.index_select(0, groups.positive),
                                  emb.index_select(0, groups.negative), groups.neg_group, bool(use_batch), block_rows)
 
+    def split_parts(self, outputs: Mapping[str, Tensor], labels: Any) -> Parts:
+        """The parts protocol (``GROUP_PARTS`` / ``ROW_PARTS``): the batch split into what one
+        process contributes to a cross-process batch: a :class:`GroupParts` (the student's
+        embeddings keep their graph, side rows are detached) or a :class:`RowParts`. By
+        default the loss has none (TypeError): it is combined another way (``cross_process``)."""
+        raise TypeError(f"{type(self).__name__} has no split_parts: it is combined over processes as "
+                        f"{self.cross_process.value}, not by parts")
+
+    def forward_from_parts(self, parts: Parts, *, query_rows: slice | None = None) -> Tensor:
+        """The loss of ``parts`` (the result of :meth:`split_parts`, or those of every process
+        gathered), averaged over the ``query_rows`` groups (:class:`GroupParts`) or rows
+        (:class:`RowParts`), a non-empty contiguous slice, all of them when None. By default
+        the loss has none (TypeError), as for :meth:`split_parts`."""
+        raise TypeError(f"{type(self).__name__} has no forward_from_parts: it is combined over processes as "
+                        f"{self.cross_process.value}, not by parts")
+
 
 def _candidate_blocks(anchors: Tensor, positives: Tensor, negatives: Tensor, neg_group: Tensor, use_batch: bool,
                       block_rows: int):
@@ -365,18 +422,81 @@ def _candidate_blocks(anchors: Tensor, positives: Tensor, negatives: Tensor, neg
 
 
 def check_side(loss_name: str, side: SideNeeds, setup: Setup) -> None:
-    """The side inputs ``setup`` provides are the ones ``side`` asks for."""
+    """The side inputs ``setup`` provides are the ones ``side`` asks for
+    (:meth:`SideNeeds.mismatch`); a ValueError naming ``loss_name`` otherwise."""
     if not setup.sides_known:
         return
-    if side.guide and not setup.guide:
-        raise ValueError(f"{loss_name} needs a guide model (--guide_model): its similarities decide the candidates")
-    if not side.guide and setup.guide:
-        raise ValueError(f"{loss_name} takes no guide model; drop --guide_model")
-    if side.teacher and setup.teacher_signal is None:
-        raise ValueError(f"{loss_name} needs a teacher: --teacher_model, or teacher signals in the data "
-                         "(teacher_scores / teacher_embeddings row fields or --teacher_*_file)")
-    if not side.teacher and setup.teacher_signal is not None:
-        raise ValueError(f"{loss_name} takes no teacher; drop --teacher_model / --teacher_*_file")
-    if setup.teacher_signal is not None and setup.teacher_signal not in side.teacher:
-        raise ValueError(f"{loss_name} takes the teacher's {' or '.join(sorted(side.teacher))}, "
-                         f"not its {setup.teacher_signal}")
+    problem = side.mismatch(setup.guide, setup.teacher_signal)
+    if problem is None:
+        return
+    messages = {
+        SideMismatch.NEEDS_GUIDE: "needs a guide model (--guide_model): its similarities decide the candidates",
+        SideMismatch.TAKES_NO_GUIDE: "takes no guide model; drop --guide_model",
+        SideMismatch.NEEDS_TEACHER: "needs a teacher: --teacher_model, or teacher signals in the data "
+                                    "(teacher_scores / teacher_embeddings row fields or --teacher_*_file)",
+        SideMismatch.TAKES_NO_TEACHER: "takes no teacher; drop --teacher_model / --teacher_*_file",
+        SideMismatch.OTHER_TEACHER_SIGNAL: f"takes the teacher's {' or '.join(sorted(side.teacher))}, "
+                                           f"not its {setup.teacher_signal}",
+    }
+    raise ValueError(f"{loss_name} {messages[problem]}")
+
+
+#: a declaration's value when the wrapped module lacks it: the wrapper's own (EmbeddingLoss's default)
+_BASE = object()
+
+
+def _delegated(name: str, undeclared: Any = _BASE) -> property:
+    """A :class:`WrapperLoss` property: the wrapped loss's ``name``; when the wrapped module
+    does not declare it (a plain ``nn.Module``), ``undeclared``, by default what
+    :class:`EmbeddingLoss` declares, evaluated on the wrapper."""
+
+    def get(self: WrapperLoss) -> Any:
+        value = getattr(self.inner, name, _BASE)
+        if value is not _BASE:
+            return value
+        return getattr(super(WrapperLoss, self), name) if undeclared is _BASE else undeclared
+
+    return property(get, doc=f"The wrapped loss's ``{name}``.")
+
+
+def _labels_as_given(labels: Any, n_rows: int) -> Any:
+    return labels
+
+
+def _nothing_to_check(setup: Setup) -> None:
+    return None
+
+
+class WrapperLoss(EmbeddingLoss):
+    """A loss computed by another loss, ``inner``, on changed inputs (the Matryoshka wrapper:
+    on cut embeddings). It declares what ``inner`` declares: every name of :attr:`DELEGATED`
+    reads the wrapped loss's own. A subclass writes ``forward`` (and, for a loss combined by
+    parts, ``split_parts`` / ``forward_from_parts`` in terms of ``inner``'s).
+
+    ``inner`` may be a plain ``nn.Module`` called as ``loss(outputs, labels)``: then it is
+    taken to declare :class:`EmbeddingLoss`'s defaults, except that it gets its labels as
+    given (``targets``) and has nothing to check at start (``check_setup``), as
+    ``mmembed.training.distributed`` treats a module that declares nothing.
+    """
+
+    #: the declarations that are the wrapped loss's
+    DELEGATED: ClassVar[tuple[str, ...]] = (
+        "layout", "side", "cross_process", "label_rule", "use_batch",
+        "targets", "averaged_over", "check_setup", "candidate_scores",
+    )
+
+    layout = _delegated("layout")
+    side = _delegated("side")
+    cross_process = _delegated("cross_process")
+    label_rule = _delegated("label_rule")
+    use_batch = _delegated("use_batch")
+    targets = _delegated("targets", _labels_as_given)
+    averaged_over = _delegated("averaged_over")
+    check_setup = _delegated("check_setup", _nothing_to_check)
+    candidate_scores = _delegated("candidate_scores")
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        if not callable(inner):
+            raise ValueError(f"{type(self).__name__} needs a loss module to wrap, got {inner!r}")
+        self.inner = inner

@@ -19,6 +19,7 @@ The teacher is a fixed target: its tensors are detached here, whatever the calle
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Literal
 
 import torch
@@ -39,7 +40,7 @@ from .base import (
     finite_number,
     in_group_scores,
 )
-from .infonce import check_parts
+from .parts import GroupParts, RowParts, SideRows, query_range
 
 Distance = Literal["cosine", "mse"]
 
@@ -87,8 +88,6 @@ class _EmbeddingDistill(EmbeddingLoss):
     rows, of the student's width; each row's loss stands alone."""
 
     name: str  # the loss's name, for error messages
-    #: The Matryoshka wrapper truncates the first part of :meth:`split_parts` (if any).
-    student_parts = 1
     side = SideNeeds(teacher=frozenset({"embeddings"}))
     cross_process = CrossProcess.LOCAL_ROWS
 
@@ -224,14 +223,14 @@ class DistillMarginalLoss(_EmbeddingDistill):
 
     def forward(self, outputs: Mapping[str, Tensor], labels: Tensor | None = None) -> Tensor:
         """Scalar loss; see the class docstring."""
-        return self.forward_from_parts(*self.split_parts(outputs, labels))
+        return self.forward_from_parts(self.split_parts(outputs, labels))
 
-    def split_parts(self, outputs: Mapping[str, Tensor], labels: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """``(student [n, D], teacher [n, D])``, the teacher detached: what one process
+    def split_parts(self, outputs: Mapping[str, Tensor], labels: Tensor | None = None) -> RowParts:
+        """``student [n, D]`` and ``teacher [n, D]``, the teacher detached: what one process
         contributes to a cross-device batch."""
-        return student_and_teacher(outputs, "distill_marginal")
+        return RowParts(*student_and_teacher(outputs, "distill_marginal"))
 
-    def forward_from_parts(self, student: Tensor, teacher: Tensor, *, query_rows: slice | None = None) -> Tensor:
+    def forward_from_parts(self, parts: RowParts, *, query_rows: slice | None = None) -> Tensor:
         """Loss from the student and teacher rows of a (possibly gathered) batch.
 
         Several processes: gather every process's ``student`` rows (with gradient) and
@@ -240,22 +239,19 @@ class DistillMarginalLoss(_EmbeddingDistill):
         push-away term of a row then runs over the teacher rows of every process.
 
         Args:
-            student: ``[n, D]``.
-            teacher: ``[n, D]``, aligned with ``student``.
+            parts: ``student [n, D]`` and ``teacher [n, D]``, aligned with it.
             query_rows: The rows whose losses are averaged (a contiguous slice of
                 ``0..n``); all of them when None.
 
         Returns:
             Scalar tensor: the mean over the ``query_rows`` rows.
         """
-        if student.dim() != 2 or teacher.shape != student.shape:
-            raise ValueError(
-                f"student and teacher must both be [n, D], got {tuple(student.shape)} and {tuple(teacher.shape)}"
-            )
+        student, teacher = parts.student, parts.teacher
+        if teacher is None or student.dim() != 2 or teacher.shape != student.shape:
+            raise ValueError(f"student and teacher must both be [n, D], got {tuple(student.shape)} and "
+                             f"{None if teacher is None else tuple(teacher.shape)}")
         n, width = student.shape
-        rows = range(n)[query_rows if query_rows is not None else slice(None)]
-        if rows.step != 1 or len(rows) == 0:
-            raise ValueError(f"query_rows must select a non-empty contiguous slice of 0..{n}, got {query_rows}")
+        rows = query_range(n, query_rows)
         teacher = teacher.detach().to(device=student.device, dtype=student.dtype)
         x = student[rows.start : rows.stop]
         y_own = teacher[rows.start : rows.stop]
@@ -323,9 +319,6 @@ class DistillKLLoss(EmbeddingLoss):
             loss = loss_fn({"last_hidden_state": emb, "teacher_scores": scores}, labels)
     """
 
-    #: The Matryoshka wrapper truncates the first three parts of :meth:`split_parts`.
-    student_parts = 3
-
     def __init__(
         self, temperature: float = 0.1, teacher_temperature: float | None = None, use_batch: bool = True
     ) -> None:
@@ -361,7 +354,7 @@ class DistillKLLoss(EmbeddingLoss):
         """
         scores = outputs.get(TEACHER_SCORES)
         if scores is None:
-            return self.forward_from_parts(*self.split_parts(outputs, labels))
+            return self.forward_from_parts(self.split_parts(outputs, labels))
         if outputs.get(TEACHER) is not None:
             raise ValueError("distill_kl takes one teacher: give teacher_hidden_state or teacher_scores, not both")
         if self.use_batch:
@@ -369,20 +362,18 @@ class DistillKLLoss(EmbeddingLoss):
                 "distill_kl: teacher_scores scores only each group's own candidates, so it needs use_batch=False "
                 "(or give teacher_hidden_state to score every document of the batch)"
             )
-        anchors, positives, negatives, neg_group = _student_parts(outputs, labels, "distill_kl")
-        student, valid = in_group_scores(anchors, positives, negatives, neg_group)
+        parts = _student_parts(outputs, labels, "distill_kl")
+        student, valid = in_group_scores(parts.anchors, parts.positives, parts.negatives, parts.neg_group)
         teacher = _teacher_score_logits(scores, valid)
         return _kl_rows(student / self.temperature, teacher.to(student.dtype) / self.teacher_temperature, valid).mean()
 
-    def split_parts(
-        self, outputs: Mapping[str, Tensor], labels: Tensor | Groups
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    def split_parts(self, outputs: Mapping[str, Tensor], labels: Tensor | Groups) -> GroupParts:
         """The batch split into groups, for the student and the teacher's embeddings.
 
         Returns:
-            ``(anchors [B, D], positives [B, D], negatives [M, D], neg_group [M],
-            teacher_anchors [B, Dt], teacher_positives [B, Dt], teacher_negatives [M, Dt])``,
-            the teacher's rows detached.
+            :class:`GroupParts`: ``anchors [B, D]``, ``positives [B, D]``, ``negatives [M, D]``,
+            ``neg_group [M]`` and ``teacher`` (its ``anchors [B, Dt]``, ``positives [B, Dt]``,
+            ``negatives [M, Dt]``), the teacher's rows detached.
 
         Raises:
             ValueError: ``teacher_hidden_state`` is missing (``teacher_scores`` has no
@@ -390,7 +381,7 @@ class DistillKLLoss(EmbeddingLoss):
                 call the loss itself), or malformed labels.
         """
         groups = as_groups(labels, outputs["last_hidden_state"].shape[0], outputs["last_hidden_state"].device)
-        anchors, positives, negatives, neg_group = _student_parts(outputs, groups, "distill_kl")
+        student = _student_parts(outputs, groups, "distill_kl")
         teacher = outputs.get(TEACHER)
         if teacher is None:
             raise ValueError(
@@ -403,48 +394,35 @@ class DistillKLLoss(EmbeddingLoss):
                 f"teacher_hidden_state must be [N, Dt] with the N = {n_rows} rows of last_hidden_state, "
                 f"got shape {tuple(teacher.shape)}"
             )
-        teacher = teacher.detach().to(anchors.device)
-        return (
-            anchors, positives, negatives, neg_group,
-            teacher[groups.anchor], teacher[groups.positive], teacher[groups.negative],
-        )
+        teacher = teacher.detach().to(student.anchors.device)
+        return replace(student, teacher=SideRows(teacher[groups.anchor], teacher[groups.positive],
+                                                 teacher[groups.negative]))
 
-    def forward_from_parts(
-        self,
-        anchors: Tensor,
-        positives: Tensor,
-        negatives: Tensor,
-        neg_group: Tensor,
-        teacher_anchors: Tensor,
-        teacher_positives: Tensor,
-        teacher_negatives: Tensor,
-        *,
-        query_rows: slice | None = None,
-    ) -> Tensor:
+    def forward_from_parts(self, parts: GroupParts, *, query_rows: slice | None = None) -> Tensor:
         """Loss from a batch already split into groups (student and teacher embeddings).
 
         Several processes (``use_batch=True``): each process gathers every process's
-        parts in rank order (the three student parts with gradient, ``neg_group``
-        offset by the groups of the processes before it, the three teacher parts
+        parts in rank order (the three student fields with gradient, ``neg_group``
+        offset by the groups of the processes before it, the teacher's rows
         without gradient), calls this with its own groups as ``query_rows`` and scales
         the result by ``B_r * W / B``, exactly as for ``infonce``. With
         ``use_batch=False`` nothing needs gathering: the local loss times ``B_r * W / B``.
 
         Args:
-            anchors, positives, negatives, neg_group: As ``InfoNCELoss.forward_from_parts``.
-            teacher_anchors, teacher_positives, teacher_negatives: The teacher's rows,
-                aligned with the student parts: ``[B, Dt]``, ``[B, Dt]``, ``[M, Dt]``.
+            parts: The student fields as for ``InfoNCELoss.forward_from_parts``, and
+                ``teacher``: the teacher's rows, aligned with them: ``[B, Dt]``, ``[B, Dt]``,
+                ``[M, Dt]`` (required).
             query_rows: The anchors whose losses are averaged (a contiguous slice of
                 ``0..B``); all of them when None.
 
         Returns:
             Scalar tensor: the mean KL over the ``query_rows`` anchors.
         """
-        rows = check_parts(anchors, positives, negatives, neg_group, query_rows, side_dim="Dt", side={
-            "teacher_anchors": teacher_anchors, "teacher_positives": teacher_positives, "teacher_negatives": teacher_negatives})
-        neg_group = neg_group.to(device=anchors.device, dtype=torch.long)
-        t_a, t_p, t_n = (t.detach().to(device=anchors.device, dtype=anchors.dtype) for t in (
-            teacher_anchors, teacher_positives, teacher_negatives))
+        rows = parts.check(query_rows, needs=("teacher",))
+        anchors, positives, negatives = parts.anchors, parts.positives, parts.negatives
+        neg_group = parts.neg_group.to(device=anchors.device, dtype=torch.long)
+        t = parts.teacher.map(lambda x: x.detach().to(device=anchors.device, dtype=anchors.dtype))
+        t_a, t_p, t_n = t.anchors, t.positives, t.negatives
         sel = slice(rows.start, rows.stop)
         if self.use_batch:
             student = anchors[sel] @ torch.cat([positives, negatives]).T
@@ -459,17 +437,14 @@ class DistillKLLoss(EmbeddingLoss):
         return _kl_rows(student / self.temperature, teacher / self.teacher_temperature, valid).mean()
 
 
-def _student_parts(
-    outputs: Mapping[str, Tensor], labels: Tensor | Groups, loss_name: str
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(anchors, positives, negatives, neg_group)`` of an InfoNCE batch (student rows, with graph)."""
+def _student_parts(outputs: Mapping[str, Tensor], labels: Tensor | Groups, loss_name: str) -> GroupParts:
+    """The groups of an InfoNCE batch: the student's rows (with graph), no side rows."""
     emb = outputs["last_hidden_state"]
     if emb.dim() != 2:
         raise ValueError(f"{loss_name} expects last_hidden_state [N, D], got shape {tuple(emb.shape)}")
     g = as_groups(labels, emb.shape[0], emb.device)
     parts = emb.index_select(0, torch.cat([g.anchor, g.positive, g.negative]))
-    anchors, positives, negatives = parts.split([g.n_groups, g.n_groups, g.negative.numel()])
-    return anchors, positives, negatives, g.neg_group
+    return GroupParts(*parts.split([g.n_groups, g.n_groups, g.negative.numel()]), g.neg_group)
 
 
 def _teacher_score_logits(scores: Tensor, valid: Tensor) -> Tensor:

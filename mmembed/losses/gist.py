@@ -25,7 +25,7 @@ from torch import Tensor
 
 from .base import GUIDE, NEG_INF, CrossProcess, EmbeddingLoss, Groups, SideNeeds, as_groups, finite_number
 from .config import env_temperature
-from .infonce import check_parts
+from .parts import GroupParts, SideRows
 
 #: Temperature used when neither the ``temperature`` option nor ``INFONCE_TEMPERATURE``
 #: is given: the value of the GIST paper and of sentence-transformers' GIST loss.
@@ -165,19 +165,17 @@ class GISTLoss(EmbeddingLoss):
         Returns:
             Scalar tensor: the mean over anchors of the cross-entropy.
         """
-        return self.forward_from_parts(*self.split_parts(outputs, labels))
+        return self.forward_from_parts(self.split_parts(outputs, labels))
 
-    def split_parts(
-        self, outputs: Mapping[str, Tensor], labels: Tensor | Groups
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    def split_parts(self, outputs: Mapping[str, Tensor], labels: Tensor | Groups) -> GroupParts:
         """The batch split into groups, for the student and the guide.
 
         Returns:
-            ``(anchors [B, D], positives [B, D], negatives [M, D], neg_group [M],
-            guide_anchors [B, Dg], guide_positives [B, Dg], guide_negatives [M, Dg])``:
-            the student rows keep their graph, the guide rows are detached. This is
-            what :meth:`forward_from_parts` takes and what one process contributes to a
-            cross-device batch.
+            :class:`GroupParts`: ``anchors [B, D]``, ``positives [B, D]``, ``negatives [M, D]``,
+            ``neg_group [M]`` and ``guide`` (its ``anchors [B, Dg]``, ``positives [B, Dg]``,
+            ``negatives [M, Dg]``): the student rows keep their graph, the guide rows are
+            detached. This is what :meth:`forward_from_parts` takes and what one process
+            contributes to a cross-device batch.
 
         Raises:
             ValueError: Malformed labels (as ``infonce``), or a missing or misshapen
@@ -202,48 +200,36 @@ class GISTLoss(EmbeddingLoss):
         index = torch.cat([groups.anchor, groups.positive, groups.negative])
         sizes = [groups.n_groups, groups.n_groups, groups.negative.numel()]
         anchors, positives, negatives = emb.index_select(0, index).split(sizes)
-        g_anchors, g_positives, g_negatives = guide.detach().to(emb.device).index_select(0, index).split(sizes)
-        return anchors, positives, negatives, neg_group, g_anchors, g_positives, g_negatives
+        return GroupParts(anchors, positives, negatives, neg_group,
+                          guide=SideRows(*guide.detach().to(emb.device).index_select(0, index).split(sizes)))
 
-    def forward_from_parts(
-        self,
-        anchors: Tensor,
-        positives: Tensor,
-        negatives: Tensor,
-        neg_group: Tensor,
-        guide_anchors: Tensor,
-        guide_positives: Tensor,
-        guide_negatives: Tensor,
-        *,
-        query_rows: slice | None = None,
-    ) -> Tensor:
+    def forward_from_parts(self, parts: GroupParts, *, query_rows: slice | None = None) -> Tensor:
         """Loss from a batch already split into groups (student and guide).
 
         Several processes: each process gathers every process's parts in rank order
         (``anchors``, ``positives``, ``negatives`` with gradient; ``neg_group`` offset
-        by the number of groups on the processes before it; the three guide parts
+        by the number of groups on the processes before it; the guide's rows
         without gradient), calls this with its own groups as ``query_rows``, and
         scales the result by ``B_r * W / B`` (its groups, the world size, the global
         groups), exactly as for ``infonce``.
 
         Args:
-            anchors: ``[B, D]``, one per group.
-            positives: ``[B, D]``; ``positives[g]`` belongs to ``anchors[g]``.
-            negatives: ``[M, D]`` (``M`` may be 0).
-            neg_group: Long ``[M]``, the group of each negative (validated, otherwise
-                unused: every negative is a candidate for every anchor).
-            guide_anchors, guide_positives, guide_negatives: The guide's rows, aligned
-                with the three student parts, ``[B, Dg]``, ``[B, Dg]``, ``[M, Dg]``.
+            parts: ``anchors [B, D]``, one per group; ``positives [B, D]`` (``positives[g]``
+                belongs to ``anchors[g]``); ``negatives [M, D]`` (``M`` may be 0);
+                ``neg_group`` long ``[M]``, the group of each negative (validated, otherwise
+                unused: every negative is a candidate for every anchor); ``guide``: the
+                guide's rows, aligned with the three student fields, ``[B, Dg]``,
+                ``[B, Dg]``, ``[M, Dg]`` (required).
             query_rows: The anchors whose losses are averaged (a contiguous slice of
                 ``0..B``); all of them when None.
 
         Returns:
             Scalar tensor: the mean cross-entropy over the ``query_rows`` anchors.
         """
-        rows = check_parts(anchors, positives, negatives, neg_group, query_rows, side_dim="Dg", side={
-            "guide_anchors": guide_anchors, "guide_positives": guide_positives, "guide_negatives": guide_negatives})
-        guide = (guide_anchors.detach(), guide_positives.detach(), guide_negatives.detach())
-        return self._losses(anchors, positives, negatives, *guide, rows).mean()
+        rows = parts.check(query_rows, needs=("guide",))
+        guide = parts.guide.map(Tensor.detach)
+        return self._losses(parts.anchors, parts.positives, parts.negatives,
+                            guide.anchors, guide.positives, guide.negatives, rows).mean()
 
     def _losses(
         self,

@@ -24,69 +24,7 @@ from torch import Tensor
 
 from .base import NEG_INF, CrossProcess, EmbeddingLoss, Groups, as_groups, in_group_scores
 from .config import InfoNCEConfig
-
-
-def split_groups(labels: Tensor, n_rows: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Find the anchor, positive and negative rows of an InfoNCE batch from its labels.
-
-    The rows are ``a0, p0, n0_0, ..., n0_k0, a1, p1, n1_0, ...``; ``labels`` has one entry
-    per non-anchor row, 1.0 for a positive and 0.0 for a negative, so each 1.0 starts a
-    new group.
-
-    Args:
-        labels: Float tensor ``[n_rows - B]`` of 1.0 / 0.0, where ``B`` is the number of
-            1.0 entries (the number of groups).
-        n_rows: ``N``, the number of embedding rows.
-
-    Returns:
-        ``(anchor_idx [B], pos_idx [B], neg_idx [M], neg_group [M])``: long tensors on
-        ``labels.device``. ``anchor_idx[g]`` and ``pos_idx[g]`` are the rows of group
-        ``g``'s anchor and positive, ``neg_idx`` the rows of all ``M`` negatives in
-        group order and ``neg_group`` the group of each (non-decreasing).
-
-    Raises:
-        ValueError: ``labels`` is not 1-D, holds a value other than 0 or 1, starts with
-            a negative (a group without a positive), holds no positive, or its length is
-            not ``n_rows - B``.
-
-    Example:
-        ::
-
-            # a0 p0 n0_0 n0_1 | a1 p1 | a2 p2 n2_0
-            labels = torch.tensor([1.0, 0, 0, 1, 1, 0])
-            anchor_idx, pos_idx, neg_idx, neg_group = split_groups(labels, 9)
-            # anchor_idx = [0, 4, 6], pos_idx = [1, 5, 7]
-            # neg_idx = [2, 3, 8], neg_group = [0, 0, 2]
-    """
-    if labels.dim() != 1:
-        raise ValueError(f"InfoNCE labels must be 1-D [N - B], got shape {tuple(labels.shape)}")
-    if labels.numel() == 0:
-        raise ValueError("InfoNCE labels are empty, so there is no group (each group needs a positive)")
-    is_pos = labels == 1
-    is_neg = labels == 0
-    bad = ~(is_pos | is_neg)
-    # one device-to-host copy for all the checks
-    n_bad, n_groups, starts_with_pos = torch.stack([bad.sum(), is_pos.sum(), is_pos[0].long()]).tolist()
-    if n_bad:
-        i = int(bad.nonzero()[0])
-        raise ValueError(f"InfoNCE labels must be 1.0 (positive) or 0.0 (negative); labels[{i}] = {labels[i].item()}")
-    if n_groups == 0:
-        raise ValueError("InfoNCE labels hold no 1.0 entry, so there is no group (each group needs a positive)")
-    if labels.numel() + n_groups != n_rows:
-        raise ValueError(
-            f"InfoNCE labels have {labels.numel()} entries and {n_groups} positives, so the batch must have "
-            f"{labels.numel() + n_groups} rows (one anchor per group plus one row per label), but it has {n_rows}"
-        )
-    if not starts_with_pos:
-        raise ValueError(
-            "InfoNCE labels[0] must be 1.0: each group is anchor, positive, then negatives, "
-            "so the first labelled row cannot be a negative (group 0 has no positive)"
-        )
-    group = torch.cumsum(is_pos.long(), 0) - 1  # group of each labelled row
-    # labelled row k sits after the anchors of groups 0..group[k]
-    row = torch.arange(labels.numel(), device=labels.device) + group + 1
-    pos_idx = row[is_pos]
-    return pos_idx - 1, pos_idx, row[is_neg], group[is_neg]
+from .parts import GroupParts
 
 
 def select_hard_negatives(counts: Tensor, hard_negatives: int, generator: torch.Generator | None = None) -> Tensor:
@@ -132,37 +70,6 @@ def select_hard_negatives(counts: Tensor, hard_negatives: int, generator: torch.
     sampled = torch.minimum((u * cap).long(), cap - 1)
     slot = torch.arange(hard_negatives, device=counts.device).expand(n_groups, hard_negatives)
     return torch.where(slot < cap, slot, sampled)
-
-
-def check_parts(anchors: Tensor, positives: Tensor, negatives: Tensor, neg_group: Tensor, query_rows: slice | None,
-                side: dict[str, Tensor] | None = None, side_dim: str = "Dg") -> range:
-    """Validate the parts a group loss's ``forward_from_parts`` takes (and, for GIST and
-    distill_kl, a side model's embeddings of the same anchors, positives and negatives, in
-    that order); returns the ``query_rows`` as a range of group indices."""
-    if anchors.dim() != 2 or positives.shape != anchors.shape:
-        raise ValueError(
-            f"anchors and positives must both be [B, D], got {tuple(anchors.shape)} and {tuple(positives.shape)}"
-        )
-    n_groups, dim = anchors.shape
-    n_neg = negatives.shape[0] if negatives.dim() == 2 else -1
-    if negatives.dim() != 2 or negatives.shape[1] != dim or neg_group.shape != (n_neg,):
-        raise ValueError(
-            f"negatives must be [M, {dim}] with neg_group [M], got {tuple(negatives.shape)} "
-            f"and {tuple(neg_group.shape)}"
-        )
-    if neg_group.numel() and not bool(((neg_group >= 0) & (neg_group < n_groups)).all()):
-        raise ValueError(f"neg_group values must lie in [0, {n_groups}), the range of group indices")
-    if side:
-        width = next(iter(side.values())).shape[-1]
-        for (name, part), n_rows in zip(side.items(), (n_groups, n_groups, n_neg)):
-            if part.dim() != 2 or part.shape != (n_rows, width):
-                raise ValueError(
-                    f"{name} must be [{n_rows}, {side_dim}] (aligned with the student rows), got {tuple(part.shape)}"
-                )
-    rows = range(n_groups)[query_rows if query_rows is not None else slice(None)]
-    if rows.step != 1 or len(rows) == 0:
-        raise ValueError(f"query_rows must select a non-empty contiguous slice of 0..{n_groups}, got {query_rows}")
-    return rows
 
 
 class InfoNCELoss(EmbeddingLoss):
@@ -293,11 +200,11 @@ class InfoNCELoss(EmbeddingLoss):
         anchors, positives, negatives, neg_group, docs = self._parts(outputs, labels)
         return self._loss(anchors, positives, negatives, neg_group, range(anchors.shape[0]), docs=docs)
 
-    def split_parts(self, outputs: Mapping[str, Tensor], labels: Tensor | Groups) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """The batch's ``(anchors [B, D], positives [B, D], negatives [M, D], neg_group [M])``,
-        after ``hard_negatives`` selection: what :meth:`forward_from_parts` takes, and what a
-        process contributes to a cross-device batch."""
-        return self._parts(outputs, labels)[:4]
+    def split_parts(self, outputs: Mapping[str, Tensor], labels: Tensor | Groups) -> GroupParts:
+        """The batch's groups (``anchors [B, D]``, ``positives [B, D]``, ``negatives [M, D]``,
+        ``neg_group [M]``; no side rows), after ``hard_negatives`` selection: what
+        :meth:`forward_from_parts` takes, and what a process contributes to a cross-device batch."""
+        return GroupParts(*self._parts(outputs, labels)[:4])
 
     def candidate_scores(self, outputs: Mapping[str, Tensor], labels: Tensor | Groups, *,
                          generator: torch.Generator | None = None, block_rows: int = 1024) -> Iterator[tuple[Tensor, Tensor]]:
@@ -350,19 +257,11 @@ class InfoNCELoss(EmbeddingLoss):
         positives, negatives = docs.split([n_groups, neg_idx.numel()])
         return anchors, positives, negatives, neg_group, docs
 
-    def forward_from_parts(
-        self,
-        anchors: Tensor,
-        positives: Tensor,
-        negatives: Tensor,
-        neg_group: Tensor,
-        *,
-        query_rows: slice | None = None,
-    ) -> Tensor:
+    def forward_from_parts(self, parts: GroupParts, *, query_rows: slice | None = None) -> Tensor:
         """Loss from embeddings already split into groups.
 
-        ``hard_negatives`` selection is not applied here: ``negatives`` are used as given
-        (:meth:`forward` selects them first).
+        ``hard_negatives`` selection is not applied here: ``parts.negatives`` are used as
+        given (:meth:`forward` selects them first); side rows, if any, are not used.
 
         This is the seam for cross-device training: each process can gather the parts of
         every process (with gradient), concatenate them, offset each ``neg_group`` by the
@@ -371,19 +270,19 @@ class InfoNCELoss(EmbeddingLoss):
         local anchor's target is its positive's global index.
 
         Args:
-            anchors: ``[B, D]``, one per group.
-            positives: ``[B, D]``; ``positives[g]`` belongs to ``anchors[g]``.
-            negatives: ``[M, D]``, any number per group (``M`` may be 0).
-            neg_group: Long ``[M]``, the group (``0 <= g < B``) of each negative.
+            parts: ``anchors [B, D]``, one per group; ``positives [B, D]``
+                (``positives[g]`` belongs to ``anchors[g]``); ``negatives [M, D]``, any number
+                per group (``M`` may be 0); ``neg_group`` long ``[M]``, the group
+                (``0 <= g < B``) of each negative.
             query_rows: The anchors whose losses are averaged (a contiguous slice of
                 ``0..B``); all of them when None.
 
         Returns:
             Scalar tensor: the mean cross-entropy over the ``query_rows`` anchors.
         """
-        rows = check_parts(anchors, positives, negatives, neg_group, query_rows)
-        neg_group = neg_group.to(device=anchors.device, dtype=torch.long)
-        return self._loss(anchors, positives, negatives, neg_group, rows)
+        rows = parts.check(query_rows)
+        neg_group = parts.neg_group.to(device=parts.anchors.device, dtype=torch.long)
+        return self._loss(parts.anchors, parts.positives, parts.negatives, neg_group, rows)
 
     def _loss(
         self,

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data.labels import LabelRule
-from .base import CrossProcess, EmbeddingLoss, Layout, Setup, SideNeeds, finite_number
+from .base import Setup, WrapperLoss, finite_number
+from .parts import Parts
 
 
 def parse_dims(dims: Mapping[int | str, float] | str) -> dict[int, float]:
@@ -66,7 +67,7 @@ def truncate(embeddings: Tensor, width: int) -> Tensor:
     return F.normalize(embeddings[..., :width], p=2, dim=-1)
 
 
-class MatryoshkaLoss(EmbeddingLoss):
+class MatryoshkaLoss(WrapperLoss):
     """Wrap a loss so that it trains every listed prefix width of the embedding.
 
     ``loss = sum_d w_d * inner({**outputs, "last_hidden_state": normalize(emb[:, :d])}, labels)``
@@ -84,6 +85,9 @@ class MatryoshkaLoss(EmbeddingLoss):
     ``hard_negatives`` padding) therefore draws once per width in :meth:`forward`, as
     ms-swift does; the :meth:`split_parts` path draws once for all widths.
 
+    The wrapper declares what the inner loss declares (layout, side inputs, cross-process
+    strategy, ...: :class:`~mmembed.losses.base.WrapperLoss`).
+
     Args:
         inner: The loss to wrap (any ``loss(outputs, labels)`` module).
         dims: ``{width: weight}``, or ms-swift's JSON text; see :func:`parse_dims`.
@@ -99,10 +103,7 @@ class MatryoshkaLoss(EmbeddingLoss):
     """
 
     def __init__(self, inner: nn.Module, dims: Mapping[int | str, float] | str) -> None:
-        super().__init__()
-        if not callable(inner):
-            raise ValueError(f"MatryoshkaLoss needs a loss module to wrap, got {inner!r}")
-        self.inner = inner
+        super().__init__(inner)
         self.dims = parse_dims(dims)
 
     @classmethod
@@ -137,41 +138,10 @@ class MatryoshkaLoss(EmbeddingLoss):
     def extra_repr(self) -> str:
         return f"dims={self.dims}"
 
-    # ---- the declarations are the inner loss's ------------------------------------------
-
-    @property
-    def layout(self) -> Layout:  # type: ignore[override]
-        return getattr(self.inner, "layout", Layout.GROUP)
-
-    @property
-    def side(self) -> SideNeeds:
-        return getattr(self.inner, "side", SideNeeds())
-
-    @property
-    def cross_process(self) -> CrossProcess:
-        return getattr(self.inner, "cross_process", CrossProcess.WHOLE_BATCH)
-
-    @property
-    def label_rule(self) -> LabelRule | None:
-        return getattr(self.inner, "label_rule", None)
-
-    @property
-    def student_parts(self) -> int:  # type: ignore[override]
-        return getattr(self.inner, "student_parts", 3)
-
-    def targets(self, labels: Tensor, n_rows: int):
-        inner_targets = getattr(self.inner, "targets", None)
-        return inner_targets(labels, n_rows) if inner_targets is not None else labels
-
-    def averaged_over(self, targets, n_rows: int) -> int:
-        inner = getattr(self.inner, "averaged_over", None)
-        return inner(targets, n_rows) if inner is not None else super().averaged_over(targets, n_rows)
-
     def check_setup(self, setup: Setup) -> None:
         """Every width fits the model's (:meth:`check_dims`), and the inner loss's own checks."""
         self.check_dims(setup.width)
-        if hasattr(self.inner, "check_setup"):
-            self.inner.check_setup(setup)
+        super().check_setup(setup)
 
     def check_dims(self, width: int) -> None:
         """Raise ``ValueError`` if a listed width exceeds the embedding's ``width``.
@@ -203,13 +173,7 @@ class MatryoshkaLoss(EmbeddingLoss):
         """The inner loss's ``config`` (``infonce``), so code written for InfoNCE works on the wrapper."""
         return self.inner.config
 
-    def candidate_scores(self, outputs: Mapping[str, Tensor], labels: Tensor, **options):
-        """The wrapped loss's evaluation view at the full width (see
-        :meth:`InfoNCELoss.candidate_scores`)."""
-        inner = getattr(self.inner, "candidate_scores", None)
-        return inner(outputs, labels, **options) if inner is not None else None
-
-    def split_parts(self, outputs: Mapping[str, Tensor], labels: Tensor) -> tuple:
+    def split_parts(self, outputs: Mapping[str, Tensor], labels: Tensor) -> Parts:
         """The inner loss's parts at full width (cut per width in :meth:`forward_from_parts`).
 
         Raises:
@@ -220,20 +184,20 @@ class MatryoshkaLoss(EmbeddingLoss):
         self.check_dims(outputs["last_hidden_state"].shape[-1])
         return self.inner.split_parts(outputs, labels)
 
-    def forward_from_parts(self, *parts: Tensor, query_rows: slice | None = None) -> Tensor:
+    def forward_from_parts(self, parts: Parts, *, query_rows: slice | None = None) -> Tensor:
         """Weighted sum over the widths of the inner loss's ``forward_from_parts``.
 
-        The first ``inner.student_parts`` parts (student embeddings: 3 for ``infonce``,
-        ``gist``, ``distill_kl``; 1 for ``distill_marginal``) are cut to each width and
-        normalized again; the rest (``neg_group``, guide or teacher rows) pass through.
-        Cutting after a cross-device gather equals cutting before it (it acts row by
+        The student's embeddings of the parts (:meth:`GroupParts.with_student
+        <mmembed.losses.parts.GroupParts.with_student>`: ``anchors``, ``positives``,
+        ``negatives``; ``student`` of :class:`~mmembed.losses.parts.RowParts`) are cut to each
+        width and normalized again; ``neg_group`` and the guide's or teacher's rows pass
+        through. Cutting after a cross-device gather equals cutting before it (it acts row by
         row), so the wrapper's parts are gathered exactly as the inner loss's.
         """
-        n_student = self.student_parts
-        self.check_dims(parts[0].shape[-1])
+        self.check_dims(parts.width)
         total = None
         for width, weight in self.dims.items():
-            cut = [truncate(p, width) for p in parts[:n_student]]
-            term = weight * self.inner.forward_from_parts(*cut, *parts[n_student:], query_rows=query_rows)
+            term = weight * self.inner.forward_from_parts(parts.with_student(partial(truncate, width=width)),
+                                                          query_rows=query_rows)
             total = term if total is None else total + term
         return total

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..data.labels import LabelRule
-from .base import CrossProcess, EmbeddingLoss, Layout, finite_number
+from ..encoding.layout import Layout, split_pair_rows
+from .base import CrossProcess, EmbeddingLoss, finite_number
 
 
 def split_pairs(outputs: Mapping[str, Tensor], labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -30,18 +31,12 @@ def split_pairs(outputs: Mapping[str, Tensor], labels: Tensor) -> tuple[Tensor, 
 
     Raises:
         ValueError: The embeddings are not 2-D with an even number of rows, or the
-            number of labels is not the number of pairs.
+            number of labels is not the number of pairs
+            (:func:`mmembed.encoding.layout.split_pair_rows`).
     """
     emb = outputs["last_hidden_state"]
-    if emb.dim() != 2 or emb.shape[0] % 2:
-        raise ValueError(
-            f"pair losses expect last_hidden_state [2 * n_pairs, D] (rows alternate sentence1, sentence2), "
-            f"got shape {tuple(emb.shape)}"
-        )
-    n_pairs = emb.shape[0] // 2
-    if labels.numel() != n_pairs:
-        raise ValueError(f"pair losses expect one label per pair: {n_pairs} pairs but {labels.numel()} labels")
-    return emb[0::2], emb[1::2], labels.reshape(-1).to(device=emb.device, dtype=emb.dtype)
+    s1, s2 = split_pair_rows(emb, labels.numel())
+    return s1, s2, labels.reshape(-1).to(device=emb.device, dtype=emb.dtype)
 
 
 def _binary(labels: Tensor, loss_name: str) -> None:

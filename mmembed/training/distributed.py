@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..losses.base import GUIDE, TEACHER, TEACHER_SCORES, CrossProcess, Groups, as_groups
+from ..losses.parts import GroupParts, RowParts, SideRows
 
 
 def world() -> tuple[int, int]:
@@ -95,11 +96,12 @@ class GlobalBatchLoss(nn.Module):
 
     The loss says how (its :attr:`~mmembed.losses.EmbeddingLoss.cross_process`):
 
-    - ``GROUP_PARTS`` (``infonce``, ``gist``, ``distill_kl`` with ``use_batch``): local parts
-      (after ``hard_negatives`` selection) are gathered with gradient; each process
-      computes the mean loss of its own anchors against the global batch
+    - ``GROUP_PARTS`` (``infonce``, ``gist``, ``distill_kl`` with ``use_batch``): each field
+      of the local :class:`~mmembed.losses.GroupParts` (after ``hard_negatives`` selection)
+      is gathered, the student's with gradient, a guide's or teacher's rows without; each
+      process computes the mean loss of its own anchors against the global batch
       (``forward_from_parts``) and reports it scaled by ``B_r * W / B``.
-    - ``ROW_PARTS`` (``distill_marginal``): the same over rows.
+    - ``ROW_PARTS`` (``distill_marginal``): the same over rows (:class:`~mmembed.losses.RowParts`).
     - ``LOCAL_GROUPS`` / ``LOCAL_PAIRS`` / ``LOCAL_ROWS``: nothing crosses processes; the
       local mean is scaled by its share of the groups, pairs or rows.
     - ``WHOLE_BATCH`` (``online_contrastive``, and any loss that declares nothing): every
@@ -146,35 +148,37 @@ def _scaled_local(units):
 
 def _group_parts(loss, outputs, groups: Groups, rank: int, w: int) -> Tensor:
     """Each process scores its own anchors against the documents of all processes."""
-    parts = loss.split_parts(outputs, groups)
-    anchors, positives, negatives, neg_group = parts[:4]
+    parts: GroupParts = loss.split_parts(outputs, groups)
     # one exchange of the per-process sizes: groups and negatives
-    local = torch.tensor([anchors.shape[0], negatives.shape[0]], dtype=torch.long, device=anchors.device)
+    local = torch.tensor([parts.n_queries, parts.negatives.shape[0]], dtype=torch.long, device=parts.anchors.device)
     table = [torch.zeros_like(local) for _ in range(w)]
     dist.all_gather(table, local)
     counts = [int(t[0]) for t in table]
     negs = [int(t[1]) for t in table]
     offset = sum(counts[:rank])
-    g_anchors = all_gather_with_grad(anchors, counts)
-    g_positives = all_gather_with_grad(positives, counts)
-    g_negatives = all_gather_with_grad(negatives, negs)
-    g_neg_group = _gather_padded(neg_group + offset, negs)
-    # a guide's or teacher's embeddings of the same parts (gist, distill_kl): no gradient
-    side = [_gather_padded(t.detach(), n) for t, n in zip(parts[4:], (counts, counts, negs))]
-    result = loss.forward_from_parts(
-        g_anchors, g_positives, g_negatives, g_neg_group, *side, query_rows=slice(offset, offset + counts[rank])
+    gathered = GroupParts(
+        anchors=all_gather_with_grad(parts.anchors, counts),
+        positives=all_gather_with_grad(parts.positives, counts),
+        negatives=all_gather_with_grad(parts.negatives, negs),
+        neg_group=_gather_padded(parts.neg_group + offset, negs),
+        # a guide's or teacher's rows of the same groups (gist, distill_kl): no gradient
+        **{name: SideRows(_gather_padded(side.anchors.detach(), counts),
+                          _gather_padded(side.positives.detach(), counts),
+                          _gather_padded(side.negatives.detach(), negs))
+           for name, side in parts.sides().items()},
     )
+    result = loss.forward_from_parts(gathered, query_rows=slice(offset, offset + counts[rank]))
     return result * (counts[rank] * w / sum(counts))
 
 
 def _row_parts(loss, outputs, targets, rank: int, w: int) -> Tensor:
     """Each process's rows against the (side) rows of all processes."""
-    student, *side = loss.split_parts(outputs, targets)
-    sizes = gather_sizes(student.shape[0], student.device)
+    parts: RowParts = loss.split_parts(outputs, targets)
+    sizes = gather_sizes(parts.n_queries, parts.student.device)
     offset = sum(sizes[:rank])
-    result = loss.forward_from_parts(all_gather_with_grad(student, sizes),
-                                     *(_gather_padded(t.detach(), sizes) for t in side),
-                                     query_rows=slice(offset, offset + sizes[rank]))
+    gathered = RowParts(student=all_gather_with_grad(parts.student, sizes),
+                        **{name: _gather_padded(side.detach(), sizes) for name, side in parts.sides().items()})
+    result = loss.forward_from_parts(gathered, query_rows=slice(offset, offset + sizes[rank]))
     return result * (sizes[rank] * w / sum(sizes))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from reference_losses import parse_groups, reference_infonce
 
 from mmembed.losses import (
     LOSSES,
+    GroupParts,
     InfoNCEConfig,
     InfoNCELoss,
     build_loss,
@@ -316,18 +318,18 @@ def test_forward_from_parts_query_rows_split_the_mean():
     counts = [2, 0, 3, 1, 2]
     emb, labels = batch(counts, seed=9)
     anchor_idx, pos_idx, neg_idx, neg_group = split_groups(labels, emb.shape[0])
-    parts = (emb[anchor_idx], emb[pos_idx], emb[neg_idx], neg_group)
+    parts = GroupParts(emb[anchor_idx], emb[pos_idx], emb[neg_idx], neg_group)
     for options in (dict(include_qq=True, include_dd=True, mask_fake_negative=True), dict(use_batch=False)):
         loss_fn = InfoNCELoss(**options)
-        whole = loss_fn.forward_from_parts(*parts)
-        first = loss_fn.forward_from_parts(*parts, query_rows=slice(0, 2))
-        rest = loss_fn.forward_from_parts(*parts, query_rows=slice(2, 5))
+        whole = loss_fn.forward_from_parts(parts)
+        first = loss_fn.forward_from_parts(parts, query_rows=slice(0, 2))
+        rest = loss_fn.forward_from_parts(parts, query_rows=slice(2, 5))
         torch.testing.assert_close(whole, (2 * first + 3 * rest) / 5, **TOL)
         torch.testing.assert_close(whole, loss_fn({"last_hidden_state": emb}, labels), **TOL)
     with pytest.raises(ValueError, match="query_rows"):
-        loss_fn.forward_from_parts(*parts, query_rows=slice(3, 3))
+        loss_fn.forward_from_parts(parts, query_rows=slice(3, 3))
     with pytest.raises(ValueError, match="neg_group"):
-        loss_fn.forward_from_parts(*parts[:3], neg_group + 10)
+        loss_fn.forward_from_parts(replace(parts, neg_group=neg_group + 10))
 
 
 def test_forward_from_parts_accepts_unsorted_negatives():
@@ -337,8 +339,8 @@ def test_forward_from_parts_accepts_unsorted_negatives():
     perm = torch.tensor([5, 0, 3, 1, 4, 2])
     for use_batch in (True, False):
         loss_fn = InfoNCELoss(use_batch=use_batch)
-        a = loss_fn.forward_from_parts(emb[anchor_idx], emb[pos_idx], emb[neg_idx], neg_group)
-        b = loss_fn.forward_from_parts(emb[anchor_idx], emb[pos_idx], emb[neg_idx][perm], neg_group[perm])
+        a = loss_fn.forward_from_parts(GroupParts(emb[anchor_idx], emb[pos_idx], emb[neg_idx], neg_group))
+        b = loss_fn.forward_from_parts(GroupParts(emb[anchor_idx], emb[pos_idx], emb[neg_idx][perm], neg_group[perm]))
         torch.testing.assert_close(a, b, **TOL)
 
 

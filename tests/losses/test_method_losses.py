@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -314,16 +315,21 @@ def test_gist_parts_equal_forward_and_query_rows_split_the_mean():
     for options in (dict(), dict(margin=0.1, margin_strategy="relative", contrast_anchors=False)):
         loss_fn = GISTLoss(**options)
         parts = loss_fn.split_parts(out, labels)
-        assert [tuple(p.shape) for p in parts] == [(5, 6), (5, 6), (6, 6), (6,), (5, 4), (5, 4), (6, 4)]
-        whole = loss_fn.forward_from_parts(*parts)
+        assert {k: tuple(p.shape) for k, p in parts.tensors().items()} == {
+            "anchors": (5, 6), "positives": (5, 6), "negatives": (6, 6), "neg_group": (6,),
+            "guide_anchors": (5, 4), "guide_positives": (5, 4), "guide_negatives": (6, 4)}
+        assert parts.teacher is None
+        whole = loss_fn.forward_from_parts(parts)
         torch.testing.assert_close(whole, loss_fn(out, labels), **TOL)
-        first = loss_fn.forward_from_parts(*parts, query_rows=slice(0, 2))
-        rest = loss_fn.forward_from_parts(*parts, query_rows=slice(2, 5))
+        first = loss_fn.forward_from_parts(parts, query_rows=slice(0, 2))
+        rest = loss_fn.forward_from_parts(parts, query_rows=slice(2, 5))
         torch.testing.assert_close(whole, (2 * first + 3 * rest) / 5, **TOL)
     with pytest.raises(ValueError, match="query_rows"):
-        loss_fn.forward_from_parts(*parts, query_rows=slice(4, 4))
+        loss_fn.forward_from_parts(parts, query_rows=slice(4, 4))
     with pytest.raises(ValueError, match="guide_negatives"):
-        loss_fn.forward_from_parts(*parts[:6], parts[6][:-1])
+        loss_fn.forward_from_parts(replace(parts, guide=replace(parts.guide, negatives=parts.guide.negatives[:-1])))
+    with pytest.raises(ValueError, match="guide"):  # GIST's parts without the guide's rows
+        loss_fn.forward_from_parts(replace(parts, guide=None))
 
 
 def test_gist_default_temperature(monkeypatch):
@@ -448,10 +454,10 @@ def test_distill_marginal_parts_and_query_rows():
     for distance in ("cosine", "mse"):
         loss_fn = DistillMarginalLoss(lam=0.3, distance=distance)
         parts = loss_fn.split_parts(out, None)
-        whole = loss_fn.forward_from_parts(*parts)
+        whole = loss_fn.forward_from_parts(parts)
         torch.testing.assert_close(whole, loss_fn(out, None), **TOL)
-        first = loss_fn.forward_from_parts(*parts, query_rows=slice(0, 3))
-        rest = loss_fn.forward_from_parts(*parts, query_rows=slice(3, 7))
+        first = loss_fn.forward_from_parts(parts, query_rows=slice(0, 3))
+        rest = loss_fn.forward_from_parts(parts, query_rows=slice(3, 7))
         torch.testing.assert_close(whole, (3 * first + 4 * rest) / 7, **TOL)
 
 
@@ -562,11 +568,14 @@ def test_distill_kl_parts_and_query_rows():
     for use_batch in (True, False):
         loss_fn = DistillKLLoss(temperature=0.05, use_batch=use_batch)
         parts = loss_fn.split_parts(out, labels)
-        assert [tuple(p.shape) for p in parts] == [(4, 6), (4, 6), (6, 6), (6,), (4, 9), (4, 9), (6, 9)]
-        whole = loss_fn.forward_from_parts(*parts)
+        assert {k: tuple(p.shape) for k, p in parts.tensors().items()} == {
+            "anchors": (4, 6), "positives": (4, 6), "negatives": (6, 6), "neg_group": (6,),
+            "teacher_anchors": (4, 9), "teacher_positives": (4, 9), "teacher_negatives": (6, 9)}
+        assert parts.guide is None
+        whole = loss_fn.forward_from_parts(parts)
         torch.testing.assert_close(whole, loss_fn(out, labels), **TOL)
-        first = loss_fn.forward_from_parts(*parts, query_rows=slice(0, 1))
-        rest = loss_fn.forward_from_parts(*parts, query_rows=slice(1, 4))
+        first = loss_fn.forward_from_parts(parts, query_rows=slice(0, 1))
+        rest = loss_fn.forward_from_parts(parts, query_rows=slice(1, 4))
         torch.testing.assert_close(whole, (first + 3 * rest) / 4, **TOL)
 
 
@@ -724,11 +733,11 @@ def test_matryoshka_parts_equal_forward(name, extra):
     dims = {8: 0.7} if name == "distill_marginal" else {2: 0.5, 4: 1.0, 8: 1.0}
     loss_fn = MatryoshkaLoss(build_loss(name), dims)
     parts = loss_fn.split_parts(out, labels)
-    whole = loss_fn.forward_from_parts(*parts)
+    whole = loss_fn.forward_from_parts(parts)
     torch.testing.assert_close(whole, loss_fn(out, labels), **TOL)
-    n = parts[0].shape[0]
-    first = loss_fn.forward_from_parts(*parts, query_rows=slice(0, 1))
-    rest = loss_fn.forward_from_parts(*parts, query_rows=slice(1, n))
+    n = parts.n_queries
+    first = loss_fn.forward_from_parts(parts, query_rows=slice(0, 1))
+    rest = loss_fn.forward_from_parts(parts, query_rows=slice(1, n))
     torch.testing.assert_close(whole, (first + (n - 1) * rest) / n, **TOL)
 
 
@@ -741,7 +750,8 @@ def test_matryoshka_passes_the_inner_declarations_and_config_through():
     assert MatryoshkaLoss(DistillKLLoss(use_batch=False), {4: 1.0}).side.teacher == {"embeddings", "scores"}
     assert MatryoshkaLoss(DistillKLLoss(), {4: 1.0}).side.teacher == {"embeddings"}
     assert MatryoshkaLoss(GISTLoss(), {4: 1.0}).side.guide is True
-    assert MatryoshkaLoss(build_loss("distill_marginal"), {4: 1.0}).student_parts == 1
+    marginal = MatryoshkaLoss(build_loss("distill_marginal"), {4: 1.0})
+    assert marginal.cross_process is CrossProcess.ROW_PARTS and marginal.side.teacher == {"embeddings"}
     pair = MatryoshkaLoss(build_loss("contrastive"), {4: 1.0})
     assert pair.layout is Layout.PAIR and pair.cross_process is CrossProcess.LOCAL_PAIRS
     assert not hasattr(pair, "config")
