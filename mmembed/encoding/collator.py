@@ -1,7 +1,7 @@
 """Samples -> a tokenized batch in ms-swift's row layout.
 
-Two layouts; the loss says which (its ``layout``, :class:`mmembed.losses.Layout`, whose
-values are these strings):
+Two layouts; the loss says which (its ``layout``, a :class:`~mmembed.encoding.layout.Layout`;
+the functions here take the enum, or its value as a string, converted once on entry):
 
 - ``group`` (InfoNCE and other group losses): rows ``a0, p0, n0_0, ..., a1, p1, ...``;
   ``labels`` is float ``[N - B]``, 1.0 for each positive and 0.0 for each negative.
@@ -31,6 +31,7 @@ import torch.utils.data
 
 from ..data.sample import DataError, Item, Sample
 from .inputs import InputBuilder
+from .layout import Layout
 from .templates import Template
 
 #: The key of the one-entry batch a data-loader worker returns in place of a batch it could
@@ -47,21 +48,21 @@ def raise_batch_error(batch: Any) -> None:
         raise batch[DATA_ERROR]
 
 
-def sample_items(sample: Sample, layout: str) -> tuple[list[Item], list[float]]:
+def sample_items(sample: Sample, layout: Layout | str) -> tuple[list[Item], list[float]]:
     """The rows one sample contributes, and their labels (see the module docstring)."""
     if not sample.positives:
         raise DataError(sample.source, sample.line, "response", "a positive (response / positive_messages) is required")
-    if layout == "pair":
+    if Layout(layout) is Layout.PAIR:
         if sample.label is None:
             raise DataError(sample.source, sample.line, "label", "pair losses need a numeric label on every row")
         return [sample.anchor, sample.positives[0]], [float(sample.label)]
     return [sample.anchor, sample.positives[0], *sample.negatives], [1.0] + [0.0] * len(sample.negatives)
 
 
-def item_origins(sample: Sample, layout: str) -> list[tuple[str, int, str]]:
+def item_origins(sample: Sample, layout: Layout | str) -> list[tuple[str, int, str]]:
     """(file, line, field) of each row ``sample_items`` gives, for error messages."""
     names = ["query", "response"]
-    if layout != "pair":
+    if Layout(layout) is Layout.GROUP:
         names += [f"rejected_response[{k}]" for k in range(len(sample.negatives))]
     return [(sample.source, sample.line, n) for n in names]
 
@@ -102,7 +103,7 @@ class EmbeddingCollator:
 
     template: Template
     tokenizer: Any  # the tokenizer, or the processor for a multimodal template
-    layout: str = "group"  # a mmembed.losses.Layout: "group" or "pair"
+    layout: Layout = Layout.GROUP  # the loss's; its value as a string ("group", "pair") is converted
     max_length: int | None = None
     truncation_side: str = "right"
     truncate: bool = True
@@ -117,8 +118,10 @@ class EmbeddingCollator:
     bucket: bool = False
 
     def __post_init__(self):
-        if self.layout not in ("group", "pair"):
-            raise ValueError(f"layout must be 'group' or 'pair', got {self.layout!r}")
+        try:
+            self.layout = Layout(self.layout)
+        except ValueError:
+            raise ValueError(f"layout must be 'group' or 'pair', got {self.layout!r}") from None
         self.builder = InputBuilder(self.template, self.tokenizer, self.max_length, self.truncation_side, self.truncate,
                                     bucket=self.bucket)
 
@@ -174,8 +177,9 @@ def teacher_tensor(samples: Sequence[Sample], key: str) -> torch.Tensor | None:
     return out
 
 
-def token_lengths(samples: Sequence[Sample], builder: InputBuilder, layout: str) -> list[int]:
+def token_lengths(samples: Sequence[Sample], builder: InputBuilder, layout: Layout | str) -> list[int]:
     """The longest encoded row of each sample, media expanded (what ``--truncation_strategy delete`` checks)."""
+    layout = Layout(layout)
     flat: list[Item] = []
     origins: list[tuple[str, int, str]] = []
     owner: list[int] = []
