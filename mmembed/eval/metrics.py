@@ -22,6 +22,10 @@ Functions
   -euclidean.
 - ``embedding_eval_metrics``: the two first ones, straight from ms-swift's InfoNCE layout
   (``[N, D]`` embeddings in group order and ``[N - B]`` labels).
+- ``layout_metrics``: the metrics of a batch layout (``encoding.layout.Layout``): pair
+  metrics for pairs, ``embedding_eval_metrics`` for groups. The one place that choice is made.
+
+The layouts are read with ``encoding.layout``'s splitters, the ones the losses use.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from ..encoding.layout import Layout, split_groups_numpy, split_pair_rows
 from .ranking import ranking_metrics, rows_per_block, search
 
 __all__ = [
@@ -39,7 +44,9 @@ __all__ = [
     "pair_metrics",
     "embedding_eval_metrics",
     "candidate_metrics",
+    "layout_metrics",
 ]
+
 
 def _to_numpy(x: Any, name: str, ndim: int | None = None) -> np.ndarray:
     """Return ``x`` as a float64 numpy array (torch tensors of any dtype/device included)."""
@@ -368,34 +375,6 @@ def pair_metrics(emb1: Any, emb2: Any, labels: Any) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------
 
 
-def _split_infonce_layout(embeddings: np.ndarray, labels: np.ndarray):
-    """Split ``a0, p0, n0_*, a1, p1, n1_*, ...`` rows using the ``[N - B]`` labels.
-
-    Label ``j`` belongs to non-anchor row ``j``; a 1.0 starts a group. Row of label ``j`` is
-    ``j + (number of 1.0 among labels[0..j])``, since each group before it (and its own)
-    adds one anchor row. Returns anchor rows, positive label indices, negative label
-    indices, the group of each negative, and the row of every label.
-    """
-    if labels.size and not np.all((labels == 0.0) | (labels == 1.0)):
-        bad = labels[(labels != 0.0) & (labels != 1.0)][:5]
-        raise ValueError(f"InfoNCE labels must be 1.0 (positive) or 0.0 (negative), got {bad.tolist()}")
-    is_pos = labels == 1.0
-    b = int(is_pos.sum())
-    if b == 0 or not is_pos[0]:
-        raise ValueError("InfoNCE labels must start with a 1.0 (each group's positive) and have at least one")
-    if embeddings.shape[0] != labels.shape[0] + b:
-        raise ValueError(
-            f"expected N = len(labels) + groups = {labels.shape[0]} + {b} = {labels.shape[0] + b} rows, "
-            f"got {embeddings.shape[0]}"
-        )
-    group = np.cumsum(is_pos) - 1  # group of each label
-    label_rows = np.arange(labels.shape[0]) + group + 1
-    pos_idx = np.flatnonzero(is_pos)
-    anchor_rows = pos_idx + np.arange(b)
-    neg_idx = np.flatnonzero(~is_pos)
-    return anchor_rows, pos_idx, neg_idx, group[neg_idx], label_rows
-
-
 def embedding_eval_metrics(
     embeddings: Any,
     labels: Any,
@@ -422,12 +401,37 @@ def embedding_eval_metrics(
     """
     emb = _to_numpy(embeddings, "embeddings", 2)
     lab = _to_numpy(labels, "labels", 1)
-    anchor_rows, pos_idx, neg_idx, neg_group, label_rows = _split_infonce_layout(emb, lab)
+    anchor_rows, pos_rows, neg_rows, neg_group = split_groups_numpy(lab, emb.shape[0])
+    # the documents in label order (doc j is the row of label j: every row but the anchors),
+    # which is the order ties are ranked in
+    label_rows = np.delete(np.arange(emb.shape[0]), anchor_rows)
     anchors = emb[anchor_rows]
-    docs = emb[label_rows]  # doc j is the row of label j
     if candidates is not None:
         out = candidate_metrics(candidates)
     else:
-        out = infonce_metrics(anchors, docs[pos_idx], docs[neg_idx], neg_group, use_batch=use_batch)
-    out.update(retrieval_metrics(anchors, docs, pos_idx, ks=ks))
+        out = infonce_metrics(anchors, emb[pos_rows], emb[neg_rows], neg_group, use_batch=use_batch)
+    out.update(retrieval_metrics(anchors, emb[label_rows], np.searchsorted(label_rows, pos_rows), ks=ks))
     return out
+
+
+def layout_metrics(layout: Layout | str, embeddings: Any, labels: Any, *,
+                   candidates: Iterable[tuple[Any, Any]] | None = None) -> dict[str, float]:
+    """The evaluation metrics of a set in the batch ``layout`` (a loss's ``layout``).
+
+    - ``Layout.PAIR``: ``embeddings`` ``[2P, D]`` rows ``s1_0, s2_0, ...`` and ``labels``
+      ``[P]``: :func:`pair_metrics` of the two sides.
+    - ``Layout.GROUP``: ``embeddings`` ``[N, D]`` in group order and ``labels`` ``[N - B]``:
+      :func:`embedding_eval_metrics` (``candidates``: a group loss's ``candidate_scores``
+      over the same rows, so ``margin`` / ``mean_neg`` are over what the loss weighs).
+
+    Raises:
+        ValueError: A malformed layout (the splitters' errors), an unknown ``layout``, or
+            ``candidates`` with the pair layout (it has none).
+    """
+    if Layout(layout) is Layout.PAIR:
+        if candidates is not None:
+            raise ValueError("candidates rank a group's documents; the pair layout has none")
+        emb = _to_numpy(embeddings, "embeddings", 2)
+        lab = _to_numpy(labels, "labels", 1)
+        return pair_metrics(*split_pair_rows(emb, lab.shape[0]), lab)
+    return embedding_eval_metrics(embeddings, labels, candidates=candidates)

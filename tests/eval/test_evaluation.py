@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from mmembed.encoding.layout import Layout
 from mmembed.eval import ranking
 from mmembed.eval.metrics import (
     embedding_eval_metrics,
     infonce_metrics,
+    layout_metrics,
     pair_metrics,
     retrieval_metrics,
 )
@@ -358,6 +360,32 @@ def test_embedding_eval_metrics_rejects_bad_layouts():
         embedding_eval_metrics(ROWS[:6], ROW_LABELS)
     with pytest.raises(ValueError, match="1.0 .positive. or 0.0"):
         embedding_eval_metrics(ROWS, np.array([1.0, 0.5, 1.0, 0.0, 0.0]))
+
+
+def test_layout_metrics_are_the_pair_or_the_group_metrics():
+    """The one choice by layout: pairs ``s1_0, s2_0, ...`` get pair_metrics of the two sides,
+    groups get embedding_eval_metrics (with the loss's candidates when given)."""
+    pairs = np.array([A[0], P[0], A[1], P[1], A[0], N[2]])  # cosines .8, .8, 0
+    scores = np.array([0.9, 0.7, 0.1])
+    want = pair_metrics(pairs[0::2], pairs[1::2], scores)
+    for layout in (Layout.PAIR, "pair"):
+        got = layout_metrics(layout, pairs, scores)
+        assert got.keys() == want.keys()
+        assert all(got[k] == pytest.approx(want[k], nan_ok=True) for k in want)
+    assert layout_metrics(Layout.GROUP, ROWS, ROW_LABELS) == embedding_eval_metrics(ROWS, ROW_LABELS)
+    candidates = [(np.array([[0.8, 0.6], [0.8, 0.0]]), np.array([0, 0]))]
+    assert layout_metrics("group", ROWS, ROW_LABELS, candidates=iter(candidates)) == \
+        embedding_eval_metrics(ROWS, ROW_LABELS, candidates=iter(candidates))
+    with pytest.raises(ValueError, match="alternate sentence1, sentence2"):
+        layout_metrics(Layout.PAIR, pairs[:5], scores)
+    with pytest.raises(ValueError, match="3 pairs but 2 labels"):
+        layout_metrics(Layout.PAIR, pairs, scores[:2])
+    with pytest.raises(ValueError, match="pair layout has none"):
+        layout_metrics(Layout.PAIR, pairs, scores, candidates=iter(candidates))
+    with pytest.raises(ValueError, match="start with a 1.0"):
+        layout_metrics(Layout.GROUP, ROWS[:6], np.array([0.0, 1.0, 1.0, 0.0]))
+    with pytest.raises(ValueError, match="triplet"):
+        layout_metrics("triplet", ROWS, ROW_LABELS)
 
 
 # --------------------------------------------------------------------------------------
