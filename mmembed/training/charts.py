@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
+from ..encoding.layout import Layout, split_groups_numpy, split_pair_rows
 from ..files import WriteError, replaced_when_done
-from ..losses.base import Groups, Layout
 from .distributed import all_gather_no_grad, world
 
 logger = logging.getLogger("mmembed")
@@ -150,7 +150,8 @@ def plot_histogram(before: Similarities, after: Similarities | None, after_label
 
 
 def pair_similarities(emb: np.ndarray, labels: np.ndarray, layout: Layout) -> Similarities:
-    """Cosine similarities by kind for rows in the loss's layout.
+    """Cosine similarities by kind for rows in the loss's layout (read with the splitters of
+    :mod:`mmembed.encoding.layout`, as the losses read it).
 
     Groups (``a0, p0, n0_*, a1, ...`` with 1.0/0.0 labels): ``positive`` (each anchor with
     its positive), ``hard negative`` (with each negative of its own group) and ``other
@@ -158,11 +159,11 @@ def pair_similarities(emb: np.ndarray, labels: np.ndarray, layout: Layout) -> Si
     InfoNCE). Pairs (``s1, s2, ...``, one score per pair): ``positive`` for pairs scored
     above 0.5, ``negative`` for the rest."""
     unit = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
-    if layout is Layout.PAIR:
-        cos = np.sum(unit[0::2] * unit[1::2], axis=1)
+    if Layout(layout) is Layout.PAIR:
+        s1, s2 = split_pair_rows(unit, len(labels))
+        cos = np.sum(s1 * s2, axis=1)
         return {"positive": cos[labels > 0.5], "negative": cos[labels <= 0.5]}
-    g = Groups.from_labels(torch.as_tensor(labels), emb.shape[0])
-    a, p, n, ng = (t.numpy() for t in (g.anchor, g.positive, g.negative, g.neg_group))
+    a, p, n, ng = split_groups_numpy(labels, emb.shape[0])
     docs = np.concatenate([p, n])
     doc_group = np.concatenate([np.arange(len(p)), ng])
     scores = unit[a] @ unit[docs].T  # [B, docs]

@@ -12,7 +12,7 @@ import pytest
 from conftest import stsb_pairs, write_jsonl
 from PIL import Image
 
-from mmembed.losses.base import Layout
+from mmembed.encoding.layout import Layout
 from mmembed.training.arguments import parse_sft_args
 from mmembed.training.charts import (
     CHARTS_DIR,
