@@ -477,21 +477,30 @@ def _check_loss_args(args: SftArguments) -> None:
 
 def check_side_flags(args: SftArguments, side) -> None:
     """The side-input flags against what the loss takes (its ``side``, a
-    :class:`mmembed.losses.SideNeeds`), before any model loads."""
+    :class:`mmembed.losses.SideNeeds`), before any model loads: the rule is
+    :meth:`SideNeeds.mismatch <mmembed.losses.SideNeeds.mismatch>` (the one the loss's own
+    start-up check uses), worded here in flags. A teacher the loss needs may still come with
+    the data's rows, so its absence is not checked here."""
+    from ..losses.base import SideMismatch
+
     name = args.loss_type
-    if side.guide and not args.guide_model:
-        raise UsageError(f"--loss_type {name} needs --guide_model (the model whose similarities filter the negatives)")
-    if args.guide_model and not side.guide:
-        raise UsageError(f"--guide_model is for losses that take a guide (gist), but --loss_type {name} takes none")
     files = [f for f in ("teacher_scores_file", "teacher_embeddings_file") if getattr(args, f)]
-    if (files or args.teacher_model) and not side.teacher:
-        flag = files[0] if files else "teacher_model"
+    signal = "scores" if args.teacher_scores_file else "embeddings" if files or args.teacher_model else None
+    problem = side.mismatch(bool(args.guide_model), signal, teacher_known=False)
+    if problem is SideMismatch.NEEDS_GUIDE:
+        raise UsageError(f"--loss_type {name} needs --guide_model (the model whose similarities filter the negatives)")
+    if problem is SideMismatch.TAKES_NO_GUIDE:
+        raise UsageError(f"--guide_model is for losses that take a guide (gist), but --loss_type {name} takes none")
+    flag = files[0] if files else "teacher_model"
+    if problem is SideMismatch.TAKES_NO_TEACHER:
         raise UsageError(f"--{flag} feeds the distillation losses (those that take a teacher), "
                          f"but --loss_type {name} takes none")
-    if args.teacher_scores_file and "scores" not in side.teacher:
-        raise UsageError(f"--teacher_scores_file: --loss_type {name} takes the teacher's "
-                         f"{' or '.join(sorted(side.teacher))}, not scores (distill_kl takes scores with "
-                         "--loss_kwargs '{\"use_batch\": false}')")
+    if problem is SideMismatch.OTHER_TEACHER_SIGNAL:
+        takes = " or ".join(sorted(side.teacher))
+        if signal == "scores":
+            raise UsageError(f"--teacher_scores_file: --loss_type {name} takes the teacher's {takes}, not scores "
+                             "(distill_kl takes scores with --loss_kwargs '{\"use_batch\": false}')")
+        raise UsageError(f"--{flag}: --loss_type {name} takes the teacher's {takes}, not embeddings")
 
 
 def _honour_optimizer_under_offload(deepspeed, optim: str):
