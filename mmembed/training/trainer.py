@@ -15,12 +15,11 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer
 
 from ..encoding.collator import raise_batch_error
 from ..encoding.inputs import select_rows, split_rows
@@ -40,10 +39,7 @@ from .checkpoints import (  # noqa: F401  (re-exported: the names tests and tool
 )
 from .distributed import GlobalBatchLoss, all_gather_no_grad, gather_sizes, world
 from .gradcache import GradCache
-
-
-class NonFiniteLossError(FloatingPointError):
-    pass
+from .guards import SaveLastStep, any_process, check_grad_norm, check_loss
 
 
 class SwiftOrderSampler(torch.utils.data.Sampler):
@@ -72,19 +68,6 @@ class SwiftOrderSampler(torch.utils.data.Sampler):
         else:
             order = list(range(total))
         return iter(order[self.rank::self.world])
-
-
-class _SaveLastStep(TrainerCallback):
-    """The last step is always saved as a checkpoint (the run's result), whatever
-    ``--save_steps`` say about the steps before it. ``--save_strategy no`` saves no
-    checkpoint at all: ``run_sft`` writes the final model alone."""
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if str(getattr(args.save_strategy, "value", args.save_strategy)) == "no":
-            return control
-        if state.max_steps and state.global_step >= state.max_steps:
-            control.should_save = True
-        return control
 
 
 class EmbeddingTrainer(Trainer):
@@ -130,7 +113,7 @@ class EmbeddingTrainer(Trainer):
             mmembed_config = {"pooling": self.accelerator.unwrap_model(self.model).pooling, "normalize": True}
         self.mmembed_config = mmembed_config
         self.param_lrs = param_lrs or {}
-        self.add_callback(_SaveLastStep())
+        self.add_callback(SaveLastStep())
         self.last_checkpoint: str | None = None  # the last whole checkpoint of this run (or the one it resumed)
         # --resume_only_model: the weights are loaded already; the checkpoint gives only the step
         # count and data position (its optimizer, scheduler, scaler and RNG state are not read)
@@ -210,28 +193,15 @@ class EmbeddingTrainer(Trainer):
     def _checked(self, loss: torch.Tensor) -> torch.Tensor:
         """Every process checks every micro-batch's loss and they agree, so all stop at the
         first non-finite one, before its backward pass and before any later checkpoint."""
-        bad = not bool(torch.isfinite(loss.detach()).all())
-        if self._any_process(bad):
-            value = loss.item() if bad and loss.numel() == 1 else "not finite on another process"
-            raise NonFiniteLossError(
-                f"loss is {value} at step {self.state.global_step + 1}; training stopped, nothing saved after it. "
-                f"The last whole checkpoint is {self.last_checkpoint or 'none'}. "
-                "Lower --learning_rate, raise INFONCE_TEMPERATURE, or check the data."
-            )
-        return loss
+        return check_loss(loss, self.state.global_step + 1, self.last_checkpoint, self.args.device)
 
     def _get_grad_norm(self, model, grad_norm=None):
-        """The step's gradient norm (the same on every process), checked like the loss: a
-        finite loss can still give an infinite gradient (a tiny temperature, a huge learning
-        rate), and the update would write non-finite weights into the next checkpoint. Under
-        fp16 loss scaling an overflow is expected (the step is skipped), so it is not checked."""
+        """The step's gradient norm, checked like the loss (not under fp16 loss scaling, where
+        an overflow is expected and the step skipped): the update would write non-finite
+        weights into the next checkpoint."""
         grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-        if grad_norm is not None and not self.args.fp16 and not math.isfinite(float(grad_norm)):
-            raise NonFiniteLossError(
-                f"gradient norm is {float(grad_norm)} at step {self.state.global_step + 1}; training stopped, nothing "
-                f"saved after it. The last whole checkpoint is {self.last_checkpoint or 'none'}. "
-                "Lower --learning_rate, raise INFONCE_TEMPERATURE, or check the data."
-            )
+        if not self.args.fp16:
+            check_grad_norm(grad_norm, self.state.global_step + 1, self.last_checkpoint)
         return grad_norm
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -522,19 +492,12 @@ class EmbeddingTrainer(Trainer):
             write()
         except Exception as e:  # torch / safetensors wrap OS errors in their own exceptions
             error = e
-        if self._any_process(error is not None):
+        if any_process(error is not None, self.args.device):
             if self.args.should_save:
                 checkpoints.discard_staging(final)
             last = self.last_checkpoint
             raise checkpoints.save_failure(final, error or RuntimeError("another process failed to write it"),
                                            last) from error
-
-    def _any_process(self, flag: bool) -> bool:
-        if world()[1] <= 1:
-            return flag
-        t = torch.tensor([1.0 if flag else 0.0], device=self.args.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        return bool(t.item())
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """The Trainer's loop, with two of its steps left out where mmembed did them already:
