@@ -40,34 +40,7 @@ from .checkpoints import (  # noqa: F401  (re-exported: the names tests and tool
 from .distributed import GlobalBatchLoss, all_gather_no_grad, gather_sizes, world
 from .gradcache import GradCache
 from .guards import SaveLastStep, any_process, check_grad_norm, check_loss
-
-
-class SwiftOrderSampler(torch.utils.data.Sampler):
-    """The training rows of one process in ms-swift's order (its ``BatchSamplerShard``): each
-    epoch a permutation of the rows drawn with ``seed + epoch`` (``torch.randperm``; in file order
-    without shuffling), cut to a multiple of the process count (the last ``len % world`` rows
-    sit the epoch out), of which process ``rank`` takes every ``world``-th from its ``rank``.
-    With one process this is transformers' seeded random sampler, row for row."""
-
-    def __init__(self, num_rows: int, shuffle: bool, seed: int, rank: int = 0, world: int = 1):
-        self.num_rows, self.shuffle, self.seed, self.rank, self.world = num_rows, shuffle, seed, rank, world
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.num_rows // self.world
-
-    def __iter__(self):
-        total = self.num_rows // self.world * self.world
-        if self.shuffle:
-            generator = torch.Generator()
-            generator.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(total, generator=generator).tolist()
-        else:
-            order = list(range(total))
-        return iter(order[self.rank::self.world])
+from .samplers import pass_through_shards, train_sampler
 
 
 class EmbeddingTrainer(Trainer):
@@ -137,24 +110,11 @@ class EmbeddingTrainer(Trainer):
 
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        strategy = str(getattr(self.args, "train_sampling_strategy", "random"))
-        if dataset is None or not hasattr(dataset, "__len__") or strategy not in ("random", "sequential"):
-            return super()._get_train_sampler(train_dataset)  # transformers' length-grouped samplers
-        shuffle = strategy == "random" and getattr(self.args, "train_dataloader_shuffle", True)
-        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        rank, size = world()
-        return SwiftOrderSampler(len(dataset), shuffle, seed, rank, size)
+        sampler = train_sampler(dataset, self.args)
+        return sampler if sampler is not None else super()._get_train_sampler(train_dataset)
 
     def get_train_dataloader(self):
-        loader = super().get_train_dataloader()
-        # the sampler gives this process its own rows already (ms-swift's split of each epoch's
-        # order): accelerate's batch-level sharding over the processes must pass them through
-        shard = getattr(loader, "batch_sampler", None)
-        if world()[1] > 1 and shard is not None and hasattr(shard, "num_processes"):
-            inner = getattr(getattr(shard, "batch_sampler", None), "sampler", None)
-            if isinstance(inner, SwiftOrderSampler):
-                shard.num_processes, shard.process_index = 1, 0
-        return loader
+        return pass_through_shards(super().get_train_dataloader())
 
     @property
     def loss(self):

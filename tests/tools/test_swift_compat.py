@@ -245,7 +245,7 @@ def test_each_process_reads_the_rows_ms_swift_gives_it(name, tiny_model, tmp_pat
     """Under two processes ms-swift hands process r every second row of each epoch's order from
     r (the odd row out sits the epoch out); mmembed's trainer, told it is process r of 2, gives
     the same rows in the same batches. The recorded rows are ms-swift's own (torchrun, gloo)."""
-    import mmembed.training.trainer as trainer_module
+    import mmembed.training.samplers as samplers_module
     from mmembed.training.arguments import SftArguments
     from mmembed.training.sft import build_trainer
 
@@ -256,7 +256,7 @@ def test_each_process_reads_the_rows_ms_swift_gives_it(name, tiny_model, tmp_pat
     trainer = build_trainer(args)
     dataset = trainer.train_dataset
     for rank, recorded in enumerate(run["steps_per_process"]):
-        monkeypatch.setattr(trainer_module, "world", lambda rank=rank: (rank, 2))
+        monkeypatch.setattr(samplers_module, "world", lambda rank=rank: (rank, 2))
         sampler = trainer._get_train_sampler()
         steps = []
         for epoch in range(int(args.num_train_epochs)):
