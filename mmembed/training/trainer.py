@@ -40,6 +40,7 @@ from .checkpoints import (  # noqa: F401  (re-exported: the names tests and tool
 from .distributed import GlobalBatchLoss, all_gather_no_grad, gather_sizes, world
 from .gradcache import GradCache
 from .guards import SaveLastStep, any_process, check_grad_norm, check_loss
+from .optimizer import split_by_learning_rate
 from .samplers import pass_through_shards, train_sampler
 
 
@@ -93,20 +94,8 @@ class EmbeddingTrainer(Trainer):
         self.weights_only_resume = False
 
     def create_optimizer(self, model=None):
-        """The Trainer's optimizer, its parameter groups split by ``param_lrs`` (``id(parameter)
-        -> learning rate``: ``--vit_lr`` / ``--aligner_lr``); the schedule scales every group."""
-        optimizer = super().create_optimizer(model)
-        if self.param_lrs:
-            groups = []
-            for group in optimizer.param_groups:
-                by_lr: dict[float, list] = {}
-                for p in group["params"]:
-                    by_lr.setdefault(self.param_lrs.get(id(p), group["lr"]), []).append(p)
-                groups += [{**group, "params": params, "lr": lr} for lr, params in by_lr.items()]
-            optimizer.param_groups.clear()
-            for group in groups:
-                optimizer.add_param_group(group)
-        return optimizer
+        """The Trainer's optimizer, its parameter groups split by ``param_lrs``."""
+        return split_by_learning_rate(super().create_optimizer(model), self.param_lrs)
 
     def _get_train_sampler(self, train_dataset=None):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
