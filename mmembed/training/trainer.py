@@ -24,8 +24,7 @@ from transformers import Trainer
 from ..encoding.collator import raise_batch_error
 from ..encoding.inputs import select_rows, split_rows
 from ..encoding.templates import template_from_config
-from ..eval.metrics import embedding_eval_metrics, pair_metrics
-from ..losses import Layout, Side, build_loss
+from ..losses import Side, build_loss
 from ..model.adapters import is_adapter, write_lora_layout
 from ..model.embedding import EmbeddingModel, hidden_size
 from ..model.io import write_saved_folder
@@ -37,7 +36,8 @@ from .checkpoints import (  # noqa: F401  (re-exported: the names tests and tool
     find_last_complete_checkpoint,
     foreign_checkpoint,
 )
-from .distributed import GlobalBatchLoss, all_gather_no_grad, gather_sizes, world
+from .distributed import GlobalBatchLoss, gather_sizes, world
+from .evaluation import eval_loader, eval_metric_names, evaluation_metrics  # noqa: F401  (eval_metric_names: sft.py)
 from .gradcache import GradCache
 from .guards import SaveLastStep, any_process, check_grad_norm, check_loss
 from .optimizer import split_by_learning_rate
@@ -113,13 +113,13 @@ class EmbeddingTrainer(Trainer):
     # ---- training -------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         labels = inputs.pop("labels")
-        side = self._side(inputs.pop("side", None))
+        side = self.side_inputs(inputs.pop("side", None))
         outputs = {**model(**inputs), **side.outputs()}
         loss = self._checked(self.loss_fn(outputs, labels))
         return (loss, outputs) if return_outputs else loss
 
     @torch.no_grad()
-    def _side(self, batch) -> Side:
+    def side_inputs(self, batch) -> Side:
         """The loss's side inputs for a batch (a :class:`~mmembed.encoding.collator.SideBatch`):
         the guide's / teacher's embeddings of the same rows (their inputs embedded here,
         without gradient), or the teacher's scores / embeddings the data gave."""
@@ -165,7 +165,7 @@ class EmbeddingTrainer(Trainer):
         model.train()
         inputs = self._prepare_inputs(inputs)
         labels = inputs.pop("labels")
-        side = self._side(inputs.pop("side", None)).outputs()  # whole batch, no gradient
+        side = self.side_inputs(inputs.pop("side", None)).outputs()  # whole batch, no gradient
         scale = 1.0 / self.current_gradient_accumulation_steps
         # mini-batches of rows of similar length carry little padding; the loss sees the
         # embeddings back in the batch's order. Rows move with their own images, videos
@@ -228,121 +228,19 @@ class EmbeddingTrainer(Trainer):
 
     # ---- evaluation -----------------------------------------------------------------
     def _eval_loader(self, eval_dataset=None):
-        """This process's share of the eval set: every W-th sample, no padding, no duplicates,
-        so uneven eval sets need no ``--dataloader_drop_last`` and nothing is counted twice."""
-        from torch.utils.data import DataLoader, Subset
-
+        """This process's share of the eval set (:func:`~mmembed.training.evaluation.eval_loader`)."""
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        rank, w = world()
-        if w > 1:
-            dataset = Subset(dataset, range(rank, len(dataset), w))
-        workers = self.args.dataloader_num_workers or 0
-        extra = {"prefetch_factor": self.args.dataloader_prefetch_factor} if workers and \
-            self.args.dataloader_prefetch_factor else {}
-        return DataLoader(dataset, batch_size=self.args.per_device_eval_batch_size, collate_fn=self.data_collator,
-                          num_workers=workers, shuffle=False,
-                          pin_memory=bool(self.args.dataloader_pin_memory) and self.args.device.type == "cuda", **extra)
+        return eval_loader(dataset, self.args, self.data_collator)
 
     @torch.no_grad()
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """The eval set's loss and metrics (when there is one) and the ``--eval_beir`` /
-        ``--eval_sts`` tasks' metrics, logged as ``<prefix>_<name>``."""
-        metrics: dict[str, float] = {}
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if dataset is not None:
-            metrics.update(self._dataset_metrics(dataset))
-        elif not self.eval_tasks:
-            raise ValueError("nothing to evaluate: no eval dataset, --eval_beir or --eval_sts")
-        metrics.update(self._task_metrics())
-        metrics = {logged_metric_name(k, metric_key_prefix): float(v) for k, v in metrics.items()}
+        ``--eval_sts`` tasks' metrics, logged as ``<prefix>_<name>``
+        (:func:`~mmembed.training.evaluation.evaluation_metrics`)."""
+        metrics = evaluation_metrics(self, eval_dataset, metric_key_prefix)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
-
-    def _dataset_metrics(self, dataset) -> dict[str, float]:
-        """Embed the eval set once: its loss (when the batches carry what the loss needs)
-        and ms-swift's metrics plus retrieval within the set."""
-        model = self.model
-        was_training = model.training
-        model.eval()
-        device = self.args.device
-        loss_fn, needs = self.loss, self.loss.side  # per-batch loss, no cross-process scaling
-        embs, labels = [], []
-        # (sum of batch loss * its terms, terms): the terms the loss averages (groups, pairs, rows)
-        loss_sum = torch.zeros(2, dtype=torch.float64, device=device)
-        loader = self._eval_loader(dataset)
-        # ZeRO-3 gathers parameters inside every forward, so all processes must run as many
-        # forwards: a process with fewer eval batches repeats one and discards the result
-        rounds = torch.tensor([len(loader)], device=device)
-        if world()[1] > 1:
-            torch.distributed.all_reduce(rounds, op=torch.distributed.ReduceOp.MAX)
-        batch = None
-        for batch in loader:
-            raise_batch_error(batch)
-            batch = self._prepare_inputs(batch)
-            lab = batch.pop("labels")
-            side = self._side(batch.pop("side", None))
-            out = {**model(**batch), **side.outputs()}
-            # eval rows may lack the data's teacher: then no eval loss, the metrics still
-            if needs.met_by(side):
-                n_rows = out["last_hidden_state"].shape[0]
-                targets = loss_fn.targets(lab.to(device), n_rows)
-                terms = loss_fn.averaged_over(targets, n_rows)
-                loss_sum += torch.tensor([loss_fn(out, targets).item() * terms, terms], dtype=torch.float64,
-                                         device=device)
-            embs.append(out["last_hidden_state"].float())
-            labels.append(lab.float())
-        for _ in range(int(rounds.item()) - len(loader)):
-            if batch is None:
-                batch = self._prepare_inputs(self.data_collator([dataset[0]]))
-                batch.pop("labels")
-                batch.pop("side", None)
-            model(**batch)
-        if was_training:
-            model.train()
-        dim = self._embedding_dim(embs)
-        local_emb = torch.cat(embs) if embs else torch.zeros((0, dim), device=device)
-        local_lab = torch.cat(labels) if labels else torch.zeros((0,), device=device)
-        emb = all_gather_no_grad(local_emb).cpu().numpy()
-        lab = all_gather_no_grad(local_lab).cpu().numpy()
-        if world()[1] > 1:
-            torch.distributed.all_reduce(loss_sum)
-        if emb.shape[0] == 0:
-            raise ValueError("the eval dataset is empty")
-        metrics: dict[str, float] = {}
-        if loss_sum[1] > 0:
-            metrics["loss"] = float(loss_sum[0] / loss_sum[1])
-        if self.loss.layout is Layout.PAIR:
-            metrics.update(pair_metrics(emb[0::2], emb[1::2], lab))
-        else:
-            # each batch is a whole set of groups, so concatenating keeps the layout valid;
-            # margin / mean_neg come from what the loss weighs (its INFONCE_* settings), with
-            # the hard-negative padding drawn from a generator of its own (same every evaluation)
-            view = getattr(self.loss, "candidate_scores", None)
-            candidates = None if view is None else view(
-                {"last_hidden_state": torch.from_numpy(emb)}, torch.from_numpy(lab),
-                generator=torch.Generator().manual_seed(self.args.seed))
-            metrics.update(embedding_eval_metrics(emb, lab, candidates=candidates))
-        return metrics
-
-    def _task_metrics(self) -> dict[str, float]:
-        """``--eval_beir`` (``beir_*``) and ``--eval_sts`` (``sts_*``): the model as it is
-        now. Every process runs the same forwards (ZeRO-3 gathers parameters in each)."""
-        if not self.eval_tasks:
-            return {}
-        model = self.accelerator.unwrap_model(self.model)
-        was_training = model.training
-        model.eval()
-        try:
-            return self.eval_tasks.evaluate(model, self.processing_class, str(self.args.device),
-                                            self.args.per_device_eval_batch_size)
-        finally:
-            model.train(was_training)
-
-    def _embedding_dim(self, embs: list[torch.Tensor]) -> int:
-        if embs:
-            return embs[0].shape[1]
-        return hidden_size(self.accelerator.unwrap_model(self.model).backbone.config)
 
     # ---- saving / loading -----------------------------------------------------------
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
@@ -515,43 +413,3 @@ def args_without_tokens(args):
         if f.name.endswith("token") and getattr(saved, f.name, None):
             object.__setattr__(saved, f.name, None)
     return saved
-
-
-def logged_metric_name(name: str, prefix: str = "eval") -> str:
-    """The name :meth:`EmbeddingTrainer.evaluate` logs a metric under (``recall@1`` ->
-    ``eval_recall_at_1``)."""
-    return f"{prefix}_{name.replace('@', '_at_')}"
-
-
-def eval_metric_names(layout: Layout, dataset: bool, beir: bool, sts: bool) -> set[str]:
-    """Every metric name :meth:`EmbeddingTrainer.evaluate` logs for a run with an eval set
-    (``dataset``) of the loss's ``layout`` and the ``--eval_beir`` / ``--eval_sts`` tasks: the
-    metric functions run on a few random vectors, so the names are theirs, not a copy."""
-    import numpy as np
-
-    from ..eval.beir import BeirData, evaluate_beir
-    from ..eval.sts import evaluate_pairs
-
-    rng = np.random.default_rng(0)
-
-    def unit(n: int) -> np.ndarray:
-        x = rng.normal(size=(n, 4)).astype(np.float32)
-        return x / np.linalg.norm(x, axis=1, keepdims=True)
-
-    class Vectors:
-        def encode(self, texts, batch_size=None):
-            return unit(len(texts))
-
-    names: set[str] = set()
-    if dataset:
-        names.add("loss")
-        if layout is Layout.PAIR:
-            names |= set(pair_metrics(unit(3), unit(3), np.array([0.0, 1.0, 0.5])))
-        else:  # two groups: a0 p0 n0, a1 p1
-            names |= set(embedding_eval_metrics(unit(5), np.array([1.0, 0.0, 1.0])))
-    if beir:
-        data = BeirData(["d0", "d1"], ["x", "y"], ["q0"], ["q"], {"q0": {"d0": 1.0}})
-        names |= {f"beir_{k}" for k in evaluate_beir(Vectors(), data)}
-    if sts:
-        names |= {f"sts_{k}" for k in evaluate_pairs(Vectors().encode, ["a", "b"], ["c", "d"], [1.0, 0.0])}
-    return {logged_metric_name(k) for k in names}
