@@ -133,7 +133,7 @@ def test_adapter_for_another_model_is_an_error(swift_checkpoint, tiny_model):
 
 
 def test_resume_refuses_an_swift_checkpoint_saying_what_it_is(swift_checkpoint):
-    from mmembed.training.trainer import check_complete
+    from mmembed.training.checkpoints import check_complete
 
     ckpt, _ = swift_checkpoint("qwen3_emb")
     with pytest.raises(ValueError, match=r"an ms-swift checkpoint \(args.json: --model_type qwen3_emb, --tuner_type lora"):
