@@ -1,15 +1,18 @@
 """EmbeddingTrainer: the transformers Trainer, taught to train and evaluate embedders.
 
-- ``compute_loss`` embeds the collated batch and applies the loss to
-  ``{"last_hidden_state": [N, D]}`` and ``labels``; a NaN or infinite loss stops the run.
-- ``evaluate`` embeds the whole eval set once and reports ms-swift's metrics
-  (infonce: mean_pos, mean_neg, margin; pair losses: pearson/spearman) plus retrieval
-  (recall@1/5/10, MRR@10, nDCG@10) and the eval loss; then the held-out tasks
-  (``--eval_beir``, ``--eval_sts``) through the Embedder ``mmembed eval`` uses.
-- checkpoints hold the backbone (a PEFT adapter for LoRA, safetensors weights for full
-  training), the tokenizer and ``mmembed.json``; each is written under a staging name,
-  marked and renamed, so ``checkpoint-N`` is whole or absent whatever is killed when
-  (:mod:`mmembed.training.checkpoints`), and resuming never picks an incomplete one.
+The trainer is the loss call plus wiring; each side concern has a home of its own:
+
+- the loss call (here): ``compute_loss`` embeds the collated batch and applies the loss to
+  ``{"last_hidden_state": [N, D]}`` and ``labels``; ``training_step`` does the same through
+  the gradient cache (:mod:`mmembed.training.gradcache`) with ``--gradcache_mini_batch_size``;
+- a NaN or infinite loss or gradient stops the run; the last step is always saved
+  (:mod:`mmembed.training.guards`);
+- the rows each process trains on, in ms-swift's order (:mod:`mmembed.training.samplers`);
+- per-part learning rates as optimizer groups (:mod:`mmembed.training.optimizer`);
+- ``evaluate``: the eval set embedded once, its loss and metrics, and the held-out tasks
+  (:mod:`mmembed.training.evaluation`);
+- checkpoints whole or absent, and resuming from them (:class:`~mmembed.training.saving.CheckpointSaving`,
+  mixed in; the protocol is :mod:`mmembed.training.checkpoints`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from ..model.embedding import EmbeddingModel
 from ..model.weights import load_backbone_weights  # noqa: F401  (re-exported: sft.py imports it from here)
 from .distributed import GlobalBatchLoss, gather_sizes, world
 from .evaluation import eval_loader, eval_metric_names, evaluation_metrics  # noqa: F401  (eval_metric_names: sft.py)
-from .gradcache import GradCache
+from .gradcache import GradCache, deepspeed_chunk_backward
 from .guards import SaveLastStep, check_grad_norm, check_loss
 from .optimizer import split_by_learning_rate
 from .samplers import pass_through_shards, train_sampler
@@ -44,6 +47,7 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         eval_tasks: ``--eval_beir`` / ``--eval_sts`` (:class:`~mmembed.eval.tasks.HeldOutTasks`).
         mmembed_config: What ``mmembed.json`` in each checkpoint holds (template, pooling,
             ...); default: the model's pooling.
+        param_lrs: ``id(parameter) -> learning rate`` (``--vit_lr`` / ``--aligner_lr``).
 
     ``args`` may be plain ``TrainingArguments``; ``args.gradcache_mini_batch_size`` (mmembed's
     ``SftArguments``) turns the gradient cache on.
@@ -78,24 +82,12 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         self.param_lrs = param_lrs or {}
         self.add_callback(SaveLastStep())
 
-    def create_optimizer(self, model=None):
-        """The Trainer's optimizer, its parameter groups split by ``param_lrs``."""
-        return split_by_learning_rate(super().create_optimizer(model), self.param_lrs)
-
-    def _get_train_sampler(self, train_dataset=None):
-        dataset = train_dataset if train_dataset is not None else self.train_dataset
-        sampler = train_sampler(dataset, self.args)
-        return sampler if sampler is not None else super()._get_train_sampler(train_dataset)
-
-    def get_train_dataloader(self):
-        return pass_through_shards(super().get_train_dataloader())
-
     @property
     def loss(self):
         """The loss itself (``loss_fn`` is it wrapped for several processes)."""
         return self.loss_fn.loss
 
-    # ---- training -------------------------------------------------------------------
+    # ---- the loss call --------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         labels = inputs.pop("labels")
         side = self.side_inputs(inputs.pop("side", None))
@@ -138,12 +130,14 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
             check_grad_norm(grad_norm, self.state.global_step + 1, self.last_checkpoint)
         return grad_norm
 
+    # ---- the training step ----------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
         """With ``--gradcache_mini_batch_size N``: the batch is embedded in chunks of N rows
         without graph, the loss (gathered across processes as usual) is backpropagated to the
         embeddings, then each chunk is embedded again with graph and receives its cached
         gradient (DDP synchronizes on the last chunk only; DeepSpeed: see
-        :meth:`_deepspeed_chunk_backward`). Same gradients, the memory of N rows."""
+        :func:`~mmembed.training.gradcache.deepspeed_chunk_backward`). Same gradients, the
+        memory of N rows."""
         raise_batch_error(inputs)  # a row a data-loader worker could not collate
         if not self.gradcache_mini_batch_size:
             return super().training_step(model, inputs, num_items_in_batch)
@@ -163,8 +157,9 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
             return self.loss_fn({"last_hidden_state": outputs["last_hidden_state"][restore], **side}, lab)
 
         if self.is_deepspeed_enabled:
-            # every process runs as many chunk passes (see _deepspeed_chunk_backward)
-            backward_fn, no_sync, num_chunks_fn = self._deepspeed_chunk_backward(), None, self._max_over_processes
+            # every process runs as many chunk passes (see deepspeed_chunk_backward)
+            backward_fn, no_sync = deepspeed_chunk_backward(self.accelerator), None
+            num_chunks_fn = self._max_over_processes
         else:
             # DDP communicates only in the last chunk's backward, so chunk counts may differ
             backward_fn, no_sync, num_chunks_fn = None, getattr(model, "no_sync", None), None
@@ -173,59 +168,9 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
                           backward_fn=backward_fn, no_sync=no_sync, num_chunks_fn=num_chunks_fn)
         return loss.detach() * scale
 
-    def _deepspeed_chunk_backward(self):
-        """The gradient cache's per-chunk backward under DeepSpeed: K engine backwards that
-        together make one micro-batch.
-
-        ``accelerator.backward`` under DeepSpeed sets the engine's gradient accumulation
-        boundary to ``sync_gradients`` and, at a boundary, calls ``engine.step()``; called
-        once per chunk it would step the optimizer after every chunk. So every chunk but
-        the last runs ``engine.backward`` with the boundary off, exactly like the earlier
-        micro-batches of gradient accumulation (ZeRO-2/3 reduce-scatter each backward's
-        gradients into the owned partition and add them up, which is what keeps the full
-        gradient out of memory; stages 0/1 keep them local until the boundary), and the
-        last chunk goes through ``accelerator.backward`` like a plain micro-batch. The
-        engine's ``no_sync`` is not used: ZeRO-2/3 refuse it. ``scale_wrt_gas=False``, as
-        in the Trainer: the cached gradient already carries 1 / gradient_accumulation_steps,
-        and going through ``engine.backward`` keeps the engine from dividing again.
-        ``(reps * grad).sum()`` is a scalar whose gradient with respect to ``reps`` is
-        ``grad`` (fp16 loss scaling applies to it like to a loss).
-
-        ZeRO-2/3 reduce in every backward and ZeRO-3 gathers parameters in every forward,
-        so all processes must run as many chunks, though their rows (groups with more or
-        fewer negatives) may need more or fewer: a process with fewer chunks runs extra
-        passes with a zero gradient (``num_chunks_fn`` of :meth:`GradCache.step`)."""
-        engine = self.accelerator.deepspeed_engine_wrapped.engine
-
-        def backward(reps: torch.Tensor, grad: torch.Tensor, is_last: bool) -> None:
-            surrogate = (reps * grad).sum()
-            if is_last:
-                self.accelerator.backward(surrogate, scale_wrt_gas=False)
-            else:
-                engine.set_gradient_accumulation_boundary(False)
-                engine.backward(surrogate, scale_wrt_gas=False)
-
-        return backward
-
     def _max_over_processes(self, n: int) -> int:
         _, w = world()
         return max(gather_sizes(n, self.args.device)) if w > 1 else n
-
-    # ---- evaluation -----------------------------------------------------------------
-    def _eval_loader(self, eval_dataset=None):
-        """This process's share of the eval set (:func:`~mmembed.training.evaluation.eval_loader`)."""
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        return eval_loader(dataset, self.args, self.data_collator)
-
-    @torch.no_grad()
-    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """The eval set's loss and metrics (when there is one) and the ``--eval_beir`` /
-        ``--eval_sts`` tasks' metrics, logged as ``<prefix>_<name>``
-        (:func:`~mmembed.training.evaluation.evaluation_metrics`)."""
-        metrics = evaluation_metrics(self, eval_dataset, metric_key_prefix)
-        self.log(metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
-        return metrics
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """The Trainer's loop, with two of its steps left out where mmembed did them already:
@@ -242,3 +187,32 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
                 return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self.args.use_liger_kernel = liger
+
+    # ---- delegated: optimizer groups, samplers, evaluation ---------------------------
+    def create_optimizer(self, model=None):
+        """The Trainer's optimizer, its parameter groups split by ``param_lrs``."""
+        return split_by_learning_rate(super().create_optimizer(model), self.param_lrs)
+
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        sampler = train_sampler(dataset, self.args)
+        return sampler if sampler is not None else super()._get_train_sampler(train_dataset)
+
+    def get_train_dataloader(self):
+        return pass_through_shards(super().get_train_dataloader())
+
+    def _eval_loader(self, eval_dataset=None):
+        """This process's share of the eval set (:func:`~mmembed.training.evaluation.eval_loader`;
+        the charts' similarity histograms read it too)."""
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        return eval_loader(dataset, self.args, self.data_collator)
+
+    @torch.no_grad()
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """The eval set's loss and metrics (when there is one) and the ``--eval_beir`` /
+        ``--eval_sts`` tasks' metrics, logged as ``<prefix>_<name>``
+        (:func:`~mmembed.training.evaluation.evaluation_metrics`)."""
+        metrics = evaluation_metrics(self, eval_dataset, metric_key_prefix)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
