@@ -78,7 +78,7 @@ def main() -> int:
     subprocess.run(cmd, env=env, check=True)
     train_s = time.time() - t0
 
-    from mmembed.training.trainer import find_last_complete_checkpoint
+    from mmembed.training.checkpoints import find_last_complete_checkpoint
 
     ckpt = find_last_complete_checkpoint(out)
     subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "export", "--adapters", ckpt, "--merge_lora", "true"], check=True)

@@ -43,6 +43,9 @@ For a cross-device loss, call the halves yourself and gather in between::
         loss = global_loss(gather_with_grad(reps), labels)
         loss.backward()
         cache.backward_chunks(chunks, states, reps.grad, backward_fn=..., no_sync=...)
+
+Under DeepSpeed, :func:`deepspeed_chunk_backward` is the ``backward_fn`` that keeps the
+engine from stepping the optimizer after every chunk.
 """
 
 from __future__ import annotations
@@ -305,3 +308,40 @@ def _cuda_devices(model: Any, chunks: Sequence[Mapping[str, Any]]) -> list[torch
     if isinstance(model, nn.Module):
         found |= {p.device for p in model.parameters()}
     return [d for d in found if d.type == "cuda"]
+
+
+def deepspeed_chunk_backward(accelerator: Any) -> BackwardFn:
+    """The ``backward_fn`` of :meth:`GradCache.step` under DeepSpeed (``accelerator``: the
+    accelerate ``Accelerator`` that prepared the engine): K engine backwards that together
+    make one micro-batch.
+
+    ``accelerator.backward`` under DeepSpeed sets the engine's gradient accumulation
+    boundary to ``sync_gradients`` and, at a boundary, calls ``engine.step()``; called
+    once per chunk it would step the optimizer after every chunk. So every chunk but
+    the last runs ``engine.backward`` with the boundary off, exactly like the earlier
+    micro-batches of gradient accumulation (ZeRO-2/3 reduce-scatter each backward's
+    gradients into the owned partition and add them up, which is what keeps the full
+    gradient out of memory; stages 0/1 keep them local until the boundary), and the
+    last chunk goes through ``accelerator.backward`` like a plain micro-batch. The
+    engine's ``no_sync`` is not used: ZeRO-2/3 refuse it. ``scale_wrt_gas=False``, as
+    in the Trainer: the cached gradient already carries 1 / gradient_accumulation_steps,
+    and going through ``engine.backward`` keeps the engine from dividing again.
+    ``(reps * grad).sum()`` is a scalar whose gradient with respect to ``reps`` is
+    ``grad`` (fp16 loss scaling applies to it like to a loss).
+
+    ZeRO-2/3 reduce in every backward and ZeRO-3 gathers parameters in every forward,
+    so all processes must run as many chunks, though their rows (groups with more or
+    fewer negatives) may need more or fewer: pass the maximum over processes as
+    ``num_chunks_fn`` of :meth:`GradCache.step` (a process with fewer chunks runs extra
+    passes with a zero gradient)."""
+    engine = accelerator.deepspeed_engine_wrapped.engine
+
+    def backward(reps: Tensor, grad: Tensor, is_last: bool) -> None:
+        surrogate = (reps * grad).sum()
+        if is_last:
+            accelerator.backward(surrogate, scale_wrt_gas=False)
+        else:
+            engine.set_gradient_accumulation_boundary(False)
+            engine.backward(surrogate, scale_wrt_gas=False)
+
+    return backward

@@ -1,93 +1,42 @@
 """EmbeddingTrainer: the transformers Trainer, taught to train and evaluate embedders.
 
-- ``compute_loss`` embeds the collated batch and applies the loss to
-  ``{"last_hidden_state": [N, D]}`` and ``labels``; a NaN or infinite loss stops the run.
-- ``evaluate`` embeds the whole eval set once and reports ms-swift's metrics
-  (infonce: mean_pos, mean_neg, margin; pair losses: pearson/spearman) plus retrieval
-  (recall@1/5/10, MRR@10, nDCG@10) and the eval loss; then the held-out tasks
-  (``--eval_beir``, ``--eval_sts``) through the Embedder ``mmembed eval`` uses.
-- checkpoints hold the backbone (a PEFT adapter for LoRA, safetensors weights for full
-  training), the tokenizer and ``mmembed.json``; each is written under a staging name,
-  marked and renamed, so ``checkpoint-N`` is whole or absent whatever is killed when
-  (:mod:`mmembed.training.checkpoints`), and resuming never picks an incomplete one.
+The trainer is the loss call plus wiring; each side concern has a home of its own:
+
+- the loss call (here): ``compute_loss`` embeds the collated batch and applies the loss to
+  ``{"last_hidden_state": [N, D]}`` and ``labels``; ``training_step`` does the same through
+  the gradient cache (:mod:`mmembed.training.gradcache`) with ``--gradcache_mini_batch_size``;
+- a NaN or infinite loss or gradient stops the run; the last step is always saved
+  (:mod:`mmembed.training.guards`);
+- the rows each process trains on, in ms-swift's order (:mod:`mmembed.training.samplers`);
+- per-part learning rates as optimizer groups (:mod:`mmembed.training.optimizer`);
+- ``evaluate``: the eval set embedded once, its loss and metrics, and the held-out tasks
+  (:mod:`mmembed.training.evaluation`);
+- checkpoints whole or absent, and resuming from them (:class:`~mmembed.training.saving.CheckpointSaving`,
+  mixed in; the protocol is :mod:`mmembed.training.checkpoints`).
 """
 
 from __future__ import annotations
 
-import glob
-import logging
-import math
-import os
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer
 
 from ..encoding.collator import raise_batch_error
 from ..encoding.inputs import select_rows, split_rows
-from ..encoding.templates import template_from_config
-from ..eval.metrics import embedding_eval_metrics, pair_metrics
-from ..losses import Layout, Side, build_loss
-from ..model.adapters import is_adapter, read_adapter_weights, set_lora_weights, write_lora_layout
-from ..model.embedding import EmbeddingModel, hidden_size
-from ..model.io import write_saved_folder
-from . import checkpoints
-from .checkpoints import (  # noqa: F401  (re-exported: the names tests and tools import from here)
-    COMPLETE_MARKER,
-    check_complete,
-    find_last_complete_checkpoint,
-    foreign_checkpoint,
-)
-from .distributed import GlobalBatchLoss, all_gather_no_grad, gather_sizes, world
-from .gradcache import GradCache
+from ..losses import Side, build_loss
+from ..model.embedding import EmbeddingModel
+from ..model.weights import load_backbone_weights  # noqa: F401  (re-exported: sft.py imports it from here)
+from .distributed import GlobalBatchLoss, gather_sizes, world
+from .evaluation import eval_loader, eval_metric_names, evaluation_metrics  # noqa: F401  (eval_metric_names: sft.py)
+from .gradcache import GradCache, deepspeed_chunk_backward
+from .guards import SaveLastStep, check_grad_norm, check_loss
+from .optimizer import split_by_learning_rate
+from .samplers import pass_through_shards, train_sampler
+from .saving import CheckpointSaving
 
 
-class NonFiniteLossError(FloatingPointError):
-    pass
-
-
-class SwiftOrderSampler(torch.utils.data.Sampler):
-    """The training rows of one process in ms-swift's order (its ``BatchSamplerShard``): each
-    epoch a permutation of the rows drawn with ``seed + epoch`` (``torch.randperm``; in file order
-    without shuffling), cut to a multiple of the process count (the last ``len % world`` rows
-    sit the epoch out), of which process ``rank`` takes every ``world``-th from its ``rank``.
-    With one process this is transformers' seeded random sampler, row for row."""
-
-    def __init__(self, num_rows: int, shuffle: bool, seed: int, rank: int = 0, world: int = 1):
-        self.num_rows, self.shuffle, self.seed, self.rank, self.world = num_rows, shuffle, seed, rank, world
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.num_rows // self.world
-
-    def __iter__(self):
-        total = self.num_rows // self.world * self.world
-        if self.shuffle:
-            generator = torch.Generator()
-            generator.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(total, generator=generator).tolist()
-        else:
-            order = list(range(total))
-        return iter(order[self.rank::self.world])
-
-
-class _SaveLastStep(TrainerCallback):
-    """The last step is always saved as a checkpoint (the run's result), whatever
-    ``--save_steps`` say about the steps before it. ``--save_strategy no`` saves no
-    checkpoint at all: ``run_sft`` writes the final model alone."""
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if str(getattr(args.save_strategy, "value", args.save_strategy)) == "no":
-            return control
-        if state.max_steps and state.global_step >= state.max_steps:
-            control.should_save = True
-        return control
-
-
-class EmbeddingTrainer(Trainer):
+class EmbeddingTrainer(CheckpointSaving, Trainer):
     """The transformers Trainer for embedders. Beside the Trainer's own arguments:
 
     Args:
@@ -98,6 +47,7 @@ class EmbeddingTrainer(Trainer):
         eval_tasks: ``--eval_beir`` / ``--eval_sts`` (:class:`~mmembed.eval.tasks.HeldOutTasks`).
         mmembed_config: What ``mmembed.json`` in each checkpoint holds (template, pooling,
             ...); default: the model's pooling.
+        param_lrs: ``id(parameter) -> learning rate`` (``--vit_lr`` / ``--aligner_lr``).
 
     ``args`` may be plain ``TrainingArguments``; ``args.gradcache_mini_batch_size`` (mmembed's
     ``SftArguments``) turns the gradient cache on.
@@ -130,64 +80,23 @@ class EmbeddingTrainer(Trainer):
             mmembed_config = {"pooling": self.accelerator.unwrap_model(self.model).pooling, "normalize": True}
         self.mmembed_config = mmembed_config
         self.param_lrs = param_lrs or {}
-        self.add_callback(_SaveLastStep())
-        self.last_checkpoint: str | None = None  # the last whole checkpoint of this run (or the one it resumed)
-        # --resume_only_model: the weights are loaded already; the checkpoint gives only the step
-        # count and data position (its optimizer, scheduler, scaler and RNG state are not read)
-        self.weights_only_resume = False
-
-    def create_optimizer(self, model=None):
-        """The Trainer's optimizer, its parameter groups split by ``param_lrs`` (``id(parameter)
-        -> learning rate``: ``--vit_lr`` / ``--aligner_lr``); the schedule scales every group."""
-        optimizer = super().create_optimizer(model)
-        if self.param_lrs:
-            groups = []
-            for group in optimizer.param_groups:
-                by_lr: dict[float, list] = {}
-                for p in group["params"]:
-                    by_lr.setdefault(self.param_lrs.get(id(p), group["lr"]), []).append(p)
-                groups += [{**group, "params": params, "lr": lr} for lr, params in by_lr.items()]
-            optimizer.param_groups.clear()
-            for group in groups:
-                optimizer.add_param_group(group)
-        return optimizer
-
-    def _get_train_sampler(self, train_dataset=None):
-        dataset = train_dataset if train_dataset is not None else self.train_dataset
-        strategy = str(getattr(self.args, "train_sampling_strategy", "random"))
-        if dataset is None or not hasattr(dataset, "__len__") or strategy not in ("random", "sequential"):
-            return super()._get_train_sampler(train_dataset)  # transformers' length-grouped samplers
-        shuffle = strategy == "random" and getattr(self.args, "train_dataloader_shuffle", True)
-        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        rank, size = world()
-        return SwiftOrderSampler(len(dataset), shuffle, seed, rank, size)
-
-    def get_train_dataloader(self):
-        loader = super().get_train_dataloader()
-        # the sampler gives this process its own rows already (ms-swift's split of each epoch's
-        # order): accelerate's batch-level sharding over the processes must pass them through
-        shard = getattr(loader, "batch_sampler", None)
-        if world()[1] > 1 and shard is not None and hasattr(shard, "num_processes"):
-            inner = getattr(getattr(shard, "batch_sampler", None), "sampler", None)
-            if isinstance(inner, SwiftOrderSampler):
-                shard.num_processes, shard.process_index = 1, 0
-        return loader
+        self.add_callback(SaveLastStep())
 
     @property
     def loss(self):
         """The loss itself (``loss_fn`` is it wrapped for several processes)."""
         return self.loss_fn.loss
 
-    # ---- training -------------------------------------------------------------------
+    # ---- the loss call --------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         labels = inputs.pop("labels")
-        side = self._side(inputs.pop("side", None))
+        side = self.side_inputs(inputs.pop("side", None))
         outputs = {**model(**inputs), **side.outputs()}
         loss = self._checked(self.loss_fn(outputs, labels))
         return (loss, outputs) if return_outputs else loss
 
     @torch.no_grad()
-    def _side(self, batch) -> Side:
+    def side_inputs(self, batch) -> Side:
         """The loss's side inputs for a batch (a :class:`~mmembed.encoding.collator.SideBatch`):
         the guide's / teacher's embeddings of the same rows (their inputs embedded here,
         without gradient), or the teacher's scores / embeddings the data gave."""
@@ -210,43 +119,32 @@ class EmbeddingTrainer(Trainer):
     def _checked(self, loss: torch.Tensor) -> torch.Tensor:
         """Every process checks every micro-batch's loss and they agree, so all stop at the
         first non-finite one, before its backward pass and before any later checkpoint."""
-        bad = not bool(torch.isfinite(loss.detach()).all())
-        if self._any_process(bad):
-            value = loss.item() if bad and loss.numel() == 1 else "not finite on another process"
-            raise NonFiniteLossError(
-                f"loss is {value} at step {self.state.global_step + 1}; training stopped, nothing saved after it. "
-                f"The last whole checkpoint is {self.last_checkpoint or 'none'}. "
-                "Lower --learning_rate, raise INFONCE_TEMPERATURE, or check the data."
-            )
-        return loss
+        return check_loss(loss, self.state.global_step + 1, self.last_checkpoint, self.args.device)
 
     def _get_grad_norm(self, model, grad_norm=None):
-        """The step's gradient norm (the same on every process), checked like the loss: a
-        finite loss can still give an infinite gradient (a tiny temperature, a huge learning
-        rate), and the update would write non-finite weights into the next checkpoint. Under
-        fp16 loss scaling an overflow is expected (the step is skipped), so it is not checked."""
+        """The step's gradient norm, checked like the loss (not under fp16 loss scaling, where
+        an overflow is expected and the step skipped): the update would write non-finite
+        weights into the next checkpoint."""
         grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-        if grad_norm is not None and not self.args.fp16 and not math.isfinite(float(grad_norm)):
-            raise NonFiniteLossError(
-                f"gradient norm is {float(grad_norm)} at step {self.state.global_step + 1}; training stopped, nothing "
-                f"saved after it. The last whole checkpoint is {self.last_checkpoint or 'none'}. "
-                "Lower --learning_rate, raise INFONCE_TEMPERATURE, or check the data."
-            )
+        if not self.args.fp16:
+            check_grad_norm(grad_norm, self.state.global_step + 1, self.last_checkpoint)
         return grad_norm
 
+    # ---- the training step ----------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
         """With ``--gradcache_mini_batch_size N``: the batch is embedded in chunks of N rows
         without graph, the loss (gathered across processes as usual) is backpropagated to the
         embeddings, then each chunk is embedded again with graph and receives its cached
         gradient (DDP synchronizes on the last chunk only; DeepSpeed: see
-        :meth:`_deepspeed_chunk_backward`). Same gradients, the memory of N rows."""
+        :func:`~mmembed.training.gradcache.deepspeed_chunk_backward`). Same gradients, the
+        memory of N rows."""
         raise_batch_error(inputs)  # a row a data-loader worker could not collate
         if not self.gradcache_mini_batch_size:
             return super().training_step(model, inputs, num_items_in_batch)
         model.train()
         inputs = self._prepare_inputs(inputs)
         labels = inputs.pop("labels")
-        side = self._side(inputs.pop("side", None)).outputs()  # whole batch, no gradient
+        side = self.side_inputs(inputs.pop("side", None)).outputs()  # whole batch, no gradient
         scale = 1.0 / self.current_gradient_accumulation_steps
         # mini-batches of rows of similar length carry little padding; the loss sees the
         # embeddings back in the batch's order. Rows move with their own images, videos
@@ -259,8 +157,9 @@ class EmbeddingTrainer(Trainer):
             return self.loss_fn({"last_hidden_state": outputs["last_hidden_state"][restore], **side}, lab)
 
         if self.is_deepspeed_enabled:
-            # every process runs as many chunk passes (see _deepspeed_chunk_backward)
-            backward_fn, no_sync, num_chunks_fn = self._deepspeed_chunk_backward(), None, self._max_over_processes
+            # every process runs as many chunk passes (see deepspeed_chunk_backward)
+            backward_fn, no_sync = deepspeed_chunk_backward(self.accelerator), None
+            num_chunks_fn = self._max_over_processes
         else:
             # DDP communicates only in the last chunk's backward, so chunk counts may differ
             backward_fn, no_sync, num_chunks_fn = None, getattr(model, "no_sync", None), None
@@ -269,272 +168,9 @@ class EmbeddingTrainer(Trainer):
                           backward_fn=backward_fn, no_sync=no_sync, num_chunks_fn=num_chunks_fn)
         return loss.detach() * scale
 
-    def _deepspeed_chunk_backward(self):
-        """The gradient cache's per-chunk backward under DeepSpeed: K engine backwards that
-        together make one micro-batch.
-
-        ``accelerator.backward`` under DeepSpeed sets the engine's gradient accumulation
-        boundary to ``sync_gradients`` and, at a boundary, calls ``engine.step()``; called
-        once per chunk it would step the optimizer after every chunk. So every chunk but
-        the last runs ``engine.backward`` with the boundary off, exactly like the earlier
-        micro-batches of gradient accumulation (ZeRO-2/3 reduce-scatter each backward's
-        gradients into the owned partition and add them up, which is what keeps the full
-        gradient out of memory; stages 0/1 keep them local until the boundary), and the
-        last chunk goes through ``accelerator.backward`` like a plain micro-batch. The
-        engine's ``no_sync`` is not used: ZeRO-2/3 refuse it. ``scale_wrt_gas=False``, as
-        in the Trainer: the cached gradient already carries 1 / gradient_accumulation_steps,
-        and going through ``engine.backward`` keeps the engine from dividing again.
-        ``(reps * grad).sum()`` is a scalar whose gradient with respect to ``reps`` is
-        ``grad`` (fp16 loss scaling applies to it like to a loss).
-
-        ZeRO-2/3 reduce in every backward and ZeRO-3 gathers parameters in every forward,
-        so all processes must run as many chunks, though their rows (groups with more or
-        fewer negatives) may need more or fewer: a process with fewer chunks runs extra
-        passes with a zero gradient (``num_chunks_fn`` of :meth:`GradCache.step`)."""
-        engine = self.accelerator.deepspeed_engine_wrapped.engine
-
-        def backward(reps: torch.Tensor, grad: torch.Tensor, is_last: bool) -> None:
-            surrogate = (reps * grad).sum()
-            if is_last:
-                self.accelerator.backward(surrogate, scale_wrt_gas=False)
-            else:
-                engine.set_gradient_accumulation_boundary(False)
-                engine.backward(surrogate, scale_wrt_gas=False)
-
-        return backward
-
     def _max_over_processes(self, n: int) -> int:
         _, w = world()
         return max(gather_sizes(n, self.args.device)) if w > 1 else n
-
-    # ---- evaluation -----------------------------------------------------------------
-    def _eval_loader(self, eval_dataset=None):
-        """This process's share of the eval set: every W-th sample, no padding, no duplicates,
-        so uneven eval sets need no ``--dataloader_drop_last`` and nothing is counted twice."""
-        from torch.utils.data import DataLoader, Subset
-
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        rank, w = world()
-        if w > 1:
-            dataset = Subset(dataset, range(rank, len(dataset), w))
-        workers = self.args.dataloader_num_workers or 0
-        extra = {"prefetch_factor": self.args.dataloader_prefetch_factor} if workers and \
-            self.args.dataloader_prefetch_factor else {}
-        return DataLoader(dataset, batch_size=self.args.per_device_eval_batch_size, collate_fn=self.data_collator,
-                          num_workers=workers, shuffle=False,
-                          pin_memory=bool(self.args.dataloader_pin_memory) and self.args.device.type == "cuda", **extra)
-
-    @torch.no_grad()
-    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """The eval set's loss and metrics (when there is one) and the ``--eval_beir`` /
-        ``--eval_sts`` tasks' metrics, logged as ``<prefix>_<name>``."""
-        metrics: dict[str, float] = {}
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if dataset is not None:
-            metrics.update(self._dataset_metrics(dataset))
-        elif not self.eval_tasks:
-            raise ValueError("nothing to evaluate: no eval dataset, --eval_beir or --eval_sts")
-        metrics.update(self._task_metrics())
-        metrics = {logged_metric_name(k, metric_key_prefix): float(v) for k, v in metrics.items()}
-        self.log(metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
-        return metrics
-
-    def _dataset_metrics(self, dataset) -> dict[str, float]:
-        """Embed the eval set once: its loss (when the batches carry what the loss needs)
-        and ms-swift's metrics plus retrieval within the set."""
-        model = self.model
-        was_training = model.training
-        model.eval()
-        device = self.args.device
-        loss_fn, needs = self.loss, self.loss.side  # per-batch loss, no cross-process scaling
-        embs, labels = [], []
-        # (sum of batch loss * its terms, terms): the terms the loss averages (groups, pairs, rows)
-        loss_sum = torch.zeros(2, dtype=torch.float64, device=device)
-        loader = self._eval_loader(dataset)
-        # ZeRO-3 gathers parameters inside every forward, so all processes must run as many
-        # forwards: a process with fewer eval batches repeats one and discards the result
-        rounds = torch.tensor([len(loader)], device=device)
-        if world()[1] > 1:
-            torch.distributed.all_reduce(rounds, op=torch.distributed.ReduceOp.MAX)
-        batch = None
-        for batch in loader:
-            raise_batch_error(batch)
-            batch = self._prepare_inputs(batch)
-            lab = batch.pop("labels")
-            side = self._side(batch.pop("side", None))
-            out = {**model(**batch), **side.outputs()}
-            # eval rows may lack the data's teacher: then no eval loss, the metrics still
-            if needs.met_by(side):
-                n_rows = out["last_hidden_state"].shape[0]
-                targets = loss_fn.targets(lab.to(device), n_rows)
-                terms = loss_fn.averaged_over(targets, n_rows)
-                loss_sum += torch.tensor([loss_fn(out, targets).item() * terms, terms], dtype=torch.float64,
-                                         device=device)
-            embs.append(out["last_hidden_state"].float())
-            labels.append(lab.float())
-        for _ in range(int(rounds.item()) - len(loader)):
-            if batch is None:
-                batch = self._prepare_inputs(self.data_collator([dataset[0]]))
-                batch.pop("labels")
-                batch.pop("side", None)
-            model(**batch)
-        if was_training:
-            model.train()
-        dim = self._embedding_dim(embs)
-        local_emb = torch.cat(embs) if embs else torch.zeros((0, dim), device=device)
-        local_lab = torch.cat(labels) if labels else torch.zeros((0,), device=device)
-        emb = all_gather_no_grad(local_emb).cpu().numpy()
-        lab = all_gather_no_grad(local_lab).cpu().numpy()
-        if world()[1] > 1:
-            torch.distributed.all_reduce(loss_sum)
-        if emb.shape[0] == 0:
-            raise ValueError("the eval dataset is empty")
-        metrics: dict[str, float] = {}
-        if loss_sum[1] > 0:
-            metrics["loss"] = float(loss_sum[0] / loss_sum[1])
-        if self.loss.layout is Layout.PAIR:
-            metrics.update(pair_metrics(emb[0::2], emb[1::2], lab))
-        else:
-            # each batch is a whole set of groups, so concatenating keeps the layout valid;
-            # margin / mean_neg come from what the loss weighs (its INFONCE_* settings), with
-            # the hard-negative padding drawn from a generator of its own (same every evaluation)
-            view = getattr(self.loss, "candidate_scores", None)
-            candidates = None if view is None else view(
-                {"last_hidden_state": torch.from_numpy(emb)}, torch.from_numpy(lab),
-                generator=torch.Generator().manual_seed(self.args.seed))
-            metrics.update(embedding_eval_metrics(emb, lab, candidates=candidates))
-        return metrics
-
-    def _task_metrics(self) -> dict[str, float]:
-        """``--eval_beir`` (``beir_*``) and ``--eval_sts`` (``sts_*``): the model as it is
-        now. Every process runs the same forwards (ZeRO-3 gathers parameters in each)."""
-        if not self.eval_tasks:
-            return {}
-        model = self.accelerator.unwrap_model(self.model)
-        was_training = model.training
-        model.eval()
-        try:
-            return self.eval_tasks.evaluate(model, self.processing_class, str(self.args.device),
-                                            self.args.per_device_eval_batch_size)
-        finally:
-            model.train(was_training)
-
-    def _embedding_dim(self, embs: list[torch.Tensor]) -> int:
-        if embs:
-            return embs[0].shape[1]
-        return hidden_size(self.accelerator.unwrap_model(self.model).backbone.config)
-
-    # ---- saving / loading -----------------------------------------------------------
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        output_dir = output_dir or self.args.output_dir
-        if not self.args.should_save:
-            return
-        os.makedirs(output_dir, exist_ok=True)
-        model: EmbeddingModel = self.accelerator.unwrap_model(self.model)
-        backbone = model.backbone
-        if state_dict is not None:
-            prefix = "backbone."
-            state_dict = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
-        backbone.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
-        template = self.mmembed_config.get("template")
-        if template and is_adapter(output_dir):  # the module names ms-swift and PEFT load the adapter with
-            write_lora_layout(output_dir, template_from_config(template).adapter_prefix)
-        if self.processing_class is not None:
-            self.processing_class.save_pretrained(output_dir)
-        # mmembed.json, the tokenizer's suffix, sentence-transformers files, model card: one rule with mmembed export
-        write_saved_folder(output_dir, self.mmembed_config, hidden_size(backbone.config), self.state.log_history,
-                           final_path=checkpoints.final_folder(output_dir), global_step=self.state.global_step)
-        torch.save(args_without_tokens(self.args), os.path.join(output_dir, "training_args.bin"))
-
-    def _save_checkpoint(self, model, trial) -> None:
-        """The Trainer's checkpoint (weights, tokenizer, optimizer / scheduler / scaler / RNG
-        state, DeepSpeed's engine state, trainer state), written whole or not at all: see
-        :mod:`mmembed.training.checkpoints` for the order of writing, marking, renaming and rotating."""
-        run_dir = self._get_output_dir(trial=trial)
-        final = os.path.join(run_dir, f"checkpoint-{self.state.global_step}")
-        publisher = self.args.should_save
-        if self.hp_search_backend is None and trial is None:
-            self.store_flos()
-        if publisher:
-            checkpoints.test_point("save:begin")
-        self._agreed(lambda: checkpoints.prepare_staging(final) if publisher else None, final)
-        staging = checkpoints.staging_folder(final)
-        if self.state.best_global_step:
-            best = os.path.join(run_dir, f"checkpoint-{self.state.best_global_step}")
-            if self.state.best_global_step == self.state.global_step or os.path.isdir(best):
-                self.state.best_model_checkpoint = best
-        self._agreed(lambda: self._write_checkpoint(staging), final)
-        self._agreed(lambda: checkpoints.publish(final, self.state.global_step) if publisher else None, final)
-        self.last_checkpoint = final
-        if self.args.push_to_hub:
-            self._push_from_checkpoint(final)
-        if publisher:
-            try:
-                checkpoints.rotate(run_dir, self.args.save_total_limit, keep=[final, self.state.best_model_checkpoint])
-            except OSError as e:  # the new checkpoint is whole; an old one left behind loses nothing
-                logging.getLogger("mmembed").warning("--save_total_limit: could not delete an old checkpoint: %s", e)
-
-    def save_final_model(self, final: str) -> None:
-        """``--save_strategy no``: the trained model alone (weights or adapter, tokenizer /
-        processor, ``mmembed.json``) as ``final``, written whole or not at all like a checkpoint
-        (staged, flushed, marked as the model alone, renamed); it embeds and exports but does
-        not resume training. A failed write raises :class:`CheckpointWriteError` naming ``final``."""
-        publisher = self.args.should_save
-        if publisher:
-            checkpoints.test_point("save:begin")
-        self._agreed(lambda: checkpoints.prepare_staging(final) if publisher else None, final)
-        self._agreed(lambda: self.save_model(checkpoints.staging_folder(final), _internal_call=True), final)
-        if publisher:
-            checkpoints.test_point("save:model")
-        self._agreed(lambda: checkpoints.publish(final, self.state.global_step, model_only=True) if publisher else None,
-                     final)
-        self.last_checkpoint = final
-        if self.args.push_to_hub:  # as a checkpoint is pushed (the staging folder never is)
-            self._push_from_checkpoint(final)
-
-    def _write_checkpoint(self, staging: str) -> None:
-        """Every file of a checkpoint, into ``staging`` (as the Trainer's ``_save_checkpoint``)."""
-        from transformers.trainer import TRAINER_STATE_NAME, ExportableState
-
-        self.save_model(staging, _internal_call=True)
-        if self.args.should_save:
-            checkpoints.test_point("save:model")
-        if not self.args.save_only_model:
-            self._save_optimizer_and_scheduler(staging)
-            self._save_scaler(staging)
-            self._save_rng_state(staging)
-        if self.args.should_save:
-            for cb in [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]:
-                name, cb_state = cb.__class__.__name__, cb.state()
-                if isinstance(self.state.stateful_callbacks[name], list):
-                    self.state.stateful_callbacks[name].append(cb_state)
-                else:
-                    self.state.stateful_callbacks[name] = cb_state
-            self.state.save_to_json(os.path.join(staging, TRAINER_STATE_NAME))
-
-    def _agreed(self, write, final: str) -> None:
-        """Run one stage of a checkpoint save on every process, then agree: when it failed
-        anywhere, the staging folder goes and every process raises the same one-line error
-        (so no process waits for the others in a collective that never comes)."""
-        error = None
-        try:
-            write()
-        except Exception as e:  # torch / safetensors wrap OS errors in their own exceptions
-            error = e
-        if self._any_process(error is not None):
-            if self.args.should_save:
-                checkpoints.discard_staging(final)
-            last = self.last_checkpoint
-            raise checkpoints.save_failure(final, error or RuntimeError("another process failed to write it"),
-                                           last) from error
-
-    def _any_process(self, flag: bool) -> bool:
-        if world()[1] <= 1:
-            return flag
-        t = torch.tensor([1.0 if flag else 0.0], device=self.args.device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        return bool(t.item())
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """The Trainer's loop, with two of its steps left out where mmembed did them already:
@@ -542,172 +178,41 @@ class EmbeddingTrainer(Trainer):
         - ``--use_liger_kernel`` was applied to the backbone when it was built
           (``build_model``); the Trainer would apply it again to the EmbeddingModel wrapper,
           which is no PreTrainedModel, and warn that nothing was applied.
-        - ``--resume_only_model`` under DeepSpeed: the weights were loaded before, and the
-          engine's checkpoint holds the optimizer state this resume leaves out (an ms-swift or
-          weights-only checkpoint has none), so the engine does not load it.
+        - ``--resume_only_model`` under DeepSpeed: the engine does not load its checkpoint
+          (:meth:`~mmembed.training.saving.CheckpointSaving.weights_only_engine`).
         """
-        import transformers.trainer as hf_trainer
-
-        skip_engine_load = bool(self.weights_only_resume and resume_from_checkpoint and self.is_deepspeed_enabled)
         liger, self.args.use_liger_kernel = self.args.use_liger_kernel, False
-        load = hf_trainer.deepspeed_load_checkpoint
-        if skip_engine_load:
-            hf_trainer.deepspeed_load_checkpoint = lambda *a, **k: None
         try:
-            return super().train(resume_from_checkpoint, *args, **kwargs)
+            with self.weights_only_engine(resume_from_checkpoint):
+                return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self.args.use_liger_kernel = liger
-            hf_trainer.deepspeed_load_checkpoint = load
 
-    def _load_optimizer_and_scheduler(self, checkpoint) -> None:
-        if not self.weights_only_resume:
-            super()._load_optimizer_and_scheduler(checkpoint)
+    # ---- delegated: optimizer groups, samplers, evaluation ---------------------------
+    def create_optimizer(self, model=None):
+        """The Trainer's optimizer, its parameter groups split by ``param_lrs``."""
+        return split_by_learning_rate(super().create_optimizer(model), self.param_lrs)
 
-    def _load_scaler(self, checkpoint) -> None:
-        if not self.weights_only_resume:
-            super()._load_scaler(checkpoint)
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        sampler = train_sampler(dataset, self.args)
+        return sampler if sampler is not None else super()._get_train_sampler(train_dataset)
 
-    def _load_rng_state(self, checkpoint) -> None:
-        if not self.weights_only_resume:
-            super()._load_rng_state(checkpoint)
+    def get_train_dataloader(self):
+        return pass_through_shards(super().get_train_dataloader())
 
-    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        if self.weights_only_resume:
-            return
-        check_complete(resume_from_checkpoint)
-        self.last_checkpoint = resume_from_checkpoint  # the run's result until it saves again
-        model = model or self.model
-        backbone = self.accelerator.unwrap_model(model).backbone
-        load_backbone_weights(backbone, resume_from_checkpoint)
+    def _eval_loader(self, eval_dataset=None):
+        """This process's share of the eval set (:func:`~mmembed.training.evaluation.eval_loader`;
+        the charts' similarity histograms read it too)."""
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        return eval_loader(dataset, self.args, self.data_collator)
 
-    def _load_best_model(self) -> None:
-        """``--load_best_model_at_end``: the best checkpoint's weights back into the model.
-        Under DeepSpeed the engine reloads its own checkpoint (ZeRO-3 parameters are
-        partitioned, so a plain state dict cannot be loaded into them)."""
-        if self.is_deepspeed_enabled:
-            super()._load_best_model()
-            return
-        best = self.state.best_model_checkpoint
-        if best:
-            load_backbone_weights(self.accelerator.unwrap_model(self.model).backbone, best)
-
-
-def args_without_tokens(args):
-    """A copy of the training arguments with every ``*_token`` field (``--hub_token``) cleared,
-    for ``training_args.bin``: a checkpoint is shared and pushed, a token must not go with it."""
-    import copy
-    import dataclasses
-
-    saved = copy.copy(args)
-    for f in dataclasses.fields(saved):
-        if f.name.endswith("token") and getattr(saved, f.name, None):
-            object.__setattr__(saved, f.name, None)
-    return saved
-
-
-def logged_metric_name(name: str, prefix: str = "eval") -> str:
-    """The name :meth:`EmbeddingTrainer.evaluate` logs a metric under (``recall@1`` ->
-    ``eval_recall_at_1``)."""
-    return f"{prefix}_{name.replace('@', '_at_')}"
-
-
-def eval_metric_names(layout: Layout, dataset: bool, beir: bool, sts: bool) -> set[str]:
-    """Every metric name :meth:`EmbeddingTrainer.evaluate` logs for a run with an eval set
-    (``dataset``) of the loss's ``layout`` and the ``--eval_beir`` / ``--eval_sts`` tasks: the
-    metric functions run on a few random vectors, so the names are theirs, not a copy."""
-    import numpy as np
-
-    from ..eval.beir import BeirData, evaluate_beir
-    from ..eval.sts import evaluate_pairs
-
-    rng = np.random.default_rng(0)
-
-    def unit(n: int) -> np.ndarray:
-        x = rng.normal(size=(n, 4)).astype(np.float32)
-        return x / np.linalg.norm(x, axis=1, keepdims=True)
-
-    class Vectors:
-        def encode(self, texts, batch_size=None):
-            return unit(len(texts))
-
-    names: set[str] = set()
-    if dataset:
-        names.add("loss")
-        if layout is Layout.PAIR:
-            names |= set(pair_metrics(unit(3), unit(3), np.array([0.0, 1.0, 0.5])))
-        else:  # two groups: a0 p0 n0, a1 p1
-            names |= set(embedding_eval_metrics(unit(5), np.array([1.0, 0.0, 1.0])))
-    if beir:
-        data = BeirData(["d0", "d1"], ["x", "y"], ["q0"], ["q"], {"q0": {"d0": 1.0}})
-        names |= {f"beir_{k}" for k in evaluate_beir(Vectors(), data)}
-    if sts:
-        names |= {f"sts_{k}" for k in evaluate_pairs(Vectors().encode, ["a", "b"], ["c", "d"], [1.0, 0.0])}
-    return {logged_metric_name(k) for k in names}
-
-
-def load_backbone_weights(backbone: torch.nn.Module, folder: str) -> None:
-    """Load a checkpoint's weights (PEFT adapter or full safetensors) into ``backbone`` in place.
-    Parameters ZeRO-3 has partitioned (loaded under ``zero.Init``) are gathered for the load and
-    partitioned again from rank 0's copy after it (every process reads the same files)."""
-    partitioned = [p for p in backbone.parameters() if hasattr(p, "ds_id")]
-    if not partitioned:
-        _load_backbone_weights(backbone, folder)
-        return
-    import deepspeed
-
-    with deepspeed.zero.GatheredParameters(partitioned, modifier_rank=0):
-        _load_backbone_weights(backbone, folder)
-
-
-def _as_loaded(state: dict[str, torch.Tensor], model: torch.nn.Module, source: str) -> dict[str, torch.Tensor]:
-    """Saved weights under the names ``from_pretrained`` maps them to on ``model`` (the bare
-    backbone), with transformers' own rule (``rename_source_key``): the checkpoint names of
-    some weights (BERT's ``LayerNorm.gamma`` / ``beta`` when ZeRO-3 gathers the model to save
-    it, Qwen2-VL's saved layout) are renamed, and the full class's prefix is taken off
-    (``model.embed_tokens.weight`` of a ``Qwen3ForCausalLM`` or
-    ``Qwen2VLForConditionalGeneration`` folder, as an ms-swift full checkpoint saves it). The
-    weights outside the backbone there (the head: ``lm_head``) are left out, as
-    ``AutoModel.from_pretrained`` leaves them out."""
-    names = model.state_dict()
-    if all(k in names for k in state):
-        return state
-    from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
-
-    try:
-        mapping = get_model_conversion_mapping(model)
-    except Exception:  # not a transformers model: its names are taken as they are
-        return state
-    renamings = [t for t in mapping if isinstance(t, WeightRenaming)]
-    converters = [t for t in mapping if isinstance(t, WeightConverter)]
-    prefix = getattr(model, "base_model_prefix", "") or None
-    renamed = {key: key if key in names else rename_source_key(key, renamings, converters, prefix, names)[0]
-               for key in state}
-    # a folder of the full class (its backbone's weights under the prefix): what it holds
-    # beyond the backbone is its head
-    full_class = prefix is not None and any(k.startswith(prefix + ".") and r != k for k, r in renamed.items())
-    head = sorted(k for k, r in renamed.items() if full_class and r not in names and not k.startswith(prefix + "."))
-    if head:
-        logging.getLogger("mmembed").info(
-            "%s: the full model's head weights (%s) are left out: the embedding model has no head",
-            source, ", ".join(head[:4]))
-    return {renamed[k]: v for k, v in state.items() if k not in head}
-
-
-def _load_backbone_weights(backbone: torch.nn.Module, folder: str) -> None:
-    from safetensors.torch import load_file
-
-    if is_adapter(folder):
-        # mmembed's adapters and ms-swift's (keys of the full causal-LM class) alike
-        set_lora_weights(backbone, read_adapter_weights(folder), folder)
-        return
-    files = sorted(glob.glob(os.path.join(folder, "model*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"{folder}: no adapter_model.safetensors or model.safetensors to load")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(f))
-    state = _as_loaded(state, backbone, folder)
-    missing, unexpected = backbone.load_state_dict(state, strict=False)
-    if unexpected or [m for m in missing if not m.endswith("position_ids")]:
-        raise ValueError(f"{folder}: weights do not match the model (missing {missing[:5]}, unexpected {unexpected[:5]})")
+    @torch.no_grad()
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """The eval set's loss and metrics (when there is one) and the ``--eval_beir`` /
+        ``--eval_sts`` tasks' metrics, logged as ``<prefix>_<name>``
+        (:func:`~mmembed.training.evaluation.evaluation_metrics`)."""
+        metrics = evaluation_metrics(self, eval_dataset, metric_key_prefix)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics

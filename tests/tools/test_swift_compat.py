@@ -133,7 +133,7 @@ def test_adapter_for_another_model_is_an_error(swift_checkpoint, tiny_model):
 
 
 def test_resume_refuses_an_swift_checkpoint_saying_what_it_is(swift_checkpoint):
-    from mmembed.training.trainer import check_complete
+    from mmembed.training.checkpoints import check_complete
 
     ckpt, _ = swift_checkpoint("qwen3_emb")
     with pytest.raises(ValueError, match=r"an ms-swift checkpoint \(args.json: --model_type qwen3_emb, --tuner_type lora"):
@@ -245,7 +245,7 @@ def test_each_process_reads_the_rows_ms_swift_gives_it(name, tiny_model, tmp_pat
     """Under two processes ms-swift hands process r every second row of each epoch's order from
     r (the odd row out sits the epoch out); mmembed's trainer, told it is process r of 2, gives
     the same rows in the same batches. The recorded rows are ms-swift's own (torchrun, gloo)."""
-    import mmembed.training.trainer as trainer_module
+    import mmembed.training.samplers as samplers_module
     from mmembed.training.arguments import SftArguments
     from mmembed.training.sft import build_trainer
 
@@ -256,7 +256,7 @@ def test_each_process_reads_the_rows_ms_swift_gives_it(name, tiny_model, tmp_pat
     trainer = build_trainer(args)
     dataset = trainer.train_dataset
     for rank, recorded in enumerate(run["steps_per_process"]):
-        monkeypatch.setattr(trainer_module, "world", lambda rank=rank: (rank, 2))
+        monkeypatch.setattr(samplers_module, "world", lambda rank=rank: (rank, 2))
         sampler = trainer._get_train_sampler()
         steps = []
         for epoch in range(int(args.num_train_epochs)):

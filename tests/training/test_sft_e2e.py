@@ -13,8 +13,9 @@ import torch
 from conftest import DATA, REPO, stsb_pairs, write_jsonl
 
 from mmembed.training.arguments import parse_sft_args
+from mmembed.training.checkpoints import COMPLETE_MARKER, find_last_complete_checkpoint
+from mmembed.training.guards import NonFiniteLossError
 from mmembed.training.sft import run_sft
-from mmembed.training.trainer import COMPLETE_MARKER, NonFiniteLossError, find_last_complete_checkpoint
 
 TEXTS = ["A man is playing a flute.", "Two dogs run through the snow after a red ball.", "The stock market fell today."]
 

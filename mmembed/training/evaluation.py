@@ -1,0 +1,184 @@
+"""Evaluation during training: every metric the trainer logs, gathered in one place.
+
+:func:`evaluation_metrics` is what ``EmbeddingTrainer.evaluate`` logs, as
+``<prefix>_<name>`` (:func:`logged_metric_name`):
+
+- with an eval set (:func:`dataset_metrics`): the set is embedded once, each process its
+  share (:func:`eval_loader`), and gathered; its loss (when the batches carry what the loss
+  needs), ms-swift's metrics (infonce: ``mean_pos``, ``mean_neg``, ``margin``; pair losses:
+  pearson / spearman) and retrieval within the set (recall@1/5/10, MRR@10, nDCG@10);
+- with ``--eval_beir`` / ``--eval_sts`` (:func:`task_metrics`): the held-out tasks, through
+  the Embedder ``mmembed eval`` uses (``beir_*``, ``sts_*``).
+
+:func:`eval_metric_names` gives the names a run will log before it starts (to check
+``--metric_for_best_model``). Every process must call these functions together: ZeRO-3
+gathers parameters in every forward, so all processes run as many forwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Subset
+
+from ..encoding.collator import raise_batch_error
+from ..eval.metrics import embedding_eval_metrics, pair_metrics
+from ..losses import Layout
+from ..model.embedding import hidden_size
+from .distributed import all_gather_no_grad, world
+
+
+@torch.no_grad()
+def evaluation_metrics(trainer, dataset=None, prefix: str = "eval") -> dict[str, float]:
+    """The eval set's loss and metrics (``dataset``, default the trainer's eval set, when
+    there is one) and the ``--eval_beir`` / ``--eval_sts`` tasks' metrics, named
+    ``<prefix>_<name>``. ``trainer``: an :class:`~mmembed.training.trainer.EmbeddingTrainer`."""
+    metrics: dict[str, float] = {}
+    dataset = dataset if dataset is not None else trainer.eval_dataset
+    if dataset is not None:
+        metrics.update(dataset_metrics(trainer, dataset))
+    elif not trainer.eval_tasks:
+        raise ValueError("nothing to evaluate: no eval dataset, --eval_beir or --eval_sts")
+    metrics.update(task_metrics(trainer))
+    return {logged_metric_name(k, prefix): float(v) for k, v in metrics.items()}
+
+
+def eval_loader(dataset, args, collate_fn) -> DataLoader:
+    """This process's share of ``dataset``: every W-th sample, no padding, no duplicates, so
+    uneven eval sets need no ``--dataloader_drop_last`` and nothing is counted twice. ``args``:
+    the training arguments (eval batch size, loader workers, prefetch, pinning, device)."""
+    rank, w = world()
+    if w > 1:
+        dataset = Subset(dataset, range(rank, len(dataset), w))
+    workers = args.dataloader_num_workers or 0
+    extra = {"prefetch_factor": args.dataloader_prefetch_factor} if workers and args.dataloader_prefetch_factor else {}
+    return DataLoader(dataset, batch_size=args.per_device_eval_batch_size, collate_fn=collate_fn,
+                      num_workers=workers, shuffle=False,
+                      pin_memory=bool(args.dataloader_pin_memory) and args.device.type == "cuda", **extra)
+
+
+@torch.no_grad()
+def dataset_metrics(trainer, dataset) -> dict[str, float]:
+    """Embed the eval set once: its loss (when the batches carry what the loss needs)
+    and ms-swift's metrics plus retrieval within the set."""
+    model = trainer.model
+    was_training = model.training
+    model.eval()
+    device = trainer.args.device
+    loss_fn, needs = trainer.loss, trainer.loss.side  # per-batch loss, no cross-process scaling
+    embs, labels = [], []
+    # (sum of batch loss * its terms, terms): the terms the loss averages (groups, pairs, rows)
+    loss_sum = torch.zeros(2, dtype=torch.float64, device=device)
+    loader = eval_loader(dataset, trainer.args, trainer.data_collator)
+    # ZeRO-3 gathers parameters inside every forward, so all processes must run as many
+    # forwards: a process with fewer eval batches repeats one and discards the result
+    rounds = torch.tensor([len(loader)], device=device)
+    if world()[1] > 1:
+        torch.distributed.all_reduce(rounds, op=torch.distributed.ReduceOp.MAX)
+    batch = None
+    for batch in loader:
+        raise_batch_error(batch)
+        batch = trainer._prepare_inputs(batch)
+        lab = batch.pop("labels")
+        side = trainer.side_inputs(batch.pop("side", None))
+        out = {**model(**batch), **side.outputs()}
+        # eval rows may lack the data's teacher: then no eval loss, the metrics still
+        if needs.met_by(side):
+            n_rows = out["last_hidden_state"].shape[0]
+            targets = loss_fn.targets(lab.to(device), n_rows)
+            terms = loss_fn.averaged_over(targets, n_rows)
+            loss_sum += torch.tensor([loss_fn(out, targets).item() * terms, terms], dtype=torch.float64,
+                                     device=device)
+        embs.append(out["last_hidden_state"].float())
+        labels.append(lab.float())
+    for _ in range(int(rounds.item()) - len(loader)):
+        if batch is None:
+            batch = trainer._prepare_inputs(trainer.data_collator([dataset[0]]))
+            batch.pop("labels")
+            batch.pop("side", None)
+        model(**batch)
+    if was_training:
+        model.train()
+    if embs:
+        local_emb = torch.cat(embs)
+    else:
+        local_emb = torch.zeros((0, hidden_size(trainer.accelerator.unwrap_model(model).backbone.config)), device=device)
+    local_lab = torch.cat(labels) if labels else torch.zeros((0,), device=device)
+    emb = all_gather_no_grad(local_emb).cpu().numpy()
+    lab = all_gather_no_grad(local_lab).cpu().numpy()
+    if world()[1] > 1:
+        torch.distributed.all_reduce(loss_sum)
+    if emb.shape[0] == 0:
+        raise ValueError("the eval dataset is empty")
+    metrics: dict[str, float] = {}
+    if loss_sum[1] > 0:
+        metrics["loss"] = float(loss_sum[0] / loss_sum[1])
+    if trainer.loss.layout is Layout.PAIR:
+        metrics.update(pair_metrics(emb[0::2], emb[1::2], lab))
+    else:
+        # each batch is a whole set of groups, so concatenating keeps the layout valid;
+        # margin / mean_neg come from what the loss weighs (its INFONCE_* settings), with
+        # the hard-negative padding drawn from a generator of its own (same every evaluation)
+        view = getattr(trainer.loss, "candidate_scores", None)
+        candidates = None if view is None else view(
+            {"last_hidden_state": torch.from_numpy(emb)}, torch.from_numpy(lab),
+            generator=torch.Generator().manual_seed(trainer.args.seed))
+        metrics.update(embedding_eval_metrics(emb, lab, candidates=candidates))
+    return metrics
+
+
+@torch.no_grad()
+def task_metrics(trainer) -> dict[str, float]:
+    """``--eval_beir`` (``beir_*``) and ``--eval_sts`` (``sts_*``): the model as it is
+    now. Every process runs the same forwards (ZeRO-3 gathers parameters in each)."""
+    if not trainer.eval_tasks:
+        return {}
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    was_training = model.training
+    model.eval()
+    try:
+        return trainer.eval_tasks.evaluate(model, trainer.processing_class, str(trainer.args.device),
+                                           trainer.args.per_device_eval_batch_size)
+    finally:
+        model.train(was_training)
+
+
+def logged_metric_name(name: str, prefix: str = "eval") -> str:
+    """The name :meth:`EmbeddingTrainer.evaluate` logs a metric under (``recall@1`` ->
+    ``eval_recall_at_1``)."""
+    return f"{prefix}_{name.replace('@', '_at_')}"
+
+
+def eval_metric_names(layout: Layout, dataset: bool, beir: bool, sts: bool) -> set[str]:
+    """Every metric name :meth:`EmbeddingTrainer.evaluate` logs for a run with an eval set
+    (``dataset``) of the loss's ``layout`` and the ``--eval_beir`` / ``--eval_sts`` tasks: the
+    metric functions run on a few random vectors, so the names are theirs, not a copy."""
+    import numpy as np
+
+    from ..eval.beir import BeirData, evaluate_beir
+    from ..eval.sts import evaluate_pairs
+
+    rng = np.random.default_rng(0)
+
+    def unit(n: int) -> np.ndarray:
+        x = rng.normal(size=(n, 4)).astype(np.float32)
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    class Vectors:
+        def encode(self, texts: list[Any], batch_size: int | None = None) -> np.ndarray:
+            return unit(len(texts))
+
+    names: set[str] = set()
+    if dataset:
+        names.add("loss")
+        if layout is Layout.PAIR:
+            names |= set(pair_metrics(unit(3), unit(3), np.array([0.0, 1.0, 0.5])))
+        else:  # two groups: a0 p0 n0, a1 p1
+            names |= set(embedding_eval_metrics(unit(5), np.array([1.0, 0.0, 1.0])))
+    if beir:
+        data = BeirData(["d0", "d1"], ["x", "y"], ["q0"], ["q"], {"q0": {"d0": 1.0}})
+        names |= {f"beir_{k}" for k in evaluate_beir(Vectors(), data)}
+    if sts:
+        names |= {f"sts_{k}" for k in evaluate_pairs(Vectors().encode, ["a", "b"], ["c", "d"], [1.0, 0.0])}
+    return {logged_metric_name(k) for k in names}

@@ -1,0 +1,75 @@
+"""Guards on a training run: when it must stop, and which step it must save.
+
+- :func:`check_loss` / :func:`check_grad_norm`: a NaN or infinite loss or gradient norm stops
+  the run with :class:`NonFiniteLossError` before the update writes non-finite weights (and so
+  before any later checkpoint), naming the step and the last whole checkpoint. Every process
+  checks and they agree (:func:`any_process`), so all stop at the same step and none waits in
+  a collective the others never reach.
+- :class:`SaveLastStep`: the last step is always saved as a checkpoint.
+
+:class:`~mmembed.training.trainer.EmbeddingTrainer` calls the checks and adds the callbacks
+(transformers ``TrainerCallback`` objects, acting through ``control``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers import TrainerCallback
+
+from .distributed import world
+
+_ADVICE = "Lower --learning_rate, raise INFONCE_TEMPERATURE, or check the data."
+
+
+class NonFiniteLossError(FloatingPointError):
+    pass
+
+
+def any_process(flag: bool, device: torch.device | str) -> bool:
+    """Whether ``flag`` is true on any process (every process must call it; one process:
+    ``flag``). ``device``: where the collective's tensor lives (the backend's device)."""
+    if world()[1] <= 1:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def check_loss(loss: torch.Tensor, step: int, last_checkpoint: str | None, device: torch.device | str) -> torch.Tensor:
+    """``loss`` (one micro-batch's, before its backward pass) when it is finite on every
+    process; else :class:`NonFiniteLossError` on all of them. ``step``: the step it belongs to
+    (1-based); ``last_checkpoint``: the run's last whole checkpoint, named in the error."""
+    bad = not bool(torch.isfinite(loss.detach()).all())
+    if any_process(bad, device):
+        value = loss.item() if bad and loss.numel() == 1 else "not finite on another process"
+        raise NonFiniteLossError(f"loss is {value} at step {step}; {_stopped(last_checkpoint)}")
+    return loss
+
+
+def check_grad_norm(grad_norm: torch.Tensor | float | None, step: int, last_checkpoint: str | None) -> None:
+    """:class:`NonFiniteLossError` when the step's gradient norm (the same on every process,
+    None when not computed) is not finite: a finite loss can still give an infinite gradient
+    (a tiny temperature, a huge learning rate). Not for fp16 loss scaling, where an overflow is
+    expected and the step skipped."""
+    if grad_norm is not None and not math.isfinite(float(grad_norm)):
+        raise NonFiniteLossError(f"gradient norm is {float(grad_norm)} at step {step}; {_stopped(last_checkpoint)}")
+
+
+def _stopped(last_checkpoint: str | None) -> str:
+    return (f"training stopped, nothing saved after it. The last whole checkpoint is {last_checkpoint or 'none'}. "
+            + _ADVICE)
+
+
+class SaveLastStep(TrainerCallback):
+    """The last step is always saved as a checkpoint (the run's result), whatever
+    ``--save_steps`` say about the steps before it. ``--save_strategy no`` saves no
+    checkpoint at all: ``run_sft`` writes the final model alone."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if str(getattr(args.save_strategy, "value", args.save_strategy)) == "no":
+            return control
+        if state.max_steps and state.global_step >= state.max_steps:
+            control.should_save = True
+        return control
