@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from ..encoding.collator import raise_batch_error
-from ..eval.metrics import embedding_eval_metrics, pair_metrics
+from ..eval.metrics import layout_metrics
 from ..losses import Layout
 from ..model.embedding import hidden_size
 from .distributed import all_gather_no_grad, world
@@ -114,17 +114,15 @@ def dataset_metrics(trainer, dataset) -> dict[str, float]:
     metrics: dict[str, float] = {}
     if loss_sum[1] > 0:
         metrics["loss"] = float(loss_sum[0] / loss_sum[1])
-    if trainer.loss.layout is Layout.PAIR:
-        metrics.update(pair_metrics(emb[0::2], emb[1::2], lab))
-    else:
-        # each batch is a whole set of groups, so concatenating keeps the layout valid;
-        # margin / mean_neg come from what the loss weighs (its INFONCE_* settings), with
-        # the hard-negative padding drawn from a generator of its own (same every evaluation)
-        view = getattr(trainer.loss, "candidate_scores", None)
-        candidates = None if view is None else view(
-            {"last_hidden_state": torch.from_numpy(emb)}, torch.from_numpy(lab),
-            generator=torch.Generator().manual_seed(trainer.args.seed))
-        metrics.update(embedding_eval_metrics(emb, lab, candidates=candidates))
+    # each batch is a whole set of groups (or pairs), so concatenating keeps the layout valid;
+    # a group loss's margin / mean_neg come from what it weighs (its INFONCE_* settings), with
+    # the hard-negative padding drawn from a generator of its own (same every evaluation); a
+    # pair loss has no candidates (None)
+    view = getattr(trainer.loss, "candidate_scores", None)
+    candidates = None if view is None else view(
+        {"last_hidden_state": torch.from_numpy(emb)}, torch.from_numpy(lab),
+        generator=torch.Generator().manual_seed(trainer.args.seed))
+    metrics.update(layout_metrics(trainer.loss.layout, emb, lab, candidates=candidates))
     return metrics
 
 
@@ -172,10 +170,9 @@ def eval_metric_names(layout: Layout, dataset: bool, beir: bool, sts: bool) -> s
     names: set[str] = set()
     if dataset:
         names.add("loss")
-        if layout is Layout.PAIR:
-            names |= set(pair_metrics(unit(3), unit(3), np.array([0.0, 1.0, 0.5])))
-        else:  # two groups: a0 p0 n0, a1 p1
-            names |= set(embedding_eval_metrics(unit(5), np.array([1.0, 0.0, 1.0])))
+        # pairs: s1_0 s2_0 s1_1 s2_1 s1_2 s2_2; groups: a0 p0 n0, a1 p1
+        rows, labels = (6, [0.0, 1.0, 0.5]) if Layout(layout) is Layout.PAIR else (5, [1.0, 0.0, 1.0])
+        names |= set(layout_metrics(layout, unit(rows), np.array(labels)))
     if beir:
         data = BeirData(["d0", "d1"], ["x", "y"], ["q0"], ["q"], {"q0": {"d0": 1.0}})
         names |= {f"beir_{k}" for k in evaluate_beir(Vectors(), data)}
