@@ -265,7 +265,7 @@ def test_the_length_check_skips_rows_whose_media_fail_to_decode_with_strict_fals
 
     from mmembed.encoding.inputs import InputBuilder
     from mmembed.encoding.templates import get_template
-    from mmembed.training.sft import drop_overlong
+    from mmembed.training.data_assembly import drop_overlong
 
     write_video(media / "clip.mp4")
     path = write(media, "d.jsonl", "\n".join([row(query="<video>", videos=["one.mp4"]), row(query="<video>", videos=["clip.mp4"]),

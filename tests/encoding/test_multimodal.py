@@ -105,7 +105,7 @@ def test_ms_swift_model_types_pick_their_templates(model_type, name):
 @pytest.mark.parametrize("kind,name", [("qwen2_vl", "qwen2_gme"), ("qwen2_5_vl", "qwen2_5_vl"), ("qwen3_vl", "qwen3_vl_emb"),
                                        ("qwen2", "gte_qwen2"), ("qwen3", "qwen3_emb"), ("qwen2_audio", "qwen2_audio")])
 def test_template_is_detected_from_the_model_config(tiny_model, kind, name):
-    from mmembed.training.sft import resolve_template
+    from mmembed.training.model_assembly import resolve_template
 
     assert resolve_template(tiny_model(kind), None, None, None).name == name
 
@@ -289,7 +289,7 @@ def test_a_batch_whose_text_rows_are_cut_keeps_its_media_bookkeeping(tiny_model)
 ])
 def test_lora_all_linear_covers_only_the_parts_not_frozen(tiny_model, freeze_vit, freeze_aligner, expect):
     from mmembed.model.embedding import frozen_parts, load_backbone
-    from mmembed.training.sft import lora_target_modules
+    from mmembed.training.model_assembly import lora_target_modules
 
     backbone = load_backbone(tiny_model("qwen2_vl"))
     template = get_template("qwen2_gme")
@@ -307,7 +307,7 @@ def test_checkpointing_keeps_a_frozen_vision_tower_out_of_autograd(tiny_model, f
     from peft import LoraConfig, get_peft_model
 
     from mmembed.model.embedding import EmbeddingModel, frozen_parts, load_backbone
-    from mmembed.training.sft import lora_target_modules
+    from mmembed.training.model_assembly import lora_target_modules
 
     folder = tiny_model("qwen2_vl")
     template = get_template("qwen2_gme")

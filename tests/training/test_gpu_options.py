@@ -20,7 +20,7 @@ from mmembed.encoding.inputs import InputBuilder
 from mmembed.encoding.templates import get_template
 from mmembed.model.embedding import EmbeddingModel
 from mmembed.training.arguments import parse_sft_args
-from mmembed.training.sft import use_padding_free
+from mmembed.training.model_assembly import use_padding_free
 
 
 def config(model_type: str, implementation: str):
@@ -110,7 +110,7 @@ def test_bucketed_media_batches_give_the_same_embeddings(tiny_model, kind, name)
 LIGER_CHECK = r"""
 import sys, torch
 from mmembed.training.arguments import parse_sft_args
-from mmembed.training.sft import build_model, resolve_template
+from mmembed.training.model_assembly import build_model, resolve_template
 args = parse_sft_args(sys.argv[1:])
 template = resolve_template(args.model, args.template, args.model_type, args.system)
 model = build_model(args, template, "last")
@@ -175,7 +175,7 @@ def test_use_liger_kernel_without_the_package_is_a_usage_error(monkeypatch, tmp_
 
 
 def test_the_device_defaults_are_logged(minilm_no_dropout, tmp_path, caplog):
-    from mmembed.training.sft import build_model, resolve_template
+    from mmembed.training.model_assembly import build_model, resolve_template
 
     args = parse_sft_args(["--model", minilm_no_dropout, "--dataset", "x.jsonl", "--output_dir", str(tmp_path)])
     template = resolve_template(args.model, None, None, None)

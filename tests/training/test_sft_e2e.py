@@ -130,14 +130,14 @@ def test_resume_after_kill_matches_an_uninterrupted_run(minilm_path, group_data,
 
 
 def test_non_finite_loss_stops_the_run(minilm_path, group_data, tmp_path, monkeypatch):
-    import mmembed.training.sft as sft
+    import mmembed.training.model_assembly as model_assembly
     from mmembed.losses import EmbeddingLoss
 
     class NanLoss(EmbeddingLoss):
         def forward(self, outputs, labels):
             return outputs["last_hidden_state"].sum() * float("nan")
 
-    monkeypatch.setattr(sft, "build_loss", lambda name, **options: NanLoss())
+    monkeypatch.setattr(model_assembly, "build_loss", lambda name, **options: NanLoss())
     with pytest.raises(NonFiniteLossError, match="loss is nan at step 1"):
         run_sft(_args(minilm_path, group_data, tmp_path / "run", "--max_steps", "2", "--eval_strategy", "no"))
     assert find_last_complete_checkpoint(str(tmp_path / "run")) is None
@@ -264,7 +264,7 @@ def test_the_length_check_result_is_named_by_its_settings(minilm_path, tmp_path)
     from mmembed.data import load_samples
     from mmembed.encoding.inputs import InputBuilder
     from mmembed.encoding.templates import get_template
-    from mmembed.training.sft import drop_overlong, length_check_fingerprint
+    from mmembed.training.data_assembly import drop_overlong, length_check_fingerprint
 
     rows = [{"query": f"short query {i}", "response": " ".join(["word"] * (10 * i + 5))} for i in range(6)]
     ds = load_samples([write_jsonl(tmp_path / "t.jsonl", rows)], cache_dir=str(tmp_path / "cache")).dataset

@@ -142,7 +142,7 @@ def test_max_pixels_is_the_max_pixels_variable(monkeypatch):
 def test_columns_renames_fields_before_rows_are_read(tmp_path):
     from mmembed.data import load_samples
     from mmembed.data.sample import Sample
-    from mmembed.training.sft import TrainingData
+    from mmembed.training.data_assembly import TrainingData
 
     path = tmp_path / "pairs.jsonl"
     path.write_text(json.dumps({"text1": "a cat", "text2": "a kitten", "hard": ["a dog"]}) + "\n")
@@ -166,7 +166,7 @@ def _source(fn) -> str:
 def test_lora_flags_reach_peft(minilm_path):
     from mmembed.encoding.templates import get_template
     from mmembed.model.embedding import load_backbone
-    from mmembed.training.sft import apply_lora
+    from mmembed.training.model_assembly import apply_lora
 
     template = get_template(None, None, "bert")
     args = parse_sft_args(["--model", minilm_path, "--dataset", "d.jsonl", "--use_dora", "true", "--use_rslora", "true",
@@ -183,7 +183,7 @@ def test_lora_flags_reach_peft(minilm_path):
 def test_adapters_start_lora_training_from_an_existing_adapter(minilm_path, tmp_path):
     from mmembed.encoding.templates import get_template
     from mmembed.model.embedding import load_backbone
-    from mmembed.training.sft import apply_lora
+    from mmembed.training.model_assembly import apply_lora
 
     template = get_template(None, None, "bert")
     first = apply_lora(load_backbone(minilm_path), parse_sft_args(["--model", minilm_path, "--dataset", "d.jsonl",
