@@ -21,6 +21,7 @@ import dataclasses
 import json
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from ..data import EmbeddingDataset, SpecError, load_samples
 from ..data.sample import DataError, Sample
@@ -32,6 +33,10 @@ from ..eval.tasks import HeldOutTasks
 from ..losses import EmbeddingLoss
 from .arguments import SftArguments, UsageError
 from .model_assembly import Encoding
+
+if TYPE_CHECKING:  # the media loader is imported at the first row with media (qwen-vl-utils: about a second)
+    from ..encoding.media import MediaSettings
+    from ..encoding.remote import DownloadSettings
 
 logger = logging.getLogger("mmembed")
 
@@ -48,7 +53,10 @@ class TrainingData:
     files: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def load(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss) -> TrainingData:
+    def load(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, media: MediaSettings) -> TrainingData:
+        """The rows of ``--dataset`` and ``--val_dataset`` (or ``--split_dataset_ratio``'s
+        share), checked, their URLs downloaded and measured with ``media`` (the run's media
+        settings), with the teacher's arrays and the teacher signal the rows carry."""
         # ms-swift's order: --data_seed (not --seed) drives the split, #N sampling and --dataset_shuffle.
         # Every row is checked now against what the loss takes as a label and the media the
         # model takes, so a row training could not use is an error (or skipped) before training.
@@ -57,7 +65,7 @@ class TrainingData:
                          columns=json.loads(args.columns) if args.columns else None,
                          label_rule=loss.label_rule, media_kinds=frozenset(encoding.template.media))
         if args.streaming:
-            return cls.stream(args, encoding, loss, load_opts)
+            return cls.stream(args, encoding, loss, media, load_opts)
         loaded = load_samples(args.dataset, split_ratio=0.0 if args.val_dataset else args.split_dataset_ratio,
                               shuffle=args.dataset_shuffle, **load_opts)
         train = loaded.dataset
@@ -72,11 +80,11 @@ class TrainingData:
             val, files["val"] = val_loaded.dataset, val_loaded.records
         else:
             val = loaded.val
-        train, val = fetch_remote_media(train, val, args.strict)
+        train, val = fetch_remote_media(train, val, args.strict, media.downloads)
         if args.truncation_strategy == "delete" or encoding.template.media:
             # delete: the over-long rows go; left / right: the media rows are decoded and measured now
             truncate = args.truncation_strategy != "delete"
-            builder = length_builder(encoding)
+            builder = length_builder(encoding, media)
             train = drop_overlong(train, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "train",
                                   args.strict, truncate)
             if val is not None:
@@ -94,7 +102,8 @@ class TrainingData:
         return data
 
     @classmethod
-    def stream(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, load_opts: dict) -> TrainingData:
+    def stream(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, media: MediaSettings,
+               load_opts: dict) -> TrainingData:
         """``--streaming true``: the training rows as a stream (:mod:`mmembed.data.streaming`);
         ``--val_dataset`` is read whole as usual. Rows over ``--max_length`` are dropped as
         they are read (``--truncation_strategy delete``), remote media fetched when read."""
@@ -108,9 +117,9 @@ class TrainingData:
         if args.val_dataset:
             val_loaded = load_samples(args.val_dataset, split_ratio=1.0, shuffle=args.val_dataset_shuffle, **load_opts)
             val, files["val"] = val_loaded.dataset, val_loaded.records
-            _, val = fetch_remote_media(None, val, args.strict)
+            _, val = fetch_remote_media(None, val, args.strict, media.downloads)
         if args.truncation_strategy == "delete":
-            builder = length_builder(encoding)
+            builder = length_builder(encoding, media)
             train.keep = lambda sample: token_lengths([sample], builder, loss.layout)[0] <= encoding.max_length
             if val is not None:
                 val = drop_overlong(val, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "val",
@@ -169,9 +178,10 @@ def load_eval_tasks(args: SftArguments, encoding: Encoding) -> HeldOutTasks | No
 # ----------------------------------------------------------------------------- remote media
 
 
-def fetch_remote_media(train, val, strict: bool = True):
+def fetch_remote_media(train, val, strict: bool = True, downloads: DownloadSettings | None = None):
     """Download every http(s) media file of the rows into the media cache now (once; a cached
-    one is not fetched again), so that a URL that fails does so before training, and steps,
+    one is not fetched again) with ``downloads`` (the run's settings; None: the environment's),
+    so that a URL that fails does so before training, and steps,
     epochs and data-loader workers read the cache. Logs one line per download and a summary.
     A URL that cannot be fetched is an error naming its row, or with ``strict=False`` each row
     naming it is skipped and listed like the other skipped rows. Returns ``(train, val)``."""
@@ -187,7 +197,7 @@ def fetch_remote_media(train, val, strict: bool = True):
                         yield i * 1024 + j, url, where
 
     failed: dict[str, str] | None = None if strict else {}
-    remote.prefetch(((url, where) for _, ds in named for _, url, where in urls(ds)), failed=failed)
+    remote.prefetch(((url, where) for _, ds in named for _, url, where in urls(ds)), failed=failed, settings=downloads)
     if not failed:
         return train, val
     kept = {}
@@ -209,9 +219,10 @@ def fetch_remote_media(train, val, strict: bool = True):
 # ----------------------------------------------------------------------------- the length check
 
 
-def length_builder(encoding: Encoding) -> InputBuilder:
-    """The builder the length check measures with: the student's, encoding rows whole."""
-    return InputBuilder(encoding.template, encoding.processing, encoding.max_length, truncate=False)
+def length_builder(encoding: Encoding, media: MediaSettings | None = None) -> InputBuilder:
+    """The builder the length check measures with: the student's, encoding rows whole, loading
+    media with ``media`` (the run's settings, as the collator's builder)."""
+    return InputBuilder(encoding.template, encoding.processing, encoding.max_length, truncate=False, media=media)
 
 
 def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_proc: int, what: str,
@@ -290,19 +301,17 @@ def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_p
 def length_check_fingerprint(ds, builder: InputBuilder, layout: str, strict: bool) -> str:
     """The name of the length check's result among ``datasets``' cache files: the rows (their
     fingerprint), the template, the tokenizer's files, ``max_length``, the batch layout and
-    the media budget. Given explicitly, because ``datasets`` would otherwise name it by
+    the builder's media budget. Given explicitly, because ``datasets`` would otherwise name it by
     pickling the measuring function with everything it holds, the tokenizer included: about
     10 seconds for a Qwen tokenizer of 151k tokens, on every run."""
     import hashlib
-
-    from ..encoding.media import MediaBudget
 
     h = hashlib.sha256()
     tokenizer = builder.tokenizer
     folder = getattr(tokenizer, "name_or_path", "") or ""
     for part in (ds._fingerprint, repr(builder.template), type(tokenizer).__name__, folder, len(tokenizer),
                  builder.max_length, builder.truncate, builder.truncation_side, layout, strict,
-                 repr(MediaBudget.from_env()), type(builder.processor).__name__):
+                 repr(builder.media_settings().budget), type(builder.processor).__name__):
         h.update(repr(part).encode("utf-8") + b"\0")
     if os.path.isdir(folder):  # the files the tokenizer and processor were read from
         for name in sorted(os.listdir(folder)):

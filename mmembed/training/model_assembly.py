@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -30,6 +30,9 @@ from ..model.embedding import (
 )
 from ..model.packing import PACKABLE_MODEL_TYPES, VARLEN_ATTENTION
 from .arguments import SftArguments, UsageError
+
+if TYPE_CHECKING:  # the media loader is imported at the first row with media (qwen-vl-utils: about a second)
+    from ..encoding.media import MediaSettings
 
 logger = logging.getLogger("mmembed")
 
@@ -281,7 +284,9 @@ class SideModels:
     builders: dict[str, InputBuilder]
 
     @classmethod
-    def load(cls, args: SftArguments) -> SideModels:
+    def load(cls, args: SftArguments, media: MediaSettings | None = None) -> SideModels:
+        """The side models the flags name; their builders load media with ``media`` (the run's
+        settings; None: the environment's, parsed at the first row with media)."""
         from ..model.embedder import load_embedding_model
 
         models, builders = {}, {}
@@ -291,7 +296,7 @@ class SideModels:
             model, processing, template, info = load_embedding_model(path, args.torch_dtype)
             model.requires_grad_(False)
             models[name] = model.eval()
-            builders[name] = InputBuilder(template, processing, info["max_length"], truncate=True)
+            builders[name] = InputBuilder(template, processing, info["max_length"], truncate=True, media=media)
         return cls(models, builders)
 
     def width(self, name: str) -> int | None:

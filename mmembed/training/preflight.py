@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from torch import nn
 
@@ -23,17 +24,22 @@ from .arguments import SftArguments, UsageError, check_side_flags
 from .model_assembly import lora_target_modules, make_loss, parts_to_freeze, read_model_config, resolve_template
 from .trainer import eval_metric_names
 
+if TYPE_CHECKING:
+    from ..encoding.media import MediaSettings
+
 logger = logging.getLogger("mmembed")
 
 
-def check_settings(args: SftArguments) -> None:
+def check_settings(args: SftArguments) -> MediaSettings:
     """What of the flags and environment can be checked without the model's weights, as usage
     errors before anything loads and before ``--output_dir`` is touched (the flags' own values
     were checked when they were parsed): the model folders, the template and ``--max_length``
     against the model's config, the variables, the loss with its options and side flags, and
-    last that the data files the flags name are there (the user's data: exit status 1)."""
+    last that the data files the flags name are there (the user's data: exit status 1).
+
+    Returns the run's media settings, parsed here with the other variables."""
     check_model_folders(args)
-    check_environment()
+    media = check_environment(args)
     template = resolve_template(args.model, args.template, args.model_type, args.system)
     config = read_model_config(args.model)
     limit = getattr(config, "max_position_embeddings", None)
@@ -63,6 +69,7 @@ def check_settings(args: SftArguments) -> None:
     for flag, path, exists in files:
         if path and not exists(path):  # the user's data, as a --dataset that is not there (exit status 1)
             raise SpecError(f"{flag} {path}: no such {'file' if exists is os.path.isfile else 'folder'}")
+    return media
 
 
 def check_model_folders(args: SftArguments) -> None:
@@ -78,26 +85,40 @@ def check_model_folders(args: SftArguments) -> None:
             raise UsageError(f"--adapters {path}: {what} (a LoRA checkpoint folder to train on)")
 
 
-def check_environment() -> None:
+def check_environment(args: SftArguments) -> MediaSettings:
     """The variables ms-swift's scripts set, read now whichever loss or model is used, so that
     a malformed one is refused at start rather than ignored or met mid-training: every
     ``INFONCE_*`` variable, the media budgets (``MAX_PIXELS``, ``FPS``, ...) and the download
-    variables (``MMEMBED_HTTP_TIMEOUT``, ``MMEMBED_MEDIA_MAX_BYTES``, the offline switches)."""
-    from ..encoding import remote
-    from ..encoding.media import MediaBudget
+    variables (``MMEMBED_HTTP_TIMEOUT``, ``MMEMBED_MEDIA_MAX_BYTES``, the offline switches).
+    Returns the run's media settings (:func:`media_settings`)."""
     from ..losses import InfoNCEConfig
     from ..losses.config import ENV_VARS
 
     try:
         InfoNCEConfig.from_env()
-        MediaBudget.from_env()
-        remote.check_settings()  # MMEMBED_HTTP_TIMEOUT, MMEMBED_MEDIA_MAX_BYTES, MMEMBED_OFFLINE, HF_HUB_OFFLINE
     except ValueError as e:
         raise UsageError(str(e)) from None
+    media = media_settings(args)
     unknown = sorted(k for k in os.environ if k.startswith("INFONCE_") and k not in ENV_VARS.values())
     if unknown:
         logger.warning("%s: not an InfoNCE variable, so it changes nothing (known: %s)", ", ".join(unknown),
                        ", ".join(ENV_VARS.values()))
+    return media
+
+
+def media_settings(args: SftArguments) -> MediaSettings:
+    """How the run loads media, parsed once: ms-swift's media variables (``MAX_PIXELS``,
+    ``MIN_PIXELS``, ``VIDEO_MAX_PIXELS``, ``FPS``, ``FPS_MAX_FRAMES``, ...) and the download
+    variables, with ``--max_pixels`` in the place of ``MAX_PIXELS`` and ``--offline true`` in
+    that of ``MMEMBED_OFFLINE=1``. Every builder of the run (the collator's, the length
+    check's, the side models') loads with these, data-loader workers included; a malformed
+    variable is a usage error naming it."""
+    from ..encoding.media import MediaSettings
+
+    try:
+        return MediaSettings.from_env(max_pixels=args.max_pixels, offline=args.offline)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def check_metric_for_best_model(args: SftArguments, loss: EmbeddingLoss) -> None:

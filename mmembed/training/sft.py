@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..encoding.collator import EmbeddingCollator
 from ..encoding.templates import template_config
@@ -32,9 +32,12 @@ from .model_assembly import (
     make_loss,
     part_learning_rates,
 )
-from .preflight import check_model_folders, check_settings
+from .preflight import check_model_folders, check_settings, media_settings
 from .run_folder import prepare_output_dir, resume_checkpoint, resume_weights_only
 from .trainer import EmbeddingTrainer
+
+if TYPE_CHECKING:  # the media loader is imported at the first row with media (qwen-vl-utils: about a second)
+    from ..encoding.media import MediaSettings
 
 logger = logging.getLogger("mmembed")
 
@@ -45,12 +48,10 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     from transformers import set_seed
 
     set_seed(args.seed)
-    check_settings(args)
-    if args.offline:  # the media loader reads the switch where data-loader workers see it too
-        os.environ["MMEMBED_OFFLINE"] = "1"
+    media = check_settings(args)
     resume = resume_checkpoint(args)
     prepare_output_dir(args, resume)
-    trainer = build_trainer(args)
+    trainer = build_trainer(args, media)
     if resume and args.resume_only_model:
         resume = resume_weights_only(trainer, args, resume)
     trainer.last_checkpoint = resume  # the run's result until it saves (DeepSpeed loads without _load_from_checkpoint)
@@ -75,19 +76,22 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     return metrics
 
 
-def build_trainer(args: SftArguments) -> EmbeddingTrainer:
+def build_trainer(args: SftArguments, media: MediaSettings | None = None) -> EmbeddingTrainer:
     """Everything ``mmembed sft`` trains with, checked before the model loads where it can be:
-    the loss, the encoding, the data, the side models and held-out tasks, then the model."""
+    the loss, the encoding, the data, the side models and held-out tasks, then the model.
+    ``media``: the run's media settings (None: parsed from the flags and environment now);
+    every builder of the run loads media with them."""
     from transformers import AutoConfig
 
+    media = media_settings(args) if media is None else media
     loss = make_loss(args)
     check_side_flags(args, loss.side)
     check_model_folders(args)  # the tokenizer loads before the model does
     encoding = Encoding.resolve(args)
-    data = TrainingData.load(args, encoding, loss)
+    data = TrainingData.load(args, encoding, loss, media)
     check_drop_last(args, data)
     eval_tasks = load_eval_tasks(args, encoding)
-    side_models = SideModels.load(args)
+    side_models = SideModels.load(args, media)
     width = hidden_size(AutoConfig.from_pretrained(args.model))
     check_loss_setup(args, loss, width, side_models, data.teacher_key, data.teacher_width)
     if args.deepspeed:
@@ -102,6 +106,7 @@ def build_trainer(args: SftArguments) -> EmbeddingTrainer:
         teacher_signal=data.teacher_key,
         bucket=bool(args.length_buckets),
     )
+    collator.builder.media = media  # pickled with the collator, the settings reach data-loader workers
     mmembed_config = {
         "base_model": os.path.abspath(args.model),
         "template": template_config(encoding.template),

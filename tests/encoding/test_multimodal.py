@@ -127,6 +127,27 @@ def test_processor_expands_each_image_placeholder_to_its_patch_groups(tiny_model
     assert enc["pixel_values"].shape[0] == int(grids.prod(1).sum())
 
 
+def test_a_builder_loads_media_with_its_settings_parsed_once(tiny_model, monkeypatch):
+    """A builder given media settings loads with them, whatever the environment says; one
+    given none parses the environment at its first media row and keeps what it read (the
+    budget is not read again batch after batch)."""
+    from mmembed.encoding.media import MediaBudget, MediaSettings
+
+    folder = tiny_model("qwen2_vl")
+    template = get_template("qwen2_gme")
+    item = Item("<image>", images=[os.path.join(MM, "red_circle.png")])  # 64 x 64
+    monkeypatch.setenv("MIN_PIXELS", "784")
+    monkeypatch.setenv("MAX_PIXELS", str(16 * 784))
+    given = InputBuilder(template, processing(folder), media=MediaSettings(MediaBudget(max_pixels=784, min_pixels=784)))
+    from_env = InputBuilder(template, processing(folder))
+    assert given([item])["image_grid_thw"].tolist() == [[1, 2, 2]]  # 28 x 28
+    assert from_env([item])["image_grid_thw"].tolist() == [[1, 4, 4]]  # 56 x 56
+    monkeypatch.setenv("MAX_PIXELS", "784")
+    assert from_env([item])["image_grid_thw"].tolist() == [[1, 4, 4]]  # kept from its first media row
+    assert from_env.media_settings().budget.max_pixels == 16 * 784
+    assert InputBuilder(template, processing(folder))([item])["image_grid_thw"].tolist() == [[1, 2, 2]]
+
+
 # ---- mixed batches -------------------------------------------------------------------------
 def mixed_items():
     img = lambda n: os.path.join(MM, n)  # noqa: E731

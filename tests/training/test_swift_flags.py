@@ -129,14 +129,68 @@ def test_sequence_parallel_size_above_one_is_refused_with_what_to_do():
         parse_sft_args(BASE + ["--sequence_parallel_size", "2"])
 
 
-def test_max_pixels_is_the_max_pixels_variable(monkeypatch):
-    from mmembed.encoding.media import MediaBudget
+def test_max_pixels_is_the_max_pixels_variable(monkeypatch, caplog):
+    """--max_pixels takes the place of MAX_PIXELS in the run's media settings (parsed once, with
+    a warning when the variable says otherwise); the environment is left as it is."""
+    from mmembed.training.preflight import media_settings
 
     monkeypatch.setenv("MAX_PIXELS", "9999")  # restored afterwards by monkeypatch
-    parse_sft_args(BASE + ["--max_pixels", "50176"])
-    assert MediaBudget.from_env().max_pixels == 50176
+    with caplog.at_level(logging.WARNING, logger="mmembed"):
+        args = parse_sft_args(BASE + ["--max_pixels", "50176"])
+    assert "--max_pixels 50176 wins over MAX_PIXELS=9999" in caplog.text
+    assert media_settings(args).budget.max_pixels == 50176
+    assert os.environ["MAX_PIXELS"] == "9999"
+    assert media_settings(parse_sft_args(BASE)).budget.max_pixels == 9999  # without the flag: the variable
     with pytest.raises(ValueError, match="--max_pixels must be > 0"):
         parse_sft_args(BASE + ["--max_pixels", "0"])
+
+
+def test_max_pixels_and_offline_reach_data_loader_workers(tiny_model, tmp_path, monkeypatch):
+    """--max_pixels and --offline true are parsed once into the run's media settings, held by
+    every builder of the run (the collator's included), so data-loader workers
+    (--dataloader_num_workers 2) size images by --max_pixels and refuse an uncached URL
+    offline while the environment says otherwise (a larger MAX_PIXELS, no offline switch).
+    The settings survive pickling, which is how a spawned worker receives the collator."""
+    import pickle
+
+    from torch.utils.data import DataLoader
+
+    from mmembed.data.sample import Item, Sample
+    from mmembed.encoding.collator import DATA_ERROR
+    from mmembed.encoding.inputs import InputBuilder
+    from mmembed.training.sft import build_trainer
+
+    monkeypatch.setenv("MAX_PIXELS", str(16 * 784))  # 64 x 64 images stay 56 x 56: 2 x 2 merged tokens
+    monkeypatch.setenv("MIN_PIXELS", "784")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.delenv("MMEMBED_OFFLINE", raising=False)
+    monkeypatch.setenv("MMEMBED_MEDIA_CACHE", str(tmp_path / "media-cache"))
+    names = ["red_circle.png", "blue_square.png", "green_triangle.png", "yellow_square.png"]
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"query": "<image>", "response": f"shape {i}", "images": [os.path.join(MM, n)]})
+                            + "\n" for i, n in enumerate(names)))
+    args = parse_sft_args(["--model", tiny_model("qwen2_vl"), "--dataset", str(rows), "--output_dir",
+                           str(tmp_path / "out"), "--max_pixels", "784", "--offline", "true",
+                           "--dataloader_num_workers", "2", "--per_device_train_batch_size", "2", "--report_to", "none"])
+    trainer = build_trainer(args)
+    media = trainer.data_collator.builder.media
+    assert (media.budget.max_pixels, media.downloads.offline) == (784, "MMEMBED_OFFLINE=1")
+    assert pickle.loads(pickle.dumps(trainer.data_collator)).builder.media == media
+    assert os.environ["MAX_PIXELS"] == str(16 * 784) and "MMEMBED_OFFLINE" not in os.environ
+
+    image = Item("<image>", images=[os.path.join(MM, names[0])])
+    by_env = InputBuilder(trainer.data_collator.template, trainer.data_collator.tokenizer)([image])
+    assert by_env["image_grid_thw"].tolist() == [[1, 4, 4]]  # what the environment's budget would give
+    batches = list(trainer.get_train_dataloader())
+    assert torch.cat([b["image_grid_thw"] for b in batches]).tolist() == [[1, 2, 2]] * 4  # 28 x 28: --max_pixels 784
+
+    url = "http://127.0.0.1:9/never-fetched.png"  # online, a worker would try it and be refused the connection
+    uncached = [Sample(Item("<image>", images=[url]), [Item("a shape")], [], source="urls.jsonl", line=n) for n in (1, 2)]
+    loader = DataLoader(uncached, batch_size=1, collate_fn=trainer.data_collator, num_workers=2,
+                        multiprocessing_context="fork")
+    errors = [str(batch[DATA_ERROR]) for batch in loader]
+    assert len(errors) == 2 and all("offline (MMEMBED_OFFLINE=1) and the URL is not in the media cache" in e
+                                    for e in errors), errors
 
 
 def test_columns_renames_fields_before_rows_are_read(tmp_path):
