@@ -254,41 +254,6 @@ def test_save_strategy_no_writes_the_final_model_only(minilm_path, group_data, t
     assert np.abs(trained - base).max() > 1e-4
 
 
-def test_the_length_check_result_is_named_by_its_settings(minilm_path, tmp_path):
-    """The length check's cached result is named by the rows, tokenizer files, template,
-    --max_length, layout and strictness (not by pickling the tokenizer, which took ~10 s for
-    a Qwen tokenizer): the same settings find the same result, and a change of any is
-    measured afresh rather than served a stale one."""
-    from transformers import AutoTokenizer
-
-    from mmembed.data import load_samples
-    from mmembed.encoding.inputs import InputBuilder
-    from mmembed.encoding.templates import get_template
-    from mmembed.training.data_assembly import drop_overlong, length_check_fingerprint
-
-    rows = [{"query": f"short query {i}", "response": " ".join(["word"] * (10 * i + 5))} for i in range(6)]
-    ds = load_samples([write_jsonl(tmp_path / "t.jsonl", rows)], cache_dir=str(tmp_path / "cache")).dataset
-    tok_dir = tmp_path / "tok"
-    AutoTokenizer.from_pretrained(minilm_path).save_pretrained(tok_dir)
-
-    def builder(max_length, folder=tok_dir, template="bert"):
-        return InputBuilder(get_template(template), AutoTokenizer.from_pretrained(folder), max_length, truncate=False)
-
-    # a response of 10*i + 5 words is 10*i + 7 tokens here: max_length 32 keeps i <= 2, 64 keeps all
-    assert len(drop_overlong(ds, builder(32), "group", 32, 1, "train")) == 3
-    assert len(drop_overlong(ds, builder(64), "group", 64, 1, "train")) == 6
-    assert len(drop_overlong(ds, builder(32), "group", 32, 1, "train")) == 3
-    base = length_check_fingerprint(ds, builder(32), "group", True)
-    assert length_check_fingerprint(ds, builder(32), "group", True) == base
-    assert length_check_fingerprint(ds, builder(32, template="modernbert"), "group", True) != base
-    assert length_check_fingerprint(ds, builder(32), "pair", True) != base
-    assert length_check_fingerprint(ds, builder(32), "group", False) != base
-    assert length_check_fingerprint(ds.select(range(5)), builder(32), "group", True) != base
-    config = tok_dir / "tokenizer_config.json"
-    config.write_text(config.read_text().replace('"do_lower_case": true', '"do_lower_case": false'))
-    assert length_check_fingerprint(ds, builder(32), "group", True) != base
-
-
 def test_eval_loss_is_the_mean_over_groups_whatever_their_negatives(minilm_path, tmp_path, monkeypatch):
     """eval_loss weights each batch's loss by the groups (anchors) it averages, so it is the
     loss's mean over every eval group: with INFONCE_USE_BATCH=false each group's term does not

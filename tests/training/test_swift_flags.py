@@ -217,44 +217,6 @@ def _source(fn) -> str:
     return inspect.getsource(fn)
 
 
-def test_lora_flags_reach_peft(minilm_path):
-    from mmembed.encoding.templates import get_template
-    from mmembed.model.embedding import load_backbone
-    from mmembed.training.model_assembly import apply_lora
-
-    template = get_template(None, None, "bert")
-    args = parse_sft_args(["--model", minilm_path, "--dataset", "d.jsonl", "--use_dora", "true", "--use_rslora", "true",
-                           "--lora_bias", "lora_only", "--init_weights", "gaussian", "--target_regex", r".*\.(query|value)$",
-                           "--modules_to_save", "pooler"])
-    model = apply_lora(load_backbone(minilm_path), args, template)
-    config = model.peft_config["default"]
-    assert config.use_dora and config.use_rslora and config.bias == "lora_only" and config.init_lora_weights == "gaussian"
-    assert config.target_modules == r".*\.(query|value)$" and set(config.modules_to_save) == {"pooler"}
-    names = [n for n, _ in model.named_parameters() if "lora_magnitude_vector" in n]  # DoRA's extra vector
-    assert names and all(".query." in n or ".value." in n for n in names)
-
-
-def test_adapters_start_lora_training_from_an_existing_adapter(minilm_path, tmp_path):
-    from mmembed.encoding.templates import get_template
-    from mmembed.model.embedding import load_backbone
-    from mmembed.training.model_assembly import apply_lora
-
-    template = get_template(None, None, "bert")
-    first = apply_lora(load_backbone(minilm_path), parse_sft_args(["--model", minilm_path, "--dataset", "d.jsonl",
-                                                                   "--lora_rank", "4", "--init_weights", "false"]),
-                       template)  # init false: B is random too, so the adapter changes the output
-    first.save_pretrained(str(tmp_path / "adapter"))
-    saved = {n: p.detach().clone() for n, p in first.named_parameters() if "lora_" in n}
-    args = parse_sft_args(["--model", minilm_path, "--dataset", "d.jsonl", "--adapters", str(tmp_path / "adapter")])
-    again = apply_lora(load_backbone(minilm_path), args, template)
-    loaded = {n: p for n, p in again.named_parameters() if "lora_" in n}
-    assert loaded.keys() == saved.keys() and all(p.requires_grad for p in loaded.values())
-    for n in saved:
-        torch.testing.assert_close(loaded[n], saved[n])
-    with pytest.raises(ValueError, match="--adapters continues a LoRA adapter"):
-        parse_sft_args(["--model", minilm_path, "--dataset", "d.jsonl", "--adapters", "x", "--tuner_type", "full"])
-
-
 def test_vit_lr_and_aligner_lr_become_optimizer_groups_by_template_part(tiny_model, tmp_path):
     from mmembed.training.sft import build_trainer
 
