@@ -149,8 +149,8 @@ def cmd_embed(argv: list[str]) -> int:
                    help="fetch no http(s) media (as MMEMBED_OFFLINE=1): a URL not in the media cache is an error")
     a = p.parse_args(argv)
     check_model_flags(a, "--model")
-    check_input_files(("--input", a.input))
     media = media_settings(offline=a.offline)
+    check_input_files(("--input", a.input))
     import numpy as np
 
     from ..files import replaced_when_done

@@ -106,8 +106,30 @@ def build_trainer(args: SftArguments, media: MediaSettings | None = None) -> Emb
         teacher_signal=data.teacher_key,
         bucket=bool(args.length_buckets),
     )
-    collator.builder.media = media  # pickled with the collator, the settings reach data-loader workers
-    mmembed_config = {
+    # the collator makes its own builder (it takes no settings): the run's go on it, and travel to
+    # data-loader workers pickled with the collator
+    collator.builder.media = media
+    trainer = EmbeddingTrainer(
+        model=model,
+        args=args,
+        train_dataset=data.train,
+        eval_dataset=data.val,
+        data_collator=collator,
+        processing_class=encoding.processing,
+        loss=loss,
+        side_models=side_models.models,
+        eval_tasks=eval_tasks,
+        mmembed_config=saved_config(args, encoding, loss, data),
+        param_lrs=part_learning_rates(model, encoding.template, args),
+    )
+    trainer.add_callback(TrainingCharts(lambda: eval_similarities(trainer)))
+    return trainer
+
+
+def saved_config(args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, data: TrainingData) -> dict[str, Any]:
+    """What each saved model's ``mmembed.json`` records: how the model embeds (base model,
+    template, pooling, media, length), how it was trained, and :func:`training_facts`."""
+    return {
         "base_model": os.path.abspath(args.model),
         "template": template_config(encoding.template),
         "default_system": encoding.template.default_system,
@@ -120,21 +142,6 @@ def build_trainer(args: SftArguments, media: MediaSettings | None = None) -> Emb
         "loss_type": args.loss_type,
         **training_facts(args, loss, data),
     }
-    trainer = EmbeddingTrainer(
-        model=model,
-        args=args,
-        train_dataset=data.train,
-        eval_dataset=data.val,
-        data_collator=collator,
-        processing_class=encoding.processing,
-        loss=loss,
-        side_models=side_models.models,
-        eval_tasks=eval_tasks,
-        mmembed_config=mmembed_config,
-        param_lrs=part_learning_rates(model, encoding.template, args),
-    )
-    trainer.add_callback(TrainingCharts(lambda: eval_similarities(trainer)))
-    return trainer
 
 
 def training_facts(args: SftArguments, loss: EmbeddingLoss, data: TrainingData) -> dict[str, Any]:
