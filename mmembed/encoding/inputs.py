@@ -7,8 +7,9 @@ same way.
 - Text models get the tokenizer's output (``input_ids``, ``attention_mask``, ...).
 - Multimodal models (a template with media placeholders and a processor) get the
   processor's output: each ``<image>``/``<video>``/``<audio>`` tag is rendered as the
-  template's placeholder, the media are loaded (``mmembed.encoding.media``: pixel and frame
-  budgets from ``MAX_PIXELS``, ``FPS``, ...), and the processor expands each placeholder
+  template's placeholder, the media are loaded (``mmembed.encoding.media``, with the
+  builder's :class:`~mmembed.encoding.media.MediaSettings`: the pixel and frame budgets of
+  ``MAX_PIXELS``, ``FPS``, ... and the download settings), and the processor expands each placeholder
   to one token per visual patch group or audio frame and returns ``pixel_values``,
   ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``, ``input_features``, ...
   The media of a batch are passed in the order their tags appear, row by row, which is
@@ -25,13 +26,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..data.sample import DataError, Item, Origin
 from .buckets import bucket_width, pad_to_width
 from .templates import Template
+
+if TYPE_CHECKING:  # the media loader is imported at the first row with media (qwen-vl-utils: about a second)
+    from .media import MediaSettings
 
 # [N, 3] images, videos, audios per row of a media batch: which pixel / feature rows belong
 # to which input row (select_rows). The model wrapper drops it before the backbone.
@@ -79,10 +83,15 @@ class InputBuilder:
             error naming the row. Without ``truncate`` rows are encoded whole.
         bucket: pad text batches to a bucketed width (:mod:`mmembed.encoding.buckets`), never
             past ``max_length`` unless a row is longer.
+        media: how media are loaded: pixel and frame budgets, downloads (the command's
+            settings, parsed once where it started). None: the environment's, parsed at the
+            first row with media and kept. Stored on the builder, the settings travel with it
+            to data-loader workers.
     """
 
     def __init__(self, template: Template, processing: Any, max_length: int | None = None,
-                 truncation_side: str = "right", truncate: bool = True, bucket: bool = False):
+                 truncation_side: str = "right", truncate: bool = True, bucket: bool = False,
+                 media: MediaSettings | None = None):
         self.template = template
         self.tokenizer = tokenizer_of(processing)
         self.processor = processing if template.media and is_multimodal_processor(processing) else None
@@ -93,10 +102,20 @@ class InputBuilder:
         self.padding_side = template.padding_side
         self.truncation_side = "left" if truncation_side == "left" else "right"
         self.bucket = bucket
+        self.media = media
 
     @property
     def multimodal(self) -> bool:
         return self.processor is not None
+
+    def media_settings(self) -> MediaSettings:
+        """The settings this builder loads media with: those it was given, else the
+        environment's, parsed now and kept (every later batch uses the same)."""
+        if self.media is None:
+            from .media import MediaSettings
+
+            self.media = MediaSettings.from_env()
+        return self.media
 
     # ---- encoding -------------------------------------------------------------------
     def __call__(self, items: Sequence[Item], origins: Sequence[Origin] | None = None) -> dict[str, torch.Tensor]:
@@ -172,7 +191,8 @@ class InputBuilder:
         """The batch's media in tag order, as processor keyword arguments."""
         from . import media as M
 
-        budget = M.MediaBudget.from_env()
+        settings = self.media_settings()
+        budget, downloads = settings.budget, settings.downloads
         patch = self._patch_size()
         images, videos, audios = [], [], []
         for i, it in enumerate(items):
@@ -183,11 +203,14 @@ class InputBuilder:
                     raise DataError(base[0], base[1], base[2] or None,
                                     f"template '{self.template.name}' takes no {kind} inputs, but the row has {len(refs)}")
             for j, ref in enumerate(it.images):
-                images.append(M.load_image(ref, budget, where=_where(base, "images", j), patch_size=patch))
+                images.append(M.load_image(ref, budget, where=_where(base, "images", j), patch_size=patch,
+                                           downloads=downloads))
             for j, ref in enumerate(it.videos):
-                videos.append(M.load_video(ref, budget, where=_where(base, "videos", j), patch_size=patch))
+                videos.append(M.load_video(ref, budget, where=_where(base, "videos", j), patch_size=patch,
+                                           downloads=downloads))
             for j, ref in enumerate(it.audios):
-                audios.append(M.load_audio(ref, self.sampling_rate, where=_where(base, "audios", j)))
+                audios.append(M.load_audio(ref, self.sampling_rate, where=_where(base, "audios", j),
+                                           downloads=downloads))
         # the media arrive sized and sampled by the budget (as qwen-vl-utils does it for
         # ms-swift): the processor must not resize or resample them again
         kwargs: dict[str, Any] = {}

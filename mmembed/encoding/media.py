@@ -18,7 +18,12 @@ Budgets (the environment variables of ms-swift / qwen-vl-utils)
 :meth:`MediaBudget.from_env` reads ``MAX_PIXELS``, ``MIN_PIXELS`` (images),
 ``VIDEO_MAX_PIXELS``, ``VIDEO_MIN_PIXELS``, ``VIDEO_TOTAL_PIXELS`` (per video frame / whole
 video), ``FPS``, ``FPS_MIN_FRAMES``, ``FPS_MAX_FRAMES`` (frame sampling) and
-``FORCE_QWENVL_VIDEO_READER`` when called (``budget=None`` reads them at every call).
+``FORCE_QWENVL_VIDEO_READER``. :class:`MediaSettings` holds the budget with the download
+settings (:class:`~mmembed.encoding.remote.DownloadSettings`): a command parses it once
+where it starts (:meth:`MediaSettings.from_env`, with its ``--max_pixels`` / ``--offline``
+flags) and hands it to the :class:`~mmembed.encoding.inputs.InputBuilder`, which passes it
+to every load here (and, pickled with the builder, to data-loader workers). The functions
+below, called without one, parse the environment at that call.
 qwen-vl-utils 0.0.14 itself reads none of them: its limits are module constants counted in
 tokens (``IMAGE_MAX_TOKEN_NUM`` etc.; one token = ``factor**2`` pixels, ``factor =
 patch_size * 2``). ms-swift converts a pixel variable to tokens (``MAX_PIXELS // factor**2``)
@@ -77,9 +82,10 @@ from ..data.paths import SCHEME_RE, MediaFileError
 from ..data.sample import Origin
 from ..errors import env_number
 from . import remote
-from .remote import HTTP_TIMEOUT
+from .remote import HTTP_TIMEOUT, DownloadSettings
 
-__all__ = ["HTTP_TIMEOUT", "MediaBudget", "Video", "load_audio", "load_image", "load_video", "video_reader"]
+__all__ = ["HTTP_TIMEOUT", "MediaBudget", "MediaSettings", "Video", "load_audio", "load_image", "load_video",
+           "video_reader"]
 
 #: Frames per second qwen-vl-utils assumes for a video given as a list of frames.
 FRAME_LIST_FPS = 2.0
@@ -180,6 +186,29 @@ class MediaBudget:
         return min_pixels, max_pixels
 
 
+@dataclass(frozen=True)
+class MediaSettings:
+    """Everything the media loader takes from the environment, parsed once: the pixel and
+    frame ``budget`` and how URLs are fetched (``downloads``: timeout, size limit, offline
+    switch, cache folder). Built where a command starts and passed down, so the loader never
+    reads the environment batch by batch."""
+
+    budget: MediaBudget = field(default_factory=MediaBudget)
+    downloads: DownloadSettings = field(default_factory=DownloadSettings)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, *, max_pixels: int | None = None,
+                 offline: bool = False) -> MediaSettings:
+        """The settings of ms-swift's media variables and mmembed's download variables in
+        ``environ`` (default ``os.environ``). A command's flags take their variable's place:
+        ``max_pixels`` (``--max_pixels``) that of ``MAX_PIXELS``, ``offline`` (``--offline
+        true``) that of ``MMEMBED_OFFLINE=1``. A malformed variable is a ValueError naming it."""
+        env = os.environ if environ is None else environ
+        if max_pixels is not None:
+            env = {**env, "MAX_PIXELS": str(max_pixels)}
+        return cls(MediaBudget.from_env(env), DownloadSettings.from_env(env, offline=offline))
+
+
 # ----------------------------------------------------------------------------- references
 
 
@@ -226,9 +255,9 @@ def _decode_data_uri(ref: str) -> bytes:
     return unquote_to_bytes(payload)
 
 
-def _open(ref: str, where: Origin | None, kind: str) -> str | io.BytesIO:
+def _open(ref: str, where: Origin | None, kind: str, downloads: DownloadSettings | None) -> str | io.BytesIO:
     """A local path (checked to exist; for a URL, its file in the media cache, downloaded
-    first if needed) or the decoded bytes of a data: URI."""
+    first if needed with ``downloads``) or the decoded bytes of a data: URI."""
     if not isinstance(ref, str) or not ref.strip():
         raise _error(where, ref, f"a {kind} reference must be a non-empty path or URL string")
     try:
@@ -236,7 +265,7 @@ def _open(ref: str, where: Origin | None, kind: str) -> str | io.BytesIO:
         if path is None:
             if ref.strip()[:5].lower() == "data:":
                 return io.BytesIO(_decode_data_uri(ref.strip()))
-            return remote.fetch(ref)
+            return remote.fetch(ref, downloads)
     except ValueError as e:
         reason = remote.redact_text(str(e), ref) if remote.is_url(ref) else str(e)
         raise _error(where, ref, f"cannot read {kind} ({reason})") from None
@@ -251,11 +280,13 @@ def _open(ref: str, where: Origin | None, kind: str) -> str | io.BytesIO:
 
 
 def load_image(
-    ref: str, budget: MediaBudget | None = None, where: Origin | None = None, *, patch_size: int = 14
+    ref: str, budget: MediaBudget | None = None, where: Origin | None = None, *, patch_size: int = 14,
+    downloads: DownloadSettings | None = None,
 ) -> Image.Image:
     """Open an image and resize it as qwen-vl-utils' ``fetch_image`` does.
 
-    ``ref``: absolute path, ``file://`` URI, ``data:`` URI or ``http(s)://`` URL.
+    ``ref``: absolute path, ``file://`` URI, ``data:`` URI or ``http(s)://`` URL (fetched with
+    ``downloads``). ``budget`` / ``downloads``: None parses the environment at this call.
     ``patch_size``: the vision encoder's patch (14 for Qwen2/2.5-VL and GME, 16 for Qwen3-VL:
     ``processor.image_processor.patch_size``); sides become multiples of ``2 * patch_size``
     and the pixel count lies within the budget (``smart_resize``).
@@ -264,11 +295,12 @@ def load_image(
     for the Qwen-VL image processor with ``do_resize=False``. Raises :class:`MediaFileError`.
     """
     budget = MediaBudget.from_env() if budget is None else budget
-    return _load_image(ref, budget.image_tokens(patch_size * qvu.SPATIAL_MERGE_SIZE), where, patch_size)
+    return _load_image(ref, budget.image_tokens(patch_size * qvu.SPATIAL_MERGE_SIZE), where, patch_size, downloads)
 
 
-def _load_image(ref: str, tokens: tuple[int, int], where: Origin | None, patch_size: int) -> Image.Image:
-    source = _open(ref, where, "image")
+def _load_image(ref: str, tokens: tuple[int, int], where: Origin | None, patch_size: int,
+                downloads: DownloadSettings | None) -> Image.Image:
+    source = _open(ref, where, "image", downloads)
     try:
         with Image.open(source) as im:
             im.load()  # decode now: a truncated or corrupt file fails here, not later
@@ -320,6 +352,7 @@ def load_video(
     where: Origin | None = None,
     *,
     patch_size: int = 14,
+    downloads: DownloadSettings | None = None,
 ) -> Video:
     """Read, sample and resize a video as qwen-vl-utils' ``fetch_video`` does.
 
@@ -327,23 +360,25 @@ def load_video(
     images (sorted by name) or a list of frame image references. Frames are sampled at
     ``budget.fps`` (at least ``fps_min_frames``, at most ``fps_max_frames``, an even count,
     evenly spaced) and resized to the per-frame budget; a frame list is taken whole (padded
-    to an even count by repeating the last frame) at ``FRAME_LIST_FPS``.
+    to an even count by repeating the last frame) at ``FRAME_LIST_FPS``. URLs are fetched with
+    ``downloads``; ``budget`` / ``downloads``: None parses the environment at this call.
     Raises :class:`MediaFileError`.
     """
     budget = MediaBudget.from_env() if budget is None else budget
     factor = patch_size * qvu.SPATIAL_MERGE_SIZE
     if isinstance(ref, str):
-        source = _open(ref, where, "video")
+        source = _open(ref, where, "video", downloads)
         if isinstance(source, str) and os.path.isdir(source):
             names = sorted(n for n in os.listdir(source) if n.lower().endswith(_IMAGE_EXTENSIONS))
             if not names:
                 raise _error(where, ref, "video folder holds no frame images")
-            frames, metadata, sample_fps = _frame_list([os.path.join(source, n) for n in names], budget, where, factor)
+            frames, metadata, sample_fps = _frame_list([os.path.join(source, n) for n in names], budget, where, factor,
+                                                       downloads)
         else:
             reader = video_reader(budget)
             frames, metadata, sample_fps = _read_video(source, reader, budget, ref, where)
     elif isinstance(ref, Sequence) and ref:
-        frames, metadata, sample_fps = _frame_list(list(ref), budget, where, factor)
+        frames, metadata, sample_fps = _frame_list(list(ref), budget, where, factor, downloads)
     else:
         raise _error(where, ref, "a video must be a path/URL or a non-empty list of frame images")
 
@@ -433,13 +468,14 @@ def _read_pyav(source, budget: MediaBudget, ref: Any, where: Origin | None):
     return frames, meta, len(idx) / total * video_fps
 
 
-def _frame_list(refs: list, budget: MediaBudget, where: Origin | None, factor: int):
+def _frame_list(refs: list, budget: MediaBudget, where: Origin | None, factor: int,
+                downloads: DownloadSettings | None):
     """fetch_video's list branch: every frame through fetch_image, padded to an even count."""
     # qwen-vl-utils passes the video factor (2 * patch) to fetch_image as its *patch* size,
     # so frames are first resized to multiples of 4 * patch within the image budget counted
     # in those larger tokens; then the video budget applies. Kept as is so frames match.
     tokens = budget.image_tokens(factor)
-    images = [_load_image(r, tokens, where, patch_size=factor) for r in refs]
+    images = [_load_image(r, tokens, where, factor, downloads) for r in refs]
     sizes = {im.size for im in images}
     if len(sizes) > 1:
         raise _error(where, refs, f"video frames differ in size after resizing: {sorted(sizes)}")
@@ -458,16 +494,18 @@ def _frame_list(refs: list, budget: MediaBudget, where: Origin | None, factor: i
 # ----------------------------------------------------------------------------- audio
 
 
-def load_audio(ref: str, sampling_rate: int, where: Origin | None = None) -> np.ndarray:
+def load_audio(ref: str, sampling_rate: int, where: Origin | None = None, *,
+               downloads: DownloadSettings | None = None) -> np.ndarray:
     """A mono ``float32`` waveform in [-1, 1] at ``sampling_rate`` Hz, as ``librosa.load(ref,
     sr=sampling_rate)`` gives it (ms-swift's loader): soundfile decodes (WAV, FLAC, OGG,
     MP3, ...; other containers such as M4A through PyAV), channels are averaged, and soxr
     resamples at librosa's default quality (``soxr_hq``) to ``ceil(n * sampling_rate / rate)``
-    samples. Raises :class:`MediaFileError`.
+    samples. URLs are fetched with ``downloads`` (None: the environment's, parsed at this call).
+    Raises :class:`MediaFileError`.
     """
     if not (isinstance(sampling_rate, (int, float)) and sampling_rate > 0):
         raise ValueError(f"sampling_rate must be a positive number, got {sampling_rate!r}")
-    source = _open(ref, where, "audio")
+    source = _open(ref, where, "audio", downloads)
     try:
         y, rate = _decode_soundfile(source)
     except Exception as e_sf:  # libsndfile does not know the format: try FFmpeg

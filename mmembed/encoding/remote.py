@@ -13,15 +13,21 @@ a killed or failed download never leaves a part under the final name; processes 
 the same URL at once take a lock on it, and the second finds the first one's file. Files are
 never changed once written; delete the folder (or files in it) to fetch again.
 
-Limits (read at every download)
--------------------------------
+Settings (parsed once)
+----------------------
+:class:`DownloadSettings` holds what a download reads from the environment, parsed once by
+:meth:`DownloadSettings.from_env` where a command starts (``mmembed sft`` and ``mmembed embed``
+build it with their ``--offline`` flag; the media loader and the data-loader workers are
+handed it); a call given none parses the environment at that call:
+
 * ``MMEMBED_HTTP_TIMEOUT`` (seconds, default 30): the longest wait for the server, to connect
   and for each piece of the answer; a server silent for longer fails the download.
 * ``MMEMBED_MEDIA_MAX_BYTES`` (default 536870912, 512 MiB): a larger ``Content-Length`` is
   refused before anything is read, and a body that grows past it is cut off.
-* Offline: ``MMEMBED_OFFLINE=1`` (what ``mmembed sft --offline true`` and ``mmembed embed
-  --offline true`` set) or ``HF_HUB_OFFLINE=1`` refuses every URL not already in the cache;
-  a cached URL is read from the cache as usual. ``data:`` URIs are not network: always read.
+* Offline: ``MMEMBED_OFFLINE=1`` (or ``--offline true`` of ``mmembed sft`` and ``mmembed
+  embed``) or ``HF_HUB_OFFLINE=1`` refuses every URL not already in the cache; a cached URL
+  is read from the cache as usual. ``data:`` URIs are not network: always read.
+* ``MMEMBED_MEDIA_CACHE``: the cache folder (above).
 
 Every failure raises ``ValueError`` with the reason; the media loader adds the data file,
 line, field and URL (:class:`~mmembed.data.paths.MediaFileError`). Each download is logged at
@@ -43,9 +49,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 try:
@@ -57,8 +63,8 @@ from ..data.sample import Origin, Sample
 from ..errors import env_number
 
 __all__ = [
-    "HTTP_TIMEOUT", "MAX_BYTES", "Tally", "cache_dir", "cache_path", "fetch", "is_offline", "is_url", "prefetch", "redact",
-    "sample_urls", "tally",
+    "HTTP_TIMEOUT", "MAX_BYTES", "DownloadSettings", "Tally", "cache_dir", "cache_path", "fetch", "is_url", "prefetch",
+    "redact", "sample_urls", "tally",
 ]  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -103,33 +109,53 @@ def redact(url: str) -> str:
 # ----------------------------------------------------------------------------- settings
 
 
-def cache_dir() -> str:
-    """The folder of cached downloads (``MMEMBED_MEDIA_CACHE``, else ``~/.cache/mmembed/media``)."""
-    folder = os.environ.get(CACHE_ENV, "").strip()
+def cache_dir(environ: Mapping[str, str] | None = None) -> str:
+    """The folder of cached downloads (``MMEMBED_MEDIA_CACHE``, else ``~/.cache/mmembed/media``)
+    as ``environ`` (default ``os.environ``) names it."""
+    env = os.environ if environ is None else environ
+    folder = env.get(CACHE_ENV, "").strip()
     if not folder:
-        base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join("~", ".cache")
+        base = env.get("XDG_CACHE_HOME", "").strip() or os.path.join("~", ".cache")
         folder = os.path.join(base, "mmembed", "media")
     return os.path.abspath(os.path.expanduser(folder))
 
 
-def is_offline() -> bool:
-    """Whether URLs must not be fetched: ``MMEMBED_OFFLINE`` or ``HF_HUB_OFFLINE`` is true."""
-    return any(os.environ.get(name, "").strip().lower() in _TRUE for name in (OFFLINE_ENV, "HF_HUB_OFFLINE"))
+@dataclass(frozen=True)
+class DownloadSettings:
+    """How URLs are fetched: the variables of the module docstring, parsed once.
 
+    Attributes:
+        timeout: seconds to wait for the server (``MMEMBED_HTTP_TIMEOUT``).
+        max_bytes: the largest download (``MMEMBED_MEDIA_MAX_BYTES``).
+        offline: the switches that forbid downloads as messages name them (``"MMEMBED_OFFLINE=1"``,
+            ``"MMEMBED_OFFLINE=1 and HF_HUB_OFFLINE=1"``); empty: online.
+        cache: the folder of cached downloads (``MMEMBED_MEDIA_CACHE``).
+    """
 
-def _offline_switch() -> str:
-    on = [name for name in (OFFLINE_ENV, "HF_HUB_OFFLINE") if os.environ.get(name, "").strip().lower() in _TRUE]
-    return " and ".join(f"{name}={os.environ[name]}" for name in on)
+    timeout: float = HTTP_TIMEOUT
+    max_bytes: int = MAX_BYTES
+    offline: str = ""
+    cache: str = field(default_factory=lambda: cache_dir({}))
 
-
-def http_timeout() -> float:
-    value = env_number(os.environ, TIMEOUT_ENV, float, positive=True)
-    return HTTP_TIMEOUT if value is None else value
-
-
-def max_bytes() -> int:
-    value = env_number(os.environ, MAX_BYTES_ENV, int, positive=True)
-    return MAX_BYTES if value is None else value
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, *, offline: bool = False) -> DownloadSettings:
+        """The settings ``environ`` (default ``os.environ``) asks for; ``offline`` (a command's
+        ``--offline true``) switches downloads off as ``MMEMBED_OFFLINE=1`` does. A malformed
+        variable is a ValueError naming it and its value (a switch too, which would otherwise be
+        taken as off)."""
+        env = os.environ if environ is None else environ
+        timeout = env_number(env, TIMEOUT_ENV, float, positive=True)
+        limit = env_number(env, MAX_BYTES_ENV, int, positive=True)
+        switches = {}
+        for name in (OFFLINE_ENV, "HF_HUB_OFFLINE"):
+            value = env.get(name)
+            if value is not None and value.strip().lower() not in _TRUE + _FALSE:
+                raise ValueError(f"environment variable {name}={value!r} must be true or false (1/0, yes/no, on/off)")
+            switches[name] = "1" if offline and name == OFFLINE_ENV else value
+        on = " and ".join(f"{name}={value}" for name, value in switches.items()
+                          if value is not None and value.strip().lower() in _TRUE)
+        return cls(HTTP_TIMEOUT if timeout is None else timeout, MAX_BYTES if limit is None else limit, on,
+                   cache_dir(env))
 
 
 def redact_text(text: str, url: str) -> str:
@@ -147,18 +173,6 @@ def redact_text(text: str, url: str) -> str:
     for secret in sorted(filter(None, secrets_), key=len, reverse=True):
         text = text.replace(secret, "***")
     return text
-
-
-def check_settings() -> None:
-    """The download variables, read now so that a malformed one is refused at start rather
-    than met at the first URL (or, for a switch, silently taken as off): a ValueError naming
-    the variable and its value."""
-    http_timeout()
-    max_bytes()
-    for name in (OFFLINE_ENV, "HF_HUB_OFFLINE"):
-        value = os.environ.get(name)
-        if value is not None and value.strip().lower() not in _TRUE + _FALSE:
-            raise ValueError(f"environment variable {name}={value!r} must be true or false (1/0, yes/no, on/off)")
 
 
 def cache_path(url: str, folder: str | None = None) -> str:
@@ -188,9 +202,10 @@ class Tally:
     def __bool__(self) -> bool:
         return bool(self.downloaded or self.cached)
 
-    def summary(self) -> str:
+    def summary(self, cache: str | None = None) -> str:
+        """One line of the counts; ``cache``: the cache folder they name (default: the environment's)."""
         return (f"remote media: {self.downloaded} URL(s) downloaded ({self.bytes:,} bytes in {self.seconds:.2f} s), "
-                f"{self.cached} found in the cache {cache_dir()}")
+                f"{self.cached} found in the cache {cache or cache_dir()}")
 
 
 _tally = Tally()
@@ -214,24 +229,26 @@ def _count_cached(path: str) -> None:
 # ----------------------------------------------------------------------------- fetching
 
 
-def fetch(url: str) -> str:
+def fetch(url: str, settings: DownloadSettings | None = None) -> str:
     """The path of ``url``'s bytes in the cache, downloaded first when not there yet.
 
-    Raises ``ValueError`` with the reason (offline, timeout, size limit, HTTP status, ...).
+    ``settings``: the timeout, size limit, offline switch and cache folder (None: the
+    environment's, parsed at this call). Raises ``ValueError`` with the reason (offline,
+    timeout, size limit, HTTP status, ...).
     """
-    return _fetch(url)[0]
+    return _fetch(url, DownloadSettings.from_env() if settings is None else settings)[0]
 
 
-def _fetch(url: str) -> tuple[str, bool]:
+def _fetch(url: str, settings: DownloadSettings) -> tuple[str, bool]:
     """``(path, whether this call downloaded it)``."""
     url = url.strip()
-    folder = cache_dir()
+    folder = settings.cache
     path = cache_path(url, folder)
     if os.path.isfile(path):
         _count_cached(path)
         return path, False
-    if is_offline():
-        raise ValueError(f"offline ({_offline_switch()}) and the URL is not in the media cache {folder}; "
+    if settings.offline:
+        raise ValueError(f"offline ({settings.offline}) and the URL is not in the media cache {folder}; "
                          "fetch it once online (any mmembed command that reads it caches it), or unset the switch")
     try:
         os.makedirs(os.path.join(folder, ".locks"), exist_ok=True)
@@ -242,7 +259,7 @@ def _fetch(url: str) -> tuple[str, bool]:
         if os.path.isfile(path):  # another process (or thread) fetched it while this one waited
             _count_cached(path)
             return path, False
-        _download(url, path)
+        _download(url, path, settings)
     with _tally_lock:
         _seen.add(path)
     return path, True
@@ -261,9 +278,8 @@ def _locked(lock_path: str) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def _download(url: str, path: str) -> None:
+def _download(url: str, path: str, settings: DownloadSettings) -> None:
     """Stream ``url`` into a temporary file beside ``path``, then rename it to ``path``."""
-    timeout, limit = http_timeout(), max_bytes()
     folder = os.path.dirname(path)
     # a name of this download alone, created with the permissions a plain open() gives (not mkstemp's 0600),
     # so a shared cache stays readable
@@ -275,7 +291,7 @@ def _download(url: str, path: str) -> None:
     start = time.monotonic()
     try:
         with os.fdopen(fd, "wb") as out:
-            size = _stream(url, out, timeout, limit)
+            size = _stream(url, out, settings.timeout, settings.max_bytes, folder)
             try:
                 out.flush()
                 os.fsync(out.fileno())
@@ -298,7 +314,7 @@ def _write_error(folder: str, e: OSError) -> ValueError:
     return ValueError(f"cannot write to the media cache {folder} ({e.strerror or e}); nothing was kept")
 
 
-def _stream(url: str, out, timeout: float, limit: int) -> int:
+def _stream(url: str, out, timeout: float, limit: int, folder: str) -> int:
     """Copy the body of ``url`` into ``out``; returns its size. Errors become ``ValueError``."""
     slow = (f"no answer from the server within {timeout:g} s ({TIMEOUT_ENV}, default {HTTP_TIMEOUT:g}); "
             "the download was abandoned")
@@ -319,7 +335,7 @@ def _stream(url: str, out, timeout: float, limit: int) -> int:
                 try:
                     out.write(chunk)
                 except OSError as e:
-                    raise _write_error(cache_dir(), e) from None
+                    raise _write_error(folder, e) from None
             if announced is not None and size < announced:
                 raise ValueError(f"the connection closed after {size:,} of {announced:,} bytes; nothing was kept")
             return size
@@ -352,14 +368,15 @@ def sample_urls(sample: Sample) -> Iterator[tuple[str, Origin]]:
 
 
 def prefetch(refs: Iterable[tuple[str, Origin]], threads: int = _PREFETCH_THREADS,
-             failed: dict[str, str] | None = None) -> Tally:
+             failed: dict[str, str] | None = None, settings: DownloadSettings | None = None) -> Tally:
     """Fetch every URL of ``refs`` (``(url, where)`` pairs) into the cache before it is needed,
-    a few at a time, and log one summary line. The first URL (in ``refs``' order) that fails
+    a few at a time, with ``settings`` (None: the environment's), and log one summary line. The first URL (in ``refs``' order) that fails
     raises :class:`~mmembed.data.paths.MediaFileError` naming its file, line, field and the URL;
     given ``failed`` (a dict), every URL that fails is put there instead (URL -> reason, redacted).
     Returns the counts of this call."""
     from ..data.paths import MediaFileError
 
+    settings = DownloadSettings.from_env() if settings is None else settings
     first: dict[str, Origin] = {}
     for url, where in refs:
         first.setdefault(url.strip(), where)
@@ -368,7 +385,7 @@ def prefetch(refs: Iterable[tuple[str, Origin]], threads: int = _PREFETCH_THREAD
     before = tally()
     downloaded = 0
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(first)))) as pool:
-        futures = [(url, where, pool.submit(_fetch, url)) for url, where in first.items()]
+        futures = [(url, where, pool.submit(_fetch, url, settings)) for url, where in first.items()]
         for url, where, future in futures:
             try:
                 downloaded += future.result()[1]
@@ -381,5 +398,5 @@ def prefetch(refs: Iterable[tuple[str, Origin]], threads: int = _PREFETCH_THREAD
                 raise MediaFileError(source, line, fieldname, redact_text(f"cannot download ({e}): {redact(url)!r}", url)) from None
     moved = tally() - before
     done = Tally(downloaded, moved.bytes, moved.seconds, len(first) - downloaded - len(failed or ()))
-    logger.info("%s (%d distinct URL(s) in the data)", done.summary(), len(first))
+    logger.info("%s (%d distinct URL(s) in the data)", done.summary(settings.cache), len(first))
     return done

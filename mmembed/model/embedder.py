@@ -11,7 +11,7 @@ import json
 import logging
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,6 +23,9 @@ from ..encoding.templates import Template, get_template, template_from_config
 from .adapters import load_lora
 from .embedding import EmbeddingModel, default_max_length, load_backbone, require_local_model
 from .io import read_mmembed_config
+
+if TYPE_CHECKING:
+    from ..encoding.media import MediaSettings
 
 
 def _base_model_of(path: str, cfg: dict[str, Any] | None) -> str:
@@ -133,9 +136,14 @@ def as_item(x: Any, source: str = "<input>", line: int = 0, base_dir: str | None
 
 class Embedder:
     """Encode inputs (text, and images, videos or audio for a multimodal model) into
-    L2-normalized embeddings with a trained (or base) model."""
+    L2-normalized embeddings with a trained (or base) model.
 
-    def __init__(self, model: EmbeddingModel, tokenizer: Any, template: Template, max_length: int, device: str | None = None):
+    ``media``: how media are loaded (pixel and frame budgets, downloads), as a command builds
+    them where it starts; None: the environment's (``MAX_PIXELS``, ``FPS``, ...,
+    ``MMEMBED_OFFLINE``), parsed at the first input with media and kept."""
+
+    def __init__(self, model: EmbeddingModel, tokenizer: Any, template: Template, max_length: int, device: str | None = None,
+                 media: MediaSettings | None = None):
         self.model = model
         self.processing = tokenizer  # the tokenizer, or the processor of a multimodal model
         self.tokenizer = tokenizer_of(tokenizer)
@@ -143,12 +151,13 @@ class Embedder:
         self.max_length = max_length
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model.to(self.device)
-        self.builder = InputBuilder(template, tokenizer, max_length, truncate=True)
+        self.builder = InputBuilder(template, tokenizer, max_length, truncate=True, media=media)
 
     @classmethod
-    def from_pretrained(cls, path: str, device: str | None = None, torch_dtype: str | None = None) -> Embedder:
+    def from_pretrained(cls, path: str, device: str | None = None, torch_dtype: str | None = None,
+                        media: MediaSettings | None = None) -> Embedder:
         model, tokenizer, template, info = load_embedding_model(path, torch_dtype)
-        return cls(model, tokenizer, template, info["max_length"], device)
+        return cls(model, tokenizer, template, info["max_length"], device, media)
 
     @torch.no_grad()
     def encode(self, inputs: str | Sequence[Any], batch_size: int = 32,
@@ -175,7 +184,7 @@ class Embedder:
                 out[i] = emb[j]
         fetched = remote.tally() - fetched
         if fetched:  # URLs downloaded (each logged) or first found in the media cache by this call
-            logging.getLogger("mmembed").info(fetched.summary())
+            logging.getLogger("mmembed").info(fetched.summary(self.builder.media_settings().downloads.cache))
         if not out:
             return np.zeros((0, 0), dtype=np.float32)
         return np.stack(out).astype(np.float32)

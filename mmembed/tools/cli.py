@@ -10,8 +10,12 @@ import logging
 import os
 import subprocess
 import sys
+from typing import TYPE_CHECKING
 
 from ..errors import ArgumentParser, UsageError, one_line, take_debug
+
+if TYPE_CHECKING:
+    from ..encoding.media import MediaSettings
 
 USAGE = """usage: mmembed COMMAND [flags]
 
@@ -109,6 +113,18 @@ def check_model_flags(a, *flags: str) -> None:
         raise UsageError(f"--batch_size must be an integer >= 1, got {batch_size}")
 
 
+def media_settings(offline: bool = False) -> MediaSettings:
+    """The command's :class:`~mmembed.encoding.media.MediaSettings`, parsed once at its start
+    from the environment (``MAX_PIXELS``, ``FPS``, ..., the download variables) and its
+    ``--offline`` flag; a malformed variable is a usage error naming it."""
+    from ..encoding.media import MediaSettings
+
+    try:
+        return MediaSettings.from_env(offline=offline)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def check_input_files(*flags_and_paths: tuple[str, str | None]) -> None:
     """The data files a command reads, there before its model loads (the user's data: exit status 1)."""
     from ..data import SpecError
@@ -133,9 +149,8 @@ def cmd_embed(argv: list[str]) -> int:
                    help="fetch no http(s) media (as MMEMBED_OFFLINE=1): a URL not in the media cache is an error")
     a = p.parse_args(argv)
     check_model_flags(a, "--model")
+    media = media_settings(offline=a.offline)
     check_input_files(("--input", a.input))
-    if a.offline:
-        os.environ["MMEMBED_OFFLINE"] = "1"
     import numpy as np
 
     from ..files import replaced_when_done
@@ -145,7 +160,8 @@ def cmd_embed(argv: list[str]) -> int:
         from .teacher_arrays import teacher_arrays
 
         stem = a.output[:-4] if a.output.endswith(".npy") else a.output
-        emb, scores = teacher_arrays(Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype), a.input, a.batch_size)
+        emb, scores = teacher_arrays(Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype, media=media), a.input,
+                                     a.batch_size)
         for name, arr in (("embeddings", emb), ("scores", scores)):
             path = f"{stem}_{name}.npy"
             with replaced_when_done(path, "wb") as f:
@@ -154,7 +170,8 @@ def cmd_embed(argv: list[str]) -> int:
         return 0
 
     inputs, origins = read_inputs(a.input)
-    emb = Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype).encode(inputs, batch_size=a.batch_size, origins=origins)
+    emb = Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype, media=media).encode(
+        inputs, batch_size=a.batch_size, origins=origins)
     output = a.output if a.output.endswith(".npy") else a.output + ".npy"  # the name np.save(path) gives
     with replaced_when_done(output, "wb") as f:
         np.save(f, emb)

@@ -438,11 +438,10 @@ def _check_swift_flags(args: SftArguments) -> None:
         except re.error as e:
             raise UsageError(f"--target_regex {args.target_regex!r} is not a regular expression ({e})") from None
     if args.max_pixels is not None:
+        # the run's media settings take the flag for MAX_PIXELS (mmembed.training.preflight.media_settings)
         env = os.environ.get("MAX_PIXELS")
         if env is not None and env.strip() and env.strip() != str(args.max_pixels):
             logging.getLogger("mmembed").warning("--max_pixels %d wins over MAX_PIXELS=%s", args.max_pixels, env)
-        # the media loader reads the budget where ms-swift's contract puts it: the variable
-        os.environ["MAX_PIXELS"] = str(args.max_pixels)
 
 
 def _check_loss_args(args: SftArguments) -> None:

@@ -257,30 +257,6 @@ def test_a_worker_hands_its_data_error_to_the_main_process(minilm_path):
         collator([unlabeled])
 
 
-def test_the_length_check_skips_rows_whose_media_fail_to_decode_with_strict_false(tiny_model, media, caplog):
-    """--truncation_strategy delete (the default) measures every row with its media before
-    training: a video that opens but cannot be sampled fails there, an error naming its row,
-    or with --strict false a skipped row, listed."""
-    from transformers import AutoProcessor
-
-    from mmembed.encoding.inputs import InputBuilder
-    from mmembed.encoding.templates import get_template
-    from mmembed.training.sft import drop_overlong
-
-    write_video(media / "clip.mp4")
-    path = write(media, "d.jsonl", "\n".join([row(query="<video>", videos=["one.mp4"]), row(query="<video>", videos=["clip.mp4"]),
-                                              row()]) + "\n")
-    ds = load_samples([path], cache_dir=str(media / "cache")).dataset
-    builder = InputBuilder(get_template("qwen2_gme"), AutoProcessor.from_pretrained(tiny_model("qwen2_vl")), 4096,
-                           truncate=False)
-    with pytest.raises(DataError, match=f"^{path}:1 field 'query videos\\[0\\]': .*at least 2.*one.mp4"):
-        drop_overlong(ds, builder, "group", 4096, 1, "train")
-    with caplog.at_level(logging.WARNING, logger="mmembed"):
-        kept = drop_overlong(ds, builder, "group", 4096, 1, "train", strict=False)
-    assert kept["line"] == [2, 3]
-    assert "train: skipped 1 row(s) whose media cannot be loaded" in caplog.text and f"{path}:1 field" in caplog.text
-
-
 # ----------------------------------------------------------------------------- the command line
 
 

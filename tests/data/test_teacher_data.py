@@ -190,7 +190,7 @@ def test_a_row_field_and_an_array_for_the_same_signal_conflict(tmp_path):
 def test_collator_pads_scores_and_lines_up_embeddings_with_the_batch_rows(minilm_path, tmp_path):
     from mmembed.data import DataError, read_file
     from mmembed.encoding.collator import EmbeddingCollator
-    from mmembed.training.sft import load_processing, resolve_template
+    from mmembed.training.model_assembly import load_processing, resolve_template
 
     rows = _rows()
     for r, k in zip(rows, (2, 0, 1)):

@@ -31,7 +31,8 @@ from qwen_vl_utils import vision_process as qvu
 
 from mmembed.data import read_file
 from mmembed.data.paths import MediaFileError
-from mmembed.encoding.media import MediaBudget, Video, load_audio, load_image, load_video, video_reader
+from mmembed.encoding.media import MediaBudget, MediaSettings, Video, load_audio, load_image, load_video, video_reader
+from mmembed.encoding.remote import DownloadSettings
 
 MM = os.path.join(REPO, "examples", "data", "mm")
 WHERE = ("train.jsonl", 7, "images[0]")
@@ -123,6 +124,39 @@ def test_budget_rejects_bad_values(monkeypatch):
     monkeypatch.setenv("FORCE_QWENVL_VIDEO_READER", "opencv")
     with pytest.raises(ValueError, match="opencv"):
         MediaBudget.from_env()
+
+
+def test_media_settings_are_the_budget_and_the_download_variables_parsed_once(monkeypatch, tmp_path):
+    """MediaSettings.from_env reads ms-swift's media variables and mmembed's download
+    variables in one place; the object then is what every load uses, whatever the
+    environment says later."""
+    env = {"MAX_PIXELS": "50176", "FPS": "1.5", "MMEMBED_HTTP_TIMEOUT": "2.5", "MMEMBED_MEDIA_MAX_BYTES": "1000",
+           "MMEMBED_OFFLINE": "yes", "HF_HUB_OFFLINE": "0", "MMEMBED_MEDIA_CACHE": str(tmp_path / "cache")}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    settings = MediaSettings.from_env()
+    assert settings == MediaSettings(MediaBudget(max_pixels=50176, fps=1.5),
+                                     DownloadSettings(2.5, 1000, "MMEMBED_OFFLINE=yes", str(tmp_path / "cache")))
+    assert MediaSettings.from_env(dict(env, HF_HUB_OFFLINE="1")).downloads.offline == \
+        "MMEMBED_OFFLINE=yes and HF_HUB_OFFLINE=1"
+    monkeypatch.setenv("MAX_PIXELS", "784")
+    assert settings.budget.max_pixels == 50176  # parsed: the variable is not read again
+    defaults = MediaSettings.from_env({})
+    assert defaults == MediaSettings() and defaults.downloads.offline == ""
+    assert defaults.downloads.cache.endswith(os.path.join(".cache", "mmembed", "media"))
+
+
+def test_a_commands_flags_take_their_variables_place(monkeypatch):
+    """--max_pixels stands for MAX_PIXELS (a malformed MAX_PIXELS is then not read), --offline
+    true for MMEMBED_OFFLINE=1 (named so in messages); a malformed switch is still refused."""
+    assert MediaSettings.from_env({"MAX_PIXELS": "9999"}, max_pixels=50176).budget.max_pixels == 50176
+    assert MediaSettings.from_env({"MAX_PIXELS": "lots"}, max_pixels=50176).budget.max_pixels == 50176
+    assert MediaSettings.from_env({}, offline=True).downloads.offline == "MMEMBED_OFFLINE=1"
+    assert MediaSettings.from_env({"MMEMBED_OFFLINE": "yes", "HF_HUB_OFFLINE": "on"}, offline=True).downloads.offline \
+        == "MMEMBED_OFFLINE=1 and HF_HUB_OFFLINE=on"
+    for bad in ({"MAX_PIXELS": "lots"}, {"MMEMBED_OFFLINE": "maybe"}, {"MMEMBED_HTTP_TIMEOUT": "0"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            MediaSettings.from_env(bad, offline=True)
 
 
 # ----------------------------------------------------------------------------- images

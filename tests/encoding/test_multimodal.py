@@ -102,14 +102,6 @@ def test_ms_swift_model_types_pick_their_templates(model_type, name):
     assert get_template(model_type=model_type).name == name
 
 
-@pytest.mark.parametrize("kind,name", [("qwen2_vl", "qwen2_gme"), ("qwen2_5_vl", "qwen2_5_vl"), ("qwen3_vl", "qwen3_vl_emb"),
-                                       ("qwen2", "gte_qwen2"), ("qwen3", "qwen3_emb"), ("qwen2_audio", "qwen2_audio")])
-def test_template_is_detected_from_the_model_config(tiny_model, kind, name):
-    from mmembed.training.sft import resolve_template
-
-    assert resolve_template(tiny_model(kind), None, None, None).name == name
-
-
 def test_processor_expands_each_image_placeholder_to_its_patch_groups(tiny_model):
     """The ids of an image row: the reference ids with <|image_pad|> repeated once per merged
     patch group (grid t*h*w / merge^2)."""
@@ -125,6 +117,27 @@ def test_processor_expands_each_image_placeholder_to_its_patch_groups(tiny_model
     expanded = parts[0] + "<|image_pad|>" * counts[0] + parts[1] + "<|image_pad|>" * counts[1] + parts[2]
     assert enc["input_ids"][0].tolist() == reference_ids(expanded, SPECIAL)
     assert enc["pixel_values"].shape[0] == int(grids.prod(1).sum())
+
+
+def test_a_builder_loads_media_with_its_settings_parsed_once(tiny_model, monkeypatch):
+    """A builder given media settings loads with them, whatever the environment says; one
+    given none parses the environment at its first media row and keeps what it read (the
+    budget is not read again batch after batch)."""
+    from mmembed.encoding.media import MediaBudget, MediaSettings
+
+    folder = tiny_model("qwen2_vl")
+    template = get_template("qwen2_gme")
+    item = Item("<image>", images=[os.path.join(MM, "red_circle.png")])  # 64 x 64
+    monkeypatch.setenv("MIN_PIXELS", "784")
+    monkeypatch.setenv("MAX_PIXELS", str(16 * 784))
+    given = InputBuilder(template, processing(folder), media=MediaSettings(MediaBudget(max_pixels=784, min_pixels=784)))
+    from_env = InputBuilder(template, processing(folder))
+    assert given([item])["image_grid_thw"].tolist() == [[1, 2, 2]]  # 28 x 28
+    assert from_env([item])["image_grid_thw"].tolist() == [[1, 4, 4]]  # 56 x 56
+    monkeypatch.setenv("MAX_PIXELS", "784")
+    assert from_env([item])["image_grid_thw"].tolist() == [[1, 4, 4]]  # kept from its first media row
+    assert from_env.media_settings().budget.max_pixels == 16 * 784
+    assert InputBuilder(template, processing(folder))([item])["image_grid_thw"].tolist() == [[1, 2, 2]]
 
 
 # ---- mixed batches -------------------------------------------------------------------------
@@ -284,22 +297,6 @@ def test_a_batch_whose_text_rows_are_cut_keeps_its_media_bookkeeping(tiny_model)
 
 
 # ---- freezing --------------------------------------------------------------------------------
-@pytest.mark.parametrize("freeze_vit,freeze_aligner,expect", [
-    (True, True, {"llm"}), (False, True, {"llm", "vit"}), (True, False, {"llm", "aligner"}), (False, False, {"llm", "vit", "aligner"}),
-])
-def test_lora_all_linear_covers_only_the_parts_not_frozen(tiny_model, freeze_vit, freeze_aligner, expect):
-    from mmembed.model.embedding import frozen_parts, load_backbone
-    from mmembed.training.sft import lora_target_modules
-
-    backbone = load_backbone(tiny_model("qwen2_vl"))
-    template = get_template("qwen2_gme")
-    names = lora_target_modules(backbone, ["all-linear"], template, frozen_parts(freeze_vit, freeze_aligner, False))
-    assert {template.module_part(n) for n in names} == expect
-    linear = {n for n, m in backbone.named_modules() if isinstance(m, torch.nn.Linear)}
-    assert set(names) == {n for n in linear if template.module_part(n) in expect}
-    assert any(n.startswith("visual.merger.") for n in names) == ("aligner" in expect)
-
-
 @pytest.mark.parametrize("freeze_vit", [True, False])
 def test_checkpointing_keeps_a_frozen_vision_tower_out_of_autograd(tiny_model, freeze_vit):
     """With checkpointing on, a tower with nothing to train is not recorded by autograd (its
@@ -307,7 +304,7 @@ def test_checkpointing_keeps_a_frozen_vision_tower_out_of_autograd(tiny_model, f
     from peft import LoraConfig, get_peft_model
 
     from mmembed.model.embedding import EmbeddingModel, frozen_parts, load_backbone
-    from mmembed.training.sft import lora_target_modules
+    from mmembed.training.model_assembly import lora_target_modules
 
     folder = tiny_model("qwen2_vl")
     template = get_template("qwen2_gme")

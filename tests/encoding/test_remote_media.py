@@ -355,6 +355,29 @@ def test_offline_refuses_an_uncached_url_and_reads_a_cached_one(server, cache, m
     assert server.gets == {"/red_circle.png": 1}
 
 
+def test_a_fetch_follows_the_settings_it_is_given_not_the_environment(server, cache, monkeypatch, tmp_path):
+    """Settings parsed once (a command's, handed to its builders and workers) decide: offline
+    ones refuse an uncached URL while the environment is online, online ones fetch while
+    the environment says offline, their size limit and cache folder are the ones used."""
+    url, other = server.url("/red_circle.png"), server.url("/blue_square.png")
+    offline = remote.DownloadSettings(offline="MMEMBED_OFFLINE=1", cache=str(cache))
+    with pytest.raises(MediaFileError) as e:
+        load_image(url, where=WHERE, downloads=offline)
+    expect_error(e, WHERE, url, "offline (MMEMBED_OFFLINE=1)", "not in the media cache", str(cache))
+    monkeypatch.setenv("MMEMBED_OFFLINE", "1")
+    online = remote.DownloadSettings(cache=str(cache))
+    assert open(remote.fetch(url, online), "rb").read() == SERVED["/red_circle.png"]
+    assert load_image(url, downloads=offline).size == load_image(os.path.join(MM, "red_circle.png")).size  # cached
+    small = remote.DownloadSettings(max_bytes=100, cache=str(cache))
+    with pytest.raises(MediaFileError) as e:
+        load_image(other, where=WHERE, downloads=small)
+    expect_error(e, WHERE, other, "limit of 100 bytes")
+    elsewhere = remote.DownloadSettings(cache=str(tmp_path / "other-cache"))
+    assert remote.fetch(other, elsewhere) == remote.cache_path(other, str(tmp_path / "other-cache"))
+    assert cached_files(tmp_path / "other-cache") == [os.path.basename(remote.cache_path(other))]
+    assert server.gets == {"/red_circle.png": 1, "/blue_square.png": 2}  # blue: cut off by the limit, then fetched
+
+
 def test_embed_caches_and_its_offline_flag(tiny_model, server, cache, tmp_path):
     """mmembed embed fetches a URL once; with --offline true it reads that URL from the cache
     and refuses one not in it, by file and line."""

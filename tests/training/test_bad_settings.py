@@ -245,12 +245,12 @@ def run_sft_cli(places, minilm_path, tmp_path, monkeypatch, capsys):
     all-MiniLM and 8 rows, with every model loader replaced by one that raises ModelLoaded."""
     import mmembed.model.embedder
     import mmembed.tools.export  # imported now: importing it under the patch would keep the fake for good
-    import mmembed.training.sft
+    import mmembed.training.model_assembly
 
     def loaded(*args, **kwargs):
         raise ModelLoaded("a model loaded before the bad setting was reported")
 
-    monkeypatch.setattr(mmembed.training.sft, "load_backbone", loaded)
+    monkeypatch.setattr(mmembed.training.model_assembly, "load_backbone", loaded)
     monkeypatch.setattr(mmembed.model.embedder, "load_embedding_model", loaded)
     monkeypatch.setattr(mmembed.tools.export, "load_embedding_model", loaded)
     saved = dict(os.environ)  # parsing may set variables (--max_pixels, DeepSpeed's rank 0 of 1, --debug)
@@ -300,6 +300,8 @@ OTHER_ROWS = [
     row("embed", "--model", "{minilm}", "--input", "x.txt", names=("--output",)),  # argparse: one line
     row("embed", "--model", "{minilm}", "--input", "x.txt", "--output", "y.npy", env={"MAX_PIXELS": "abc"},
         names=("MAX_PIXELS", "abc")),
+    row("embed", "--model", "{minilm}", "--input", "x.txt", "--output", "y.npy", env={"MMEMBED_HTTP_TIMEOUT": "soon"},
+        names=("MMEMBED_HTTP_TIMEOUT", "soon")),  # the download variables too, parsed at the start with the budget
     row("eval", "--model", "{minilm}", names=("--sts", "--beir")),
     row("eval", "--model", "{minilm}", "--sts", "s.jsonl", "--batch_size", "0", names=("--batch_size", "0")),
     row("eval", "--model", "{empty}", "--sts", "s.jsonl", names=("--model", "config.json")),
@@ -386,12 +388,12 @@ def test_debug_shows_the_traceback(places, minilm_path, tmp_path, monkeypatch):
 def test_ctrl_c_is_one_line_and_exit_130(run_sft_cli, monkeypatch):
     """Ctrl-C (KeyboardInterrupt) wherever the command is: one line, exit status 130 (the
     shell's code for SIGINT), no traceback."""
-    import mmembed.training.sft
+    import mmembed.training.model_assembly
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(mmembed.training.sft, "load_backbone", interrupted)
+    monkeypatch.setattr(mmembed.training.model_assembly, "load_backbone", interrupted)
     status, lines = run_sft_cli([], {})
     assert status == 130 and lines == ["mmembed sft: interrupted (Ctrl-C)"], lines
 

@@ -1,14 +1,14 @@
 """The GPU speed options as ``mmembed sft`` wires them (the numbers themselves are in
-tests/model/test_packing.py): which batches are packed (--padding_free), bucketed widths
-from the collator (--length_buckets), liger-kernel on the backbone (--use_liger_kernel),
-and the device defaults in the log."""
+tests/model/test_packing.py; which batches are packed, --padding_free, is
+tests/training/test_model_assembly.py's): bucketed widths from the collator
+(--length_buckets), liger-kernel on the backbone (--use_liger_kernel), and the device
+defaults in the log."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import types
 
 import pytest
 import torch
@@ -20,36 +20,6 @@ from mmembed.encoding.inputs import InputBuilder
 from mmembed.encoding.templates import get_template
 from mmembed.model.embedding import EmbeddingModel
 from mmembed.training.arguments import parse_sft_args
-from mmembed.training.sft import use_padding_free
-
-
-def config(model_type: str, implementation: str):
-    return types.SimpleNamespace(model_type=model_type, _attn_implementation=implementation)
-
-
-@pytest.mark.parametrize("model_type,implementation,tower,want", [
-    ("qwen3", "flash_attention_2", None, True),
-    ("bert", "flex_attention", None, True),
-    ("qwen2", "flash_attention_3", None, True),
-    ("qwen3", "sdpa", None, False),           # a dense mask would be slower than padding
-    ("xlm-roberta", "flash_attention_2", None, False),  # positions start past the padding index
-    ("qwen2_vl", "flash_attention_2", "vision", False),  # rotary positions from the media grid
-])
-def test_padding_free_by_default_where_it_saves_work(model_type, implementation, tower, want):
-    template = types.SimpleNamespace(tower=tower, name="t")
-    args = types.SimpleNamespace(padding_free=None)
-    assert use_padding_free(args, config(model_type, implementation), template) is want
-    args.padding_free = False
-    assert use_padding_free(args, config(model_type, implementation), template) is False
-
-
-def test_padding_free_true_without_a_varlen_attention_keeps_padded_batches(caplog):
-    template = types.SimpleNamespace(tower=None, name="qwen3_emb")
-    args = types.SimpleNamespace(padding_free=True)
-    with caplog.at_level("WARNING", logger="mmembed"):
-        assert use_padding_free(args, config("qwen3", "sdpa"), template) is False
-    assert "--padding_free true: batches stay padded" in caplog.text and "sdpa" in caplog.text
-    assert use_padding_free(args, config("qwen3", "flex_attention"), template) is True
 
 
 def test_bucketed_collation_gives_the_same_embeddings(minilm_no_dropout):
@@ -110,7 +80,7 @@ def test_bucketed_media_batches_give_the_same_embeddings(tiny_model, kind, name)
 LIGER_CHECK = r"""
 import sys, torch
 from mmembed.training.arguments import parse_sft_args
-from mmembed.training.sft import build_model, resolve_template
+from mmembed.training.model_assembly import build_model, resolve_template
 args = parse_sft_args(sys.argv[1:])
 template = resolve_template(args.model, args.template, args.model_type, args.system)
 model = build_model(args, template, "last")
@@ -175,7 +145,7 @@ def test_use_liger_kernel_without_the_package_is_a_usage_error(monkeypatch, tmp_
 
 
 def test_the_device_defaults_are_logged(minilm_no_dropout, tmp_path, caplog):
-    from mmembed.training.sft import build_model, resolve_template
+    from mmembed.training.model_assembly import build_model, resolve_template
 
     args = parse_sft_args(["--model", minilm_no_dropout, "--dataset", "x.jsonl", "--output_dir", str(tmp_path)])
     template = resolve_template(args.model, None, None, None)

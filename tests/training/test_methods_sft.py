@@ -31,7 +31,7 @@ def test_guide_and_teacher_embed_the_same_rows_as_the_student(minilm_path, tiny_
     from mmembed.encoding.collator import EmbeddingCollator, sample_items
     from mmembed.losses import build_loss
     from mmembed.training.arguments import parse_sft_args
-    from mmembed.training.sft import SideModels, build_model, load_processing, make_loss, resolve_template
+    from mmembed.training.model_assembly import SideModels, build_model, load_processing, make_loss, resolve_template
 
     guide_dir = tiny_model("qwen2")
     args = parse_sft_args(["--model", minilm_path, "--dataset", TRAIN, "--loss_type", "gist", "--guide_model", guide_dir,

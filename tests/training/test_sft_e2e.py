@@ -131,14 +131,14 @@ def test_resume_after_kill_matches_an_uninterrupted_run(minilm_path, group_data,
 
 
 def test_non_finite_loss_stops_the_run(minilm_path, group_data, tmp_path, monkeypatch):
-    import mmembed.training.sft as sft
+    import mmembed.training.model_assembly as model_assembly
     from mmembed.losses import EmbeddingLoss
 
     class NanLoss(EmbeddingLoss):
         def forward(self, outputs, labels):
             return outputs["last_hidden_state"].sum() * float("nan")
 
-    monkeypatch.setattr(sft, "build_loss", lambda name, **options: NanLoss())
+    monkeypatch.setattr(model_assembly, "build_loss", lambda name, **options: NanLoss())
     with pytest.raises(NonFiniteLossError, match="loss is nan at step 1"):
         run_sft(_args(minilm_path, group_data, tmp_path / "run", "--max_steps", "2", "--eval_strategy", "no"))
     assert find_last_complete_checkpoint(str(tmp_path / "run")) is None
@@ -253,41 +253,6 @@ def test_save_strategy_no_writes_the_final_model_only(minilm_path, group_data, t
     base = Embedder.from_pretrained(minilm_path).encode(TEXTS)
     trained = Embedder.from_pretrained(str(final)).encode(TEXTS)
     assert np.abs(trained - base).max() > 1e-4
-
-
-def test_the_length_check_result_is_named_by_its_settings(minilm_path, tmp_path):
-    """The length check's cached result is named by the rows, tokenizer files, template,
-    --max_length, layout and strictness (not by pickling the tokenizer, which took ~10 s for
-    a Qwen tokenizer): the same settings find the same result, and a change of any is
-    measured afresh rather than served a stale one."""
-    from transformers import AutoTokenizer
-
-    from mmembed.data import load_samples
-    from mmembed.encoding.inputs import InputBuilder
-    from mmembed.encoding.templates import get_template
-    from mmembed.training.sft import drop_overlong, length_check_fingerprint
-
-    rows = [{"query": f"short query {i}", "response": " ".join(["word"] * (10 * i + 5))} for i in range(6)]
-    ds = load_samples([write_jsonl(tmp_path / "t.jsonl", rows)], cache_dir=str(tmp_path / "cache")).dataset
-    tok_dir = tmp_path / "tok"
-    AutoTokenizer.from_pretrained(minilm_path).save_pretrained(tok_dir)
-
-    def builder(max_length, folder=tok_dir, template="bert"):
-        return InputBuilder(get_template(template), AutoTokenizer.from_pretrained(folder), max_length, truncate=False)
-
-    # a response of 10*i + 5 words is 10*i + 7 tokens here: max_length 32 keeps i <= 2, 64 keeps all
-    assert len(drop_overlong(ds, builder(32), "group", 32, 1, "train")) == 3
-    assert len(drop_overlong(ds, builder(64), "group", 64, 1, "train")) == 6
-    assert len(drop_overlong(ds, builder(32), "group", 32, 1, "train")) == 3
-    base = length_check_fingerprint(ds, builder(32), "group", True)
-    assert length_check_fingerprint(ds, builder(32), "group", True) == base
-    assert length_check_fingerprint(ds, builder(32, template="modernbert"), "group", True) != base
-    assert length_check_fingerprint(ds, builder(32), "pair", True) != base
-    assert length_check_fingerprint(ds, builder(32), "group", False) != base
-    assert length_check_fingerprint(ds.select(range(5)), builder(32), "group", True) != base
-    config = tok_dir / "tokenizer_config.json"
-    config.write_text(config.read_text().replace('"do_lower_case": true', '"do_lower_case": false'))
-    assert length_check_fingerprint(ds, builder(32), "group", True) != base
 
 
 def test_eval_loss_is_the_mean_over_groups_whatever_their_negatives(minilm_path, tmp_path, monkeypatch):

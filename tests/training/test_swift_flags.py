@@ -129,20 +129,74 @@ def test_sequence_parallel_size_above_one_is_refused_with_what_to_do():
         parse_sft_args(BASE + ["--sequence_parallel_size", "2"])
 
 
-def test_max_pixels_is_the_max_pixels_variable(monkeypatch):
-    from mmembed.encoding.media import MediaBudget
+def test_max_pixels_is_the_max_pixels_variable(monkeypatch, caplog):
+    """--max_pixels takes the place of MAX_PIXELS in the run's media settings (parsed once, with
+    a warning when the variable says otherwise); the environment is left as it is."""
+    from mmembed.training.preflight import media_settings
 
     monkeypatch.setenv("MAX_PIXELS", "9999")  # restored afterwards by monkeypatch
-    parse_sft_args(BASE + ["--max_pixels", "50176"])
-    assert MediaBudget.from_env().max_pixels == 50176
+    with caplog.at_level(logging.WARNING, logger="mmembed"):
+        args = parse_sft_args(BASE + ["--max_pixels", "50176"])
+    assert "--max_pixels 50176 wins over MAX_PIXELS=9999" in caplog.text
+    assert media_settings(args).budget.max_pixels == 50176
+    assert os.environ["MAX_PIXELS"] == "9999"
+    assert media_settings(parse_sft_args(BASE)).budget.max_pixels == 9999  # without the flag: the variable
     with pytest.raises(ValueError, match="--max_pixels must be > 0"):
         parse_sft_args(BASE + ["--max_pixels", "0"])
+
+
+def test_max_pixels_and_offline_reach_data_loader_workers(tiny_model, tmp_path, monkeypatch):
+    """--max_pixels and --offline true are parsed once into the run's media settings, held by
+    every builder of the run (the collator's included), so data-loader workers
+    (--dataloader_num_workers 2) size images by --max_pixels and refuse an uncached URL
+    offline while the environment says otherwise (a larger MAX_PIXELS, no offline switch).
+    The settings survive pickling, which is how a spawned worker receives the collator."""
+    import pickle
+
+    from torch.utils.data import DataLoader
+
+    from mmembed.data.sample import Item, Sample
+    from mmembed.encoding.collator import DATA_ERROR
+    from mmembed.encoding.inputs import InputBuilder
+    from mmembed.training.sft import build_trainer
+
+    monkeypatch.setenv("MAX_PIXELS", str(16 * 784))  # 64 x 64 images stay 56 x 56: 2 x 2 merged tokens
+    monkeypatch.setenv("MIN_PIXELS", "784")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.delenv("MMEMBED_OFFLINE", raising=False)
+    monkeypatch.setenv("MMEMBED_MEDIA_CACHE", str(tmp_path / "media-cache"))
+    names = ["red_circle.png", "blue_square.png", "green_triangle.png", "yellow_square.png"]
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"query": "<image>", "response": f"shape {i}", "images": [os.path.join(MM, n)]})
+                            + "\n" for i, n in enumerate(names)))
+    args = parse_sft_args(["--model", tiny_model("qwen2_vl"), "--dataset", str(rows), "--output_dir",
+                           str(tmp_path / "out"), "--max_pixels", "784", "--offline", "true",
+                           "--dataloader_num_workers", "2", "--per_device_train_batch_size", "2", "--report_to", "none"])
+    trainer = build_trainer(args)
+    media = trainer.data_collator.builder.media
+    assert (media.budget.max_pixels, media.downloads.offline) == (784, "MMEMBED_OFFLINE=1")
+    assert pickle.loads(pickle.dumps(trainer.data_collator)).builder.media == media
+    assert os.environ["MAX_PIXELS"] == str(16 * 784) and "MMEMBED_OFFLINE" not in os.environ
+
+    image = Item("<image>", images=[os.path.join(MM, names[0])])
+    by_env = InputBuilder(trainer.data_collator.template, trainer.data_collator.tokenizer)([image])
+    assert by_env["image_grid_thw"].tolist() == [[1, 4, 4]]  # what the environment's budget would give
+    batches = list(trainer.get_train_dataloader())
+    assert torch.cat([b["image_grid_thw"] for b in batches]).tolist() == [[1, 2, 2]] * 4  # 28 x 28: --max_pixels 784
+
+    url = "http://127.0.0.1:9/never-fetched.png"  # online, a worker would try it and be refused the connection
+    uncached = [Sample(Item("<image>", images=[url]), [Item("a shape")], [], source="urls.jsonl", line=n) for n in (1, 2)]
+    loader = DataLoader(uncached, batch_size=1, collate_fn=trainer.data_collator, num_workers=2,
+                        multiprocessing_context="fork")
+    errors = [str(batch[DATA_ERROR]) for batch in loader]
+    assert len(errors) == 2 and all("offline (MMEMBED_OFFLINE=1) and the URL is not in the media cache" in e
+                                    for e in errors), errors
 
 
 def test_columns_renames_fields_before_rows_are_read(tmp_path):
     from mmembed.data import load_samples
     from mmembed.data.sample import Sample
-    from mmembed.training.sft import TrainingData
+    from mmembed.training.data_assembly import TrainingData
 
     path = tmp_path / "pairs.jsonl"
     path.write_text(json.dumps({"text1": "a cat", "text2": "a kitten", "hard": ["a dog"]}) + "\n")
@@ -161,44 +215,6 @@ def _source(fn) -> str:
     import inspect
 
     return inspect.getsource(fn)
-
-
-def test_lora_flags_reach_peft(minilm_path):
-    from mmembed.encoding.templates import get_template
-    from mmembed.model.embedding import load_backbone
-    from mmembed.training.sft import apply_lora
-
-    template = get_template(None, None, "bert")
-    args = parse_sft_args(["--model", minilm_path, "--dataset", "d.jsonl", "--use_dora", "true", "--use_rslora", "true",
-                           "--lora_bias", "lora_only", "--init_weights", "gaussian", "--target_regex", r".*\.(query|value)$",
-                           "--modules_to_save", "pooler"])
-    model = apply_lora(load_backbone(minilm_path), args, template)
-    config = model.peft_config["default"]
-    assert config.use_dora and config.use_rslora and config.bias == "lora_only" and config.init_lora_weights == "gaussian"
-    assert config.target_modules == r".*\.(query|value)$" and set(config.modules_to_save) == {"pooler"}
-    names = [n for n, _ in model.named_parameters() if "lora_magnitude_vector" in n]  # DoRA's extra vector
-    assert names and all(".query." in n or ".value." in n for n in names)
-
-
-def test_adapters_start_lora_training_from_an_existing_adapter(minilm_path, tmp_path):
-    from mmembed.encoding.templates import get_template
-    from mmembed.model.embedding import load_backbone
-    from mmembed.training.sft import apply_lora
-
-    template = get_template(None, None, "bert")
-    first = apply_lora(load_backbone(minilm_path), parse_sft_args(["--model", minilm_path, "--dataset", "d.jsonl",
-                                                                   "--lora_rank", "4", "--init_weights", "false"]),
-                       template)  # init false: B is random too, so the adapter changes the output
-    first.save_pretrained(str(tmp_path / "adapter"))
-    saved = {n: p.detach().clone() for n, p in first.named_parameters() if "lora_" in n}
-    args = parse_sft_args(["--model", minilm_path, "--dataset", "d.jsonl", "--adapters", str(tmp_path / "adapter")])
-    again = apply_lora(load_backbone(minilm_path), args, template)
-    loaded = {n: p for n, p in again.named_parameters() if "lora_" in n}
-    assert loaded.keys() == saved.keys() and all(p.requires_grad for p in loaded.values())
-    for n in saved:
-        torch.testing.assert_close(loaded[n], saved[n])
-    with pytest.raises(ValueError, match="--adapters continues a LoRA adapter"):
-        parse_sft_args(["--model", minilm_path, "--dataset", "d.jsonl", "--adapters", "x", "--tuner_type", "full"])
 
 
 def test_vit_lr_and_aligner_lr_become_optimizer_groups_by_template_part(tiny_model, tmp_path):

@@ -1,0 +1,318 @@
+"""Model assembly for ``mmembed sft``: the student's encoding (template, tokenizer or
+processor, pooling, length), the student model (backbone, liger-kernel, LoRA or frozen
+parts, padding-free batches, per-part learning rates), the loss, and the frozen side models
+the loss takes (guide, teacher).
+
+Each piece is built from :class:`~mmembed.training.arguments.SftArguments`;
+:func:`mmembed.training.sft.build_trainer` puts them together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from ..data.teacher import SIGNALS
+from ..encoding.inputs import InputBuilder
+from ..encoding.templates import Template, get_template
+from ..errors import one_line
+from ..losses import EmbeddingLoss, Setup, build_loss
+from ..model.embedding import (
+    EmbeddingModel,
+    default_max_length,
+    frozen_parts,
+    hidden_size,
+    load_backbone,
+)
+from ..model.packing import PACKABLE_MODEL_TYPES, VARLEN_ATTENTION
+from .arguments import SftArguments, UsageError
+
+if TYPE_CHECKING:  # the media loader is imported at the first row with media (qwen-vl-utils: about a second)
+    from ..encoding.media import MediaSettings
+
+logger = logging.getLogger("mmembed")
+
+
+# ----------------------------------------------------------------------------- encoding
+
+
+def read_model_config(model_dir: str):
+    """The model's transformers config; one that cannot be read is a usage error naming --model."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(model_dir)
+    except (OSError, ValueError, KeyError) as e:
+        raise UsageError(f"--model {model_dir}: its config.json cannot be read as a transformers model "
+                         f"({one_line(e)})") from None
+
+
+def resolve_template(model_dir: str, name: str | None, model_type: str | None, system: str | None) -> Template:
+    try:
+        template = get_template(name, model_type, getattr(read_model_config(model_dir), "model_type", None))
+        template.check_installed()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if system is not None:
+        template = dataclasses.replace(template, default_system=system)
+    return template
+
+
+def load_processing(path: str, template: Template):
+    """The tokenizer, or for a template that takes media the model's processor (which holds
+    the tokenizer and the image/video processors or audio feature extractor)."""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    if template.media:
+        return AutoProcessor.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
+
+
+@dataclasses.dataclass
+class Encoding:
+    """How rows become the student's inputs: template, tokenizer or processor, pooling, length."""
+
+    template: Template
+    processing: Any
+    pooling: str
+    max_length: int
+
+    @classmethod
+    def resolve(cls, args: SftArguments) -> Encoding:
+        template = resolve_template(args.model, args.template, args.model_type, args.system)
+        if args.padding_side:
+            template = dataclasses.replace(template, padding_side=args.padding_side)
+        processing = load_processing(args.model, template)
+        tokenizer = getattr(processing, "tokenizer", None) or processing
+        pooling = args.pooling or template.resolve_pooling(args.model)
+        return cls(template, processing, pooling, args.max_length or default_max_length(args.model, tokenizer))
+
+
+# ----------------------------------------------------------------------------- the student model
+
+
+def parts_to_freeze(args: SftArguments) -> set[str]:
+    """The parts of a multimodal model that ``--freeze_vit``, ``--freeze_aligner`` and
+    ``--freeze_llm`` keep frozen."""
+    return frozen_parts(args.freeze_vit, args.freeze_aligner, args.freeze_llm)
+
+
+def lora_target_modules(model: nn.Module, target_modules: list[str], template: Template,
+                        frozen: set[str] = frozenset()) -> str | list[str]:
+    """``all-linear`` as ms-swift means it: every linear layer of the transformer, but not
+    heads or the (unused) BERT pooler; in a multimodal model only the parts not frozen
+    (by default the LLM: ``--freeze_vit`` and ``--freeze_aligner`` are on). Other names
+    pass to PEFT unchanged."""
+    if target_modules != ["all-linear"]:
+        return target_modules
+    skip = ("lm_head", "pooler", "score", "classifier")
+    linear = [
+        name for name, mod in model.named_modules()
+        if isinstance(mod, nn.Linear) and not any(s in name.split(".") for s in skip)
+    ]
+    if template.parts:
+        # full names: a suffix such as "qkv" or "fc1" would also match inside frozen parts
+        names = sorted(n for n in linear if template.module_part(n) not in frozen and template.module_part(n))
+    else:
+        names = sorted({n.rsplit(".", 1)[-1] for n in linear})
+    if not names:
+        raise ValueError("no linear layers found for --target_modules all-linear (are all parts frozen?)")
+    return names
+
+
+def lora_flags(args: SftArguments) -> str:
+    """The flags that chose the LoRA targets, as the user gave them (for an error about them)."""
+    if args.target_regex:
+        return f"--target_regex {args.target_regex!r}"
+    flags = f"--target_modules {' '.join(args.target_modules)}"
+    return flags + (f" --modules_to_save {' '.join(args.modules_to_save)}" if args.modules_to_save else "")
+
+
+def apply_lora(backbone: nn.Module, args: SftArguments, template: Template) -> nn.Module:
+    """A new LoRA adapter as the flags say, or (``--adapters``) an existing one trained on."""
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    if args.adapters:
+        from ..model.adapters import load_lora  # mmembed's adapters and ms-swift's alike
+
+        logger.info("training on the adapter in %s (its own rank, alpha and target modules)", args.adapters[0])
+        return load_lora(backbone, args.adapters[0], is_trainable=True)
+    init = {"true": True, "false": False}.get(args.init_weights.lower(), args.init_weights)
+    config = LoraConfig(
+        task_type=TaskType.FEATURE_EXTRACTION,
+        r=args.lora_rank,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        target_modules=args.target_regex or lora_target_modules(backbone, list(args.target_modules), template,
+                                                                parts_to_freeze(args)),
+        use_dora=args.use_dora,
+        use_rslora=args.use_rslora,
+        bias=args.lora_bias,
+        init_lora_weights=init,
+        modules_to_save=list(args.modules_to_save) or None,
+    )
+    return get_peft_model(backbone, config)
+
+
+def freeze_parts(backbone: nn.Module, template: Template, frozen: set[str]) -> int:
+    """Full training of a multimodal model: parameters of the frozen parts keep their
+    values. Returns how many parameter tensors were frozen."""
+    count = 0
+    for name, p in backbone.named_parameters():
+        if template.module_part(name) in frozen:
+            p.requires_grad_(False)
+            count += 1
+    return count
+
+
+def part_learning_rates(model: EmbeddingModel, template: Template, args: SftArguments) -> dict[int, float]:
+    """``--vit_lr`` / ``--aligner_lr``: the learning rate of each trainable parameter of those
+    parts (by ``id``), as optimizer parameter groups take them; the rest keep --learning_rate."""
+    wanted = {part: lr for part, lr in (("vit", args.vit_lr), ("aligner", args.aligner_lr)) if lr is not None}
+    if not wanted:
+        return {}
+    if not template.parts:
+        raise UsageError(f"--vit_lr / --aligner_lr: template '{template.name}' has no vision or audio parts")
+    lrs, found = {}, set()
+    for name, p in model.backbone.named_parameters():
+        for prefix in ("base_model.model.",):  # PEFT's wrapping; parts are named on the bare backbone
+            name = name[len(prefix):] if name.startswith(prefix) else name
+        part = template.module_part(name)
+        if part in wanted and p.requires_grad:
+            lrs[id(p)] = wanted[part]
+            found.add(part)
+    for part in sorted(set(wanted) - found):
+        logger.warning("--%s_lr has no effect: no trainable parameter in the %s part (--freeze_%s true, or LoRA puts "
+                       "no adapter there)", part, part, part)
+    return lrs
+
+
+def use_padding_free(args: SftArguments, config, template: Template) -> bool:
+    """Whether text batches are packed (``--padding_free``; see mmembed.model.packing).
+
+    By default they are where packing saves work: a text model of a family whose positions
+    restart per row (bert, qwen2, qwen3) under FlashAttention or FlexAttention. SDPA and
+    eager would compute the packed attention as a dense mask, slower than the padded batch,
+    so ``--padding_free true`` with them (as ms-swift's example scripts pass it) keeps padded
+    batches and says so. A multimodal model's batches stay padded (its rotary positions come
+    from the media grid)."""
+    implementation = config._attn_implementation
+    reasons = []
+    if template.tower is not None:
+        reasons.append(f"the {template.name} template's media rows")
+    if config.model_type not in PACKABLE_MODEL_TYPES:
+        reasons.append(f"model type {config.model_type} (packed: {', '.join(sorted(PACKABLE_MODEL_TYPES))})")
+    if implementation not in VARLEN_ATTENTION:
+        reasons.append(f"--attn_impl {implementation}, whose packed attention is a dense mask "
+                       "(use flash_attn or flex_attention)")
+    if args.padding_free is None:
+        return not reasons
+    if args.padding_free and reasons:
+        logger.warning("--padding_free true: batches stay padded because of %s", "; ".join(reasons))
+        return False
+    return bool(args.padding_free)
+
+
+def init_deepspeed_comm() -> None:
+    """DeepSpeed keeps its own view of the process group; ZeRO-3 builds the model under
+    ``zero.Init``, which reads the world size from it, so it must wrap the group that
+    accelerate started (gloo on CPU) before the model is loaded."""
+    import deepspeed
+    import torch.distributed as dist
+
+    if dist.is_initialized() and not deepspeed.comm.is_initialized():
+        deepspeed.init_distributed(dist_backend=dist.get_backend())
+
+
+def build_model(args: SftArguments, template: Template, pooling: str) -> EmbeddingModel:
+    """The student: the backbone of ``--model`` with liger-kernel (``--use_liger_kernel``),
+    then a LoRA adapter (``--tuner_type lora``) or, trained in full, its frozen parts frozen,
+    wrapped as an :class:`EmbeddingModel` that pools with ``pooling``."""
+    backbone = load_backbone(args.model, args.torch_dtype, args.attn_impl)
+    if args.use_liger_kernel:
+        # the Trainer would try this on the EmbeddingModel wrapper, which is no PreTrainedModel
+        from transformers.integrations.liger import apply_liger_kernel
+
+        apply_liger_kernel(backbone, args.liger_kernel_config)
+        logger.info("--use_liger_kernel: liger-kernel's fused kernels applied to the %s backbone",
+                    backbone.config.model_type)
+    if args.tuner_type == "lora":
+        try:
+            backbone = apply_lora(backbone, args, template)
+        except ValueError as e:  # PEFT's refusal of a target the skeleton check could not see
+            if args.adapters:
+                raise
+            raise UsageError(f"{lora_flags(args)}: {one_line(e)}") from None
+    elif freeze_parts(backbone, template, parts_to_freeze(args)):
+        logger.info("full training with frozen parts: %s", ", ".join(sorted(parts_to_freeze(args))))
+    padding_free = use_padding_free(args, backbone.config, template)
+    logger.info("on %s: %s", args.device.type, ", ".join(
+        [*getattr(args, "device_defaults", []), f"--padding_free {str(padding_free).lower()}",
+         f"--attn_impl {backbone.config._attn_implementation}"]))
+    return EmbeddingModel(backbone, pooling, length_chunks=args.length_chunks, tower=template.tower,
+                          padding_free=padding_free, bucket=bool(args.length_buckets))
+
+
+# ----------------------------------------------------------------------------- the loss and its side models
+
+
+def make_loss(args: SftArguments) -> EmbeddingLoss:
+    """The loss named by ``--loss_type`` with ``--loss_kwargs``, wrapped in Matryoshka when
+    ``--mrl_dims`` is given."""
+    options = json.loads(args.loss_kwargs) if args.loss_kwargs else {}
+    try:
+        if args.mrl_dims:
+            return build_loss("matryoshka", dims=args.mrl_dims, inner=args.loss_type, **options)
+        return build_loss(args.loss_type, **options)
+    except ValueError as e:  # an unknown key or a bad value (the INFONCE_* variables are checked before)
+        flag = f"--loss_kwargs {args.loss_kwargs!r}" if options else f"--loss_type {args.loss_type}"
+        raise UsageError(f"{flag}: {one_line(e)}") from None
+
+
+@dataclasses.dataclass
+class SideModels:
+    """The frozen embedders behind the loss's side inputs: the guide (``--guide_model``,
+    GIST) and the teacher (``--teacher_model``, distillation), each with its own template
+    and tokenizer or processor, embedding the same items as the student (rendered from the
+    items, not decoded from the student's ids)."""
+
+    models: dict[str, EmbeddingModel]
+    builders: dict[str, InputBuilder]
+
+    @classmethod
+    def load(cls, args: SftArguments, media: MediaSettings | None = None) -> SideModels:
+        """The side models the flags name; their builders load media with ``media`` (the run's
+        settings; None: the environment's, parsed at the first row with media)."""
+        from ..model.embedder import load_embedding_model
+
+        models, builders = {}, {}
+        for name, path in (("guide", args.guide_model), ("teacher", args.teacher_model)):
+            if not path:
+                continue
+            model, processing, template, info = load_embedding_model(path, args.torch_dtype)
+            model.requires_grad_(False)
+            models[name] = model.eval()
+            builders[name] = InputBuilder(template, processing, info["max_length"], truncate=True, media=media)
+        return cls(models, builders)
+
+    def width(self, name: str) -> int | None:
+        return hidden_size(self.models[name].config) if name in self.models else None
+
+
+def check_loss_setup(args: SftArguments, loss: EmbeddingLoss, width: int, side_models: SideModels,
+                     teacher_key: str | None, teacher_width: int | None) -> None:
+    """The loss's start-up checks (widths, side inputs), as usage errors before training."""
+    if "teacher" in side_models.models:
+        signal, teacher_width = "embeddings", side_models.width("teacher")
+    else:
+        signal = SIGNALS.get(teacher_key) if teacher_key else None
+    setup = Setup(width=width, guide="guide" in side_models.models, teacher_signal=signal, teacher_width=teacher_width)
+    try:
+        loss.check_setup(setup)
+    except ValueError as e:
+        flag = "--mrl_dims" if args.mrl_dims and "mrl_dims" in str(e) else f"--loss_type {args.loss_type}"
+        raise UsageError(f"{flag}: {e}") from None

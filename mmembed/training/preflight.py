@@ -1,0 +1,185 @@
+"""What ``mmembed sft`` checks before anything loads: the flags against each other, the model
+folders and the model's config, the environment variables, the loss and its options, and
+the data paths. Each failure is one line (a :class:`~mmembed.errors.UsageError`, exit
+status 2, or for the user's data a :class:`~mmembed.data.SpecError`, exit status 1) before
+a weight is read and before ``--output_dir`` is touched.
+
+The flags' own values were checked when they were parsed (:mod:`mmembed.training.arguments`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from ..data import SpecError
+from ..data.dataset import parse_spec
+from ..encoding.templates import Template
+from ..losses import EmbeddingLoss, Setup
+from ..model.embedding import check_model_folder, hidden_size
+from .arguments import SftArguments, UsageError, check_side_flags
+from .model_assembly import lora_target_modules, make_loss, parts_to_freeze, read_model_config, resolve_template
+from .trainer import eval_metric_names
+
+if TYPE_CHECKING:
+    from ..encoding.media import MediaSettings
+
+logger = logging.getLogger("mmembed")
+
+
+def check_settings(args: SftArguments) -> MediaSettings:
+    """What of the flags and environment can be checked without the model's weights, as usage
+    errors before anything loads and before ``--output_dir`` is touched (the flags' own values
+    were checked when they were parsed): the model folders, the template and ``--max_length``
+    against the model's config, the variables, the loss with its options and side flags, and
+    last that the data files the flags name are there (the user's data: exit status 1).
+
+    Returns the run's media settings, parsed here with the other variables."""
+    check_model_folders(args)
+    media = check_environment(args)
+    template = resolve_template(args.model, args.template, args.model_type, args.system)
+    config = read_model_config(args.model)
+    limit = getattr(config, "max_position_embeddings", None)
+    if args.max_length and limit and getattr(config, "position_embedding_type", None) == "absolute" \
+            and args.max_length > limit:
+        raise UsageError(f"--max_length must be at most {limit} for this model (its position embeddings), "
+                         f"got {args.max_length}")
+    loss = make_loss(args)
+    check_side_flags(args, loss.side)
+    try:  # the loss's checks against the width, known from the config (e.g. Matryoshka's widths); sides: later
+        loss.check_setup(Setup(width=hidden_size(config), sides_known=False))
+    except ValueError as e:
+        flag = f"--mrl_dims {args.mrl_dims!r}" if args.mrl_dims and "mrl_dims" in str(e) else f"--loss_type {args.loss_type}"
+        raise UsageError(f"{flag}: {e}") from None
+    check_lora_targets(args, template, config)
+    check_metric_for_best_model(args, loss)
+    # the data paths last: a flag that does not fit the loss says more than a file that is not there
+    for flag in ("dataset", "val_dataset"):
+        for spec in getattr(args, flag):
+            try:
+                parse_spec(spec)  # a path that is not there, a hub id, a bad #N: the user's data (exit status 1)
+            except SpecError as e:
+                raise SpecError(f"--{flag}: {e}") from None
+    files = [("--eval_sts", args.eval_sts, os.path.isfile), ("--eval_beir", args.eval_beir, os.path.isdir)]
+    files += [(f"--{flag}", path, os.path.isfile) for flag in ("teacher_scores_file", "teacher_embeddings_file")
+              for path in getattr(args, flag)]
+    for flag, path, exists in files:
+        if path and not exists(path):  # the user's data, as a --dataset that is not there (exit status 1)
+            raise SpecError(f"{flag} {path}: no such {'file' if exists is os.path.isfile else 'folder'}")
+    return media
+
+
+def check_model_folders(args: SftArguments) -> None:
+    """The folders the model flags name hold what each flag takes (a model, an adapter)."""
+    flags = [("--model", args.model, False), ("--guide_model", args.guide_model, True),
+             ("--teacher_model", args.teacher_model, True)]
+    for flag, path, adapter in flags:
+        if path:
+            check_model_folder(path, flag, adapter)
+    for path in args.adapters:
+        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+            what = "no such folder" if not os.path.isdir(path) else "no adapter_config.json in it"
+            raise UsageError(f"--adapters {path}: {what} (a LoRA checkpoint folder to train on)")
+
+
+def check_environment(args: SftArguments) -> MediaSettings:
+    """The variables ms-swift's scripts set, read now whichever loss or model is used, so that
+    a malformed one is refused at start rather than ignored or met mid-training: every
+    ``INFONCE_*`` variable, the media budgets (``MAX_PIXELS``, ``FPS``, ...) and the download
+    variables (``MMEMBED_HTTP_TIMEOUT``, ``MMEMBED_MEDIA_MAX_BYTES``, the offline switches).
+    Returns the run's media settings (:func:`media_settings`)."""
+    from ..losses import InfoNCEConfig
+    from ..losses.config import ENV_VARS
+
+    try:
+        InfoNCEConfig.from_env()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    media = media_settings(args)
+    unknown = sorted(k for k in os.environ if k.startswith("INFONCE_") and k not in ENV_VARS.values())
+    if unknown:
+        logger.warning("%s: not an InfoNCE variable, so it changes nothing (known: %s)", ", ".join(unknown),
+                       ", ".join(ENV_VARS.values()))
+    return media
+
+
+def media_settings(args: SftArguments) -> MediaSettings:
+    """How the run loads media, parsed once: ms-swift's media variables (``MAX_PIXELS``,
+    ``MIN_PIXELS``, ``VIDEO_MAX_PIXELS``, ``FPS``, ``FPS_MAX_FRAMES``, ...) and the download
+    variables, with ``--max_pixels`` in the place of ``MAX_PIXELS`` and ``--offline true`` in
+    that of ``MMEMBED_OFFLINE=1``. Every builder of the run (the collator's, the length
+    check's, the side models') loads with these, data-loader workers included; a malformed
+    variable is a usage error naming it."""
+    from ..encoding.media import MediaSettings
+
+    try:
+        return MediaSettings.from_env(max_pixels=args.max_pixels, offline=args.offline)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def check_metric_for_best_model(args: SftArguments, loss: EmbeddingLoss) -> None:
+    """``--metric_for_best_model`` names a metric the run's evaluations log (with or without
+    the ``eval_`` prefix, as transformers reads it), so a typo is refused now rather than a
+    KeyError at the first evaluation. A run that evaluates nothing never reads it."""
+    name = args.metric_for_best_model
+    dataset = bool(args.val_dataset) or args.split_dataset_ratio > 0
+    if not name or str(getattr(args.eval_strategy, "value", args.eval_strategy)) == "no":
+        return
+    logged = eval_metric_names(loss.layout, dataset, bool(args.eval_beir), bool(args.eval_sts))
+    if (name if name.startswith("eval_") else f"eval_{name}") not in logged:
+        raise UsageError(f"--metric_for_best_model {name!r} is not a metric this run logs; it logs "
+                         f"{', '.join(sorted(logged))}")
+
+
+def check_lora_targets(args: SftArguments, template: Template, config) -> None:
+    """``--target_modules``, ``--target_regex`` and ``--modules_to_save`` against the model's
+    module names, read from a copy without weights built from its ``config`` (on the meta
+    device), so that a name that matches nothing is reported before the weights load rather
+    than by PEFT after."""
+    import re
+
+    import torch
+    from transformers import AutoModel
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    default = list(args.target_modules) == ["all-linear"] and not args.modules_to_save and not args.target_regex
+    if args.tuner_type != "lora" or args.adapters or (default and not template.parts):
+        return
+    if is_deepspeed_zero3_enabled():  # transformers would build the copy under zero.Init; PEFT checks after the load
+        return
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModel.from_config(config)
+    except Exception:  # a family that cannot be built without weights: PEFT checks the names after the load
+        return
+    names = [n for n, _ in skeleton.named_modules() if n]
+
+    def matches(key: str) -> bool:
+        return any(n == key or n.endswith("." + key) for n in names)
+
+    if args.target_regex:
+        if not any(re.fullmatch(args.target_regex, n) for n in names):
+            raise UsageError(f"--target_regex {args.target_regex!r} matches no module of {args.model}")
+    else:
+        try:
+            targets = lora_target_modules(skeleton, list(args.target_modules), template, parts_to_freeze(args))
+        except ValueError as e:
+            raise UsageError(f"--target_modules all-linear: {e}") from None
+        if isinstance(targets, list):
+            missing = [t for t in targets if not matches(t)]
+            if missing:
+                raise UsageError(f"--target_modules {' '.join(args.target_modules)}: no module of {args.model} is "
+                                 f"named {', '.join(missing)} (e.g. {', '.join(_linear_names(skeleton)[:6])})")
+    missing = [m for m in args.modules_to_save if not matches(m)]
+    if missing:
+        raise UsageError(f"--modules_to_save {' '.join(args.modules_to_save)}: no module of {args.model} is named "
+                         f"{', '.join(missing)}")
+
+
+def _linear_names(model: nn.Module) -> list[str]:
+    """The distinct last name parts of the model's linear layers: what ``--target_modules`` takes."""
+    return sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
