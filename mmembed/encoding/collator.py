@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils.data
@@ -33,6 +33,9 @@ from ..data.sample import DataError, Item, Sample
 from .inputs import InputBuilder
 from .layout import Layout
 from .templates import Template
+
+if TYPE_CHECKING:  # the media loader is imported at the first row with media
+    from .media import MediaSettings
 
 #: The key of the one-entry batch a data-loader worker returns in place of a batch it could
 #: not build: ``{DATA_ERROR: DataError}``. torch re-raises a worker's exception in the main
@@ -116,6 +119,9 @@ class EmbeddingCollator:
     teacher_signal: str | None = None
     # pad text batches to a bucketed width (--length_buckets)
     bucket: bool = False
+    # how media are loaded (pixel and frame budgets, downloads; None: the environment's, read
+    # at the first row with media); kept on the builder, so it travels to data-loader workers
+    media: MediaSettings | None = None
 
     def __post_init__(self):
         try:
@@ -123,7 +129,7 @@ class EmbeddingCollator:
         except ValueError:
             raise ValueError(f"layout must be 'group' or 'pair', got {self.layout!r}") from None
         self.builder = InputBuilder(self.template, self.tokenizer, self.max_length, self.truncation_side, self.truncate,
-                                    bucket=self.bucket)
+                                    bucket=self.bucket, media=self.media)
 
     def __call__(self, samples: Sequence[Sample]) -> dict[str, Any]:
         try:

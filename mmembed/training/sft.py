@@ -105,10 +105,8 @@ def build_trainer(args: SftArguments, media: MediaSettings | None = None) -> Emb
         teacher=side_models.builders.get("teacher"),
         teacher_signal=data.teacher_key,
         bucket=bool(args.length_buckets),
+        media=media,
     )
-    # the collator makes its own builder (it takes no settings): the run's go on it, and travel to
-    # data-loader workers pickled with the collator
-    collator.builder.media = media
     trainer = EmbeddingTrainer(
         model=model,
         args=args,
