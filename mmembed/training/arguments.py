@@ -69,7 +69,7 @@ LIMITS: dict[str, tuple] = {
     "dataloader_num_workers": (lambda v: v >= 0, "an integer >= 0"),
     "dataloader_prefetch_factor": (lambda v: v >= 1, "an integer >= 1 (batches each worker loads ahead)"),
     "lora_rank": (lambda v: v >= 1, "an integer >= 1"),
-    "lora_alpha": (lambda v: v > 0, "a number > 0"),
+    "lora_alpha": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
     "lora_dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "max_length": (lambda v: v >= 1, "an integer >= 1 (tokens per input)"),
     "length_chunks": (lambda v: v >= 1, "an integer >= 1 (1: one padded call)"),
@@ -101,7 +101,9 @@ class SftArguments(TrainingArguments):
     tuner_type: str | None = field(default=None, metadata={"help": "lora | full (ms-swift >= 3.9 spelling)"})
     train_type: str | None = field(default=None, metadata={"help": "lora | full (older ms-swift spelling)"})
     lora_rank: int = 8
-    lora_alpha: int = 32
+    # a float as in ms-swift 4.x (PEFT scales the update by alpha / rank); an integral value is
+    # kept an int, so adapter_config.json says 32, as before, not 32.0
+    lora_alpha: float = field(default=32, metadata={"help": "LoRA alpha: the update is scaled by alpha / rank (a number > 0, e.g. 16 or 8.5)"})
     lora_dropout: float = 0.05
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     freeze_vit: bool = field(default=True, metadata={"help": "multimodal models: keep the vision/audio tower fixed (no LoRA on it)"})
@@ -184,6 +186,8 @@ class SftArguments(TrainingArguments):
         if self.tuner_type not in TUNER_TYPES:
             raise UsageError(f"{flag} must be one of {', '.join(TUNER_TYPES)}, got {self.tuner_type!r}")
         _check_values(self)
+        if float(self.lora_alpha).is_integer():
+            self.lora_alpha = int(self.lora_alpha)
         _check_names(self)
         _check_streaming(self)
         _check_loss_args(self)
@@ -236,7 +240,13 @@ class SftArguments(TrainingArguments):
             self.dataloader_pin_memory = False  # pinning needs a GPU; on CPU it only warns
         if self.label_names is None:
             self.label_names = ["labels"]
-        super().__post_init__()
+        for flag in ("accelerator_config", "fsdp_config"):  # transformers opens them with errors that name no flag
+            if isinstance(getattr(self, flag), str):
+                _check_json_config(flag, getattr(self, flag))
+        try:
+            super().__post_init__()
+        except (ValueError, TypeError, OSError, KeyError) as e:  # transformers' checks of its own flags
+            raise UsageError(_naming_the_flag(self, e)) from e
         if _has_accelerator() and self.dataloader_pin_memory:
             self.accelerator_config.non_blocking = True  # pinned batches copy to the GPU while it computes
         if self.streaming:
@@ -386,6 +396,59 @@ def _check_deepspeed_json(value: str) -> None:
         raise UsageError(f"{where} cannot be read ({e})") from None
     if not isinstance(config, dict):
         raise UsageError(f"{where} must hold a JSON object (DeepSpeed's config), got {type(config).__name__}")
+
+
+def _check_json_config(flag: str, value: str) -> None:
+    """A flag transformers takes as a JSON file or inline JSON (``--accelerator_config``,
+    ``--fsdp_config``): it must hold a JSON object, else one line names the flag."""
+    inline = value.lstrip().startswith("{")
+    if not inline and not os.path.isfile(value):
+        raise UsageError(f"--{flag} must be a JSON file or inline JSON ('{{\"name\": value, ...}}'), got {value!r}")
+    where = f"--{flag} {value!r}" if inline else f"--{flag} {value}"
+    try:
+        if inline:
+            config = json.loads(value)
+        else:
+            with open(value, encoding="utf-8") as f:
+                config = json.load(f)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{where} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{where} cannot be read ({e})") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{where} must hold a JSON object, got {type(config).__name__}")
+    if flag == "accelerator_config":
+        from transformers.trainer_pt_utils import AcceleratorConfig
+
+        known = AcceleratorConfig.__dataclass_fields__
+        wrong = [k for k in config if k not in known]
+        if wrong:
+            raise UsageError(f"{where}: {', '.join(map(repr, wrong))} {'is not a setting' if len(wrong) == 1 else 'are not settings'} "
+                             f"of transformers' AcceleratorConfig (its settings: {', '.join(known)})")
+
+
+def _naming_the_flag(args: SftArguments, error: BaseException) -> str:
+    """transformers' error about one of its own flags, as one line that names the flag: its
+    message as it is when it names one (``--logging_steps``), else prefixed by the flag it
+    speaks of (a field's name in its words, or the value it refused: the word, the file)."""
+    import dataclasses
+
+    text = one_line(error)
+    fields = [f for f in dataclasses.fields(args) if f.init]
+    names = sorted((f.name for f in fields), key=len, reverse=True)
+    if any(f"--{name}" in text for name in names):
+        return text
+    for name in names:  # `debug`, or a field name with an underscore in plain words (not "seed" in a sentence)
+        if f"`{name}`" in text or ("_" in name and re.search(rf"(?<![\w-]){re.escape(name)}(?!\w)", text)):
+            return f"--{name}: {text}"
+    for f in fields:
+        value = getattr(args, f.name)
+        if not isinstance(value, str) or not value or value == f.default:
+            continue
+        words = [value, *value.split()]
+        if getattr(error, "filename", None) == value or any(repr(w) in text for w in words):
+            return f"--{f.name} {value!r}: {text}"
+    return f"a training flag's value is refused by transformers: {text}"
 
 
 def _check_report_to(report_to) -> None:

@@ -78,6 +78,38 @@ def test_lora_flags_reach_peft(minilm_path):
     assert names and all(".query." in n or ".value." in n for n in names)
 
 
+@pytest.mark.parametrize("given, alpha", [("16.0", 16), ("16", 16), ("8.5", 8.5)])
+def test_lora_alpha_takes_a_float_as_ms_swift_and_scales_the_update_by_alpha_over_rank(minilm_path, tmp_path,
+                                                                                      given, alpha):
+    """ms-swift 4.6 takes --lora_alpha as a float (its adapter_config.json says 8.0 for 8): so
+    does mmembed. An integral value stays an int, so the saved adapter_config.json says 16 as
+    before; a LoRA layer adds (alpha / rank) * B A x to its base output (checked by hand)."""
+    import json
+
+    rank = 4
+    args = parse_sft_args(["--model", minilm_path, "--dataset", "d.jsonl", "--lora_rank", str(rank), "--lora_alpha",
+                           given, "--lora_dropout", "0", "--init_weights", "false"])  # init false: B is not 0
+    assert args.lora_alpha == alpha and type(args.lora_alpha) is type(alpha)
+    model = apply_lora(load_backbone(minilm_path), args, get_template(None, None, "bert")).eval()
+    layers = [m for m in model.modules() if hasattr(m, "lora_A") and "default" in m.lora_A]
+    assert layers
+    torch.manual_seed(0)
+    for layer in layers[:3]:
+        x = torch.randn(2, layer.base_layer.in_features)
+        a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+        with torch.no_grad():
+            torch.testing.assert_close(layer(x) - layer.base_layer(x), (x @ a.T @ b.T) * (alpha / rank))
+    model.save_pretrained(str(tmp_path))
+    saved = json.loads((tmp_path / "adapter_config.json").read_text())["lora_alpha"]
+    assert saved == alpha and type(saved) is type(alpha)
+
+
+@pytest.mark.parametrize("given", ["x", "0", "-2", "inf", "nan"])
+def test_lora_alpha_that_is_no_positive_number_is_refused_naming_it(given):
+    with pytest.raises(UsageError, match=f"--lora_alpha.*{given}"):
+        parse_sft_args(BASE + ["--lora_alpha", given])
+
+
 def test_adapters_start_lora_training_from_an_existing_adapter(minilm_path, tmp_path):
     template = get_template(None, None, "bert")
     first = apply_lora(load_backbone(minilm_path), parse_sft_args(["--model", minilm_path, "--dataset", "d.jsonl",
