@@ -123,6 +123,62 @@ def test_mmembed_adapter_embeds_in_swift_as_in_mmembed(name, mmembed_checkpoint)
     assert type(peft_model.get_base_model()).__name__ == theirs["base_model_class"]
 
 
+def swift_command() -> str:
+    """ms-swift's ``swift`` command: the one beside ``MMEMBED_SWIFT_PYTHON`` (a Python with ms-swift,
+    usually a venv of its own, as make_fixtures.py's, since ms-swift pins other transformers and
+    PEFT versions), else the one beside this Python when ms-swift is installed here; the test
+    that needs it is skipped, saying why, when there is none."""
+    import importlib.util
+    import sys
+
+    python = os.environ.get("MMEMBED_SWIFT_PYTHON")
+    if not python and importlib.util.find_spec("swift") is None:
+        pytest.skip("ms-swift is not installed here (no `swift` module; or name a Python that has it in "
+                    "MMEMBED_SWIFT_PYTHON, e.g. make_fixtures.py's /work/swift-venv/bin/python)")
+    command = os.path.join(os.path.dirname(python or sys.executable), "swift")
+    if not os.access(command, os.X_OK):
+        pytest.skip(f"ms-swift's `swift` command is not at {command}")
+    return command
+
+
+@pytest.mark.parametrize("name", ["qwen3_emb", "qwen2_gme"])
+def test_swift_export_merges_an_mmembed_adapter_as_mmembed_export_does(name, mmembed_checkpoint, tmp_path):
+    """The README's two commands side by side: ``swift export --adapters CKPT --model BASE
+    --model_type NAME --task_type embedding --merge_lora true`` (ms-swift's own, run here where
+    ms-swift is installed) and ``mmembed export --adapters CKPT --merge_lora true`` write folders
+    that transformers loads with the same weights, and that embed the same (mmembed's
+    embeddings of the checkpoint, which differ from the base model's)."""
+    import subprocess
+
+    from transformers import AutoModel
+
+    from mmembed import Embedder
+    from mmembed.tools.cli import main
+
+    swift = swift_command()
+    ckpt, base = mmembed_checkpoint(name)
+    ours, theirs = str(tmp_path / "mmembed-merged"), str(tmp_path / "swift-merged")
+    assert main(["export", "--adapters", ckpt, "--merge_lora", "true", "--output_dir", ours]) == 0
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
+    env.pop("PYTHONPATH", None)  # ms-swift's venv imports its own packages
+    proc = subprocess.run([swift, "export", "--adapters", ckpt, "--model", base, "--model_type", name,
+                           "--task_type", "embedding", "--merge_lora", "true", "--output_dir", theirs,
+                           "--torch_dtype", "float32"], cwd=str(tmp_path), env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    # transformers loads both as the backbone, with the same merged weights
+    want, got = (AutoModel.from_pretrained(d, dtype=torch.float32).state_dict() for d in (ours, theirs))
+    assert got.keys() == want.keys()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=1e-5, msg=key)
+    # and they embed as the checkpoint does
+    inputs = swift_inputs(name, "mmembed_" + name)
+    expected = Embedder.from_pretrained(ckpt, device="cpu").encode(inputs)
+    for folder in (ours, theirs):
+        np.testing.assert_allclose(Embedder.from_pretrained(folder, device="cpu").encode(inputs), expected, atol=1e-5,
+                                   err_msg=folder)
+    assert np.abs(Embedder.from_pretrained(base, device="cpu").encode(inputs) - expected).max() > 1e-3
+
+
 def test_adapter_for_another_model_is_an_error(swift_checkpoint, tiny_model):
     from mmembed.model.adapters import AdapterMismatchError, load_lora
     from mmembed.model.embedding import load_backbone
