@@ -59,3 +59,20 @@ def test_every_refused_flag_value_names_the_flag(minilm_path, tmp_path, monkeypa
                 wrong.append(f"--{name} {value}: {type(error).__name__}: {message[:200]}")
     assert not wrong, "refused without one line naming the flag:\n" + "\n".join(wrong)
     assert refused > 150  # the walk reached the checks: most fields refuse "x"
+
+
+def test_the_command_refuses_a_transformers_flag_in_one_line_naming_it(minilm_path, tmp_path, monkeypatch, capsys):
+    """The issue's case end to end: `mmembed sft --accelerator_config x` (a file transformers
+    would open) ends with exit status 2 and one line naming the flag, as do a bad inline JSON,
+    a key AcceleratorConfig does not have, and transformers' own refusal of ``--fsdp x``."""
+    from mmembed.tools.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    data = write_jsonl(tmp_path / "train.jsonl", stsb_pairs(8))
+    base = ["sft", "--model", minilm_path, "--dataset", data, "--output_dir", str(tmp_path / "out"), "--report_to", "none"]
+    for flag, value, words in [("--accelerator_config", "x", "JSON file"), ("--accelerator_config", "{bad", "not valid JSON"),
+                               ("--accelerator_config", '{"bogus": 1}', "'bogus' is not a setting"),
+                               ("--fsdp_config", "x", "JSON file"), ("--fsdp", "x", "x")]:
+        assert main([*base, flag, value]) == 2, (flag, value)
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "[transformers]" not in line]
+        assert len(lines) == 1 and lines[0].startswith(f"mmembed sft: error: {flag}") and words in lines[0], lines
