@@ -33,6 +33,8 @@ RENAMED_CHECKPOINTING = "activation_checkpointing" in TrainingArguments.__datacl
 TRUNCATION_STRATEGIES = ("delete", "left", "right")
 # ms-swift's --attn_impl names (flash_attn: FlashAttention 2) and transformers' own
 ATTN_IMPLS = ("sdpa", "eager", "flash_attn", "flash_attention_2", "flash_attention_3", "flex_attention")
+# torch.compile's modes (--torch_compile_mode)
+TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # PEFT's init_lora_weights besides true/false ("pissa_niter_N" too)
 LORA_INITS = ("true", "false", "gaussian", "eva", "olora", "pissa", "corda", "loftq", "orthogonal")
 
@@ -354,12 +356,21 @@ def _check_names(args: SftArguments) -> None:
         "attn_impl": ATTN_IMPLS,
         "lr_scheduler_type": tuple(s.value for s in SchedulerType),
         "eval_strategy": tuple(s.value for s in IntervalStrategy),
+        # transformers passes it on when the compiled model is built, after the model loads
+        "torch_compile_mode": TORCH_COMPILE_MODES,
     }
     for flag, allowed in choices.items():
         value = getattr(args, flag)
         value = getattr(value, "value", value)  # transformers' enums
         if value is not None and value not in allowed:
             raise UsageError(f"--{flag} must be one of {', '.join(allowed)}, got {value!r}")
+    if args.torch_compile_backend is not None:
+        from torch._dynamo import list_backends
+
+        backends = list_backends(exclude_tags=())
+        if args.torch_compile_backend not in backends:
+            raise UsageError(f"--torch_compile_backend must be one of torch.compile's backends ({', '.join(backends)}), "
+                             f"got {args.torch_compile_backend!r}")
     if args.attn_impl in ("flash_attn", "flash_attention_2") and importlib.util.find_spec("flash_attn") is None:
         raise UsageError(f"--attn_impl {args.attn_impl} needs the flash-attn package, which is not installed "
                          "(pip install flash-attn), or use --attn_impl sdpa")
