@@ -389,43 +389,18 @@ def _check_names(args: SftArguments) -> None:
 def _check_deepspeed_json(value: str) -> None:
     """``--deepspeed`` as a JSON file or inline JSON: it must parse to an object, so a typo is
     reported with the file's name and the place, not by DeepSpeed's loader."""
-    import json
-
-    inline = value.lstrip().startswith("{")
-    if not inline and not os.path.isfile(value):
-        raise UsageError(f"--deepspeed {value!r} is not one of {', '.join(DEEPSPEED_CONFIGS)} and not a JSON file")
-    where = f"--deepspeed {value!r}" if inline else f"--deepspeed {value}"
-    try:
-        if inline:
-            config = json.loads(value)
-        else:
-            with open(value, encoding="utf-8") as f:
-                config = json.load(f)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{where} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{where} cannot be read ({e})") from None
+    config, where = _read_json_flag("deepspeed", value, f"--deepspeed {value!r} is not one of "
+                                    f"{', '.join(DEEPSPEED_CONFIGS)} and not a JSON file")
     if not isinstance(config, dict):
         raise UsageError(f"{where} must hold a JSON object (DeepSpeed's config), got {type(config).__name__}")
 
 
 def _check_json_config(flag: str, value: str) -> None:
     """A flag transformers takes as a JSON file or inline JSON (``--accelerator_config``,
-    ``--fsdp_config``): it must hold a JSON object, else one line names the flag."""
-    inline = value.lstrip().startswith("{")
-    if not inline and not os.path.isfile(value):
-        raise UsageError(f"--{flag} must be a JSON file or inline JSON ('{{\"name\": value, ...}}'), got {value!r}")
-    where = f"--{flag} {value!r}" if inline else f"--{flag} {value}"
-    try:
-        if inline:
-            config = json.loads(value)
-        else:
-            with open(value, encoding="utf-8") as f:
-                config = json.load(f)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{where} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{where} cannot be read ({e})") from None
+    ``--fsdp_config``) and opens with errors that name no flag: it must hold a JSON object
+    (for ``--accelerator_config``, of transformers' AcceleratorConfig settings)."""
+    config, where = _read_json_flag(flag, value, f"--{flag} must be a JSON file or inline JSON "
+                                    f"('{{\"name\": value, ...}}'), got {value!r}")
     if not isinstance(config, dict):
         raise UsageError(f"{where} must hold a JSON object, got {type(config).__name__}")
     if flag == "accelerator_config":
@@ -436,6 +411,24 @@ def _check_json_config(flag: str, value: str) -> None:
         if wrong:
             raise UsageError(f"{where}: {', '.join(map(repr, wrong))} {'is not a setting' if len(wrong) == 1 else 'are not settings'} "
                              f"of transformers' AcceleratorConfig (its settings: {', '.join(known)})")
+
+
+def _read_json_flag(flag: str, value: str, missing: str):
+    """The JSON a flag gives inline (``{...}``) or in a file, and the words naming it for an
+    error; ``missing`` is the error when it is neither inline JSON nor a file."""
+    inline = value.lstrip().startswith("{")
+    if not inline and not os.path.isfile(value):
+        raise UsageError(missing)
+    where = f"--{flag} {value!r}" if inline else f"--{flag} {value}"
+    try:
+        if inline:
+            return json.loads(value), where
+        with open(value, encoding="utf-8") as f:
+            return json.load(f), where
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{where} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{where} cannot be read ({e})") from None
 
 
 def _naming_the_flag(args: SftArguments, error: BaseException) -> str:
