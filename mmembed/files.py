@@ -102,15 +102,25 @@ def sync_folder(path: str) -> None:
         os.close(fd)
 
 
-def sync_tree(root: str) -> dict[str, int]:
+def sync_tree(root: str, hashes: dict[str, str] | None = None) -> dict[str, int]:
     """Flush every file under ``root`` and the folders holding them to disk; returns each
-    file's size by its path relative to ``root``."""
+    file's size by its path relative to ``root``. With ``hashes`` (a dict), each file's sha256
+    (hex) goes into it by the same path: the file is read once, through the descriptor that
+    flushes it (just written, it comes from the page cache), before the flush."""
+    import hashlib
+
     sizes = {}
     for folder, _, names in os.walk(root):
         for name in names:
             path = os.path.join(folder, name)
+            rel = os.path.relpath(path, root)
             with open(path, "rb") as f:
+                if hashes is not None:
+                    digest = hashlib.sha256()
+                    while block := f.read(1 << 20):
+                        digest.update(block)
+                    hashes[rel] = digest.hexdigest()
                 os.fsync(f.fileno())
-            sizes[os.path.relpath(path, root)] = os.path.getsize(path)
+            sizes[rel] = os.path.getsize(path)
         sync_folder(folder)
     return sizes

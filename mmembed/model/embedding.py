@@ -316,6 +316,7 @@ def check_model_folder(path: str, flag: str = "--model", adapter: bool = True) -
         raise UsageError(f"{flag} {path!r} is not a local folder; hub ids cannot be downloaded here: download the "
                          "model and pass its folder")
     if os.path.isfile(os.path.join(path, "config.json")):
+        refuse_custom_code(path, flag)
         return
     if os.path.isfile(os.path.join(path, "adapter_config.json")):
         if adapter:
@@ -326,19 +327,55 @@ def check_model_folder(path: str, flag: str = "--model", adapter: bool = True) -
                      + "; pass the folder of a transformers model or an mmembed checkpoint")
 
 
+def refuse_custom_code(path: str, flag: str = "--model") -> None:
+    """mmembed never runs a model folder's own code (no ``trust_remote_code``): a
+    :class:`~mmembed.errors.UsageError` naming ``flag``, the folder and its ``config.json``'s
+    ``auto_map`` when loading it would need that code, i.e. its ``model_type`` is not one
+    transformers implements. When transformers does implement it (gte-Qwen2's folders carry an
+    ``auto_map`` beside ``model_type: qwen2``), its own classes load the weights and the folder's
+    ``.py`` files are not run; a warning says so, as they may differ from transformers' classes."""
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return  # no or unreadable config: transformers' own error, later
+    auto_map = config.get("auto_map") if isinstance(config, dict) else None
+    if not auto_map:
+        return
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = config.get("model_type")
+    names = ", ".join(sorted({str(v) for v in auto_map.values()})) if isinstance(auto_map, dict) else str(auto_map)
+    if isinstance(model_type, str) and model_type in CONFIG_MAPPING:
+        key = os.path.abspath(path)
+        if key not in _warned_custom_code:
+            _warned_custom_code.add(key)
+            logging.getLogger("mmembed").warning(
+                "%s: config.json's auto_map (%s) is ignored: transformers' own %r classes load this model; mmembed "
+                "never runs a model folder's own code", path, names, model_type)
+        return
+    raise UsageError(f"{flag} {path!r}: its config.json has auto_map ({names}), custom code in the model folder, for "
+                     f"model_type {model_type!r}, which transformers does not implement; mmembed never runs a model "
+                     "folder's own code (no trust_remote_code): use a model whose model_type transformers implements")
+
+
+_warned_custom_code: set[str] = set()
+
+
 def load_backbone(path: str, torch_dtype: str | None = None, attn_impl: str | None = None) -> nn.Module:
     """Load the base transformer (no head) from a local folder, as ``AutoModel`` does."""
     from transformers import AutoConfig, AutoModel
 
     require_local_model(path)
-    kwargs: dict[str, Any] = {}
+    refuse_custom_code(path)  # the base model of an adapter is loaded here without passing check_model_folder
+    kwargs: dict[str, Any] = {"trust_remote_code": False}
     if torch_dtype and torch_dtype != "auto":
         kwargs["dtype"] = getattr(torch, torch_dtype)
     elif torch_dtype is None:
         kwargs["dtype"] = torch.float32
     if attn_impl:
         kwargs["attn_implementation"] = {"flash_attn": "flash_attention_2"}.get(attn_impl, attn_impl)
-    config = AutoConfig.from_pretrained(path)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     if config.model_type == "bert":
         kwargs["add_pooling_layer"] = False  # the BERT pooler is unused by embedding pooling
     # Embedding needs the base model only: the head weights a checkpoint may carry (lm_head

@@ -8,7 +8,7 @@ A checkpoint ``output_dir/checkpoint-N`` is written in this order:
 2. all processes agree that every write succeeded (a failure on any process removes the
    staging folder on all of them and raises :class:`CheckpointWriteError`);
 3. the saving process flushes every file to disk, writes the marker ``mmembed_complete``
-   (a JSON manifest: the step and every file with its size), flushes it, and renames the
+   (a JSON manifest: the step, every file with its size, and every file's sha256), flushes it, and renames the
    staging folder to ``checkpoint-N`` (an older folder of that name is unmarked and moved
    aside first);
 4. only then are old checkpoints rotated out (``--save_total_limit``), each one unmarked
@@ -18,6 +18,14 @@ So a folder named ``checkpoint-N`` with a marker always holds every file its man
 resuming takes the newest such folder (:func:`find_last_complete_checkpoint`), and anything
 else (a staging folder, an unmarked folder) is never trusted.
 
+The hashes: torch, safetensors and DeepSpeed write their files themselves, so they cannot be
+hashed on the way out; each file is read back once, from the page cache, by the same pass that
+flushes it (:func:`~mmembed.files.sync_tree`), before the marker is written. A resume compares
+them (:func:`check_complete`) and refuses a file changed since (its name in one line). The
+files are then loaded with ``torch.load(weights_only=True)`` (:func:`load_untrusted`; DeepSpeed's
+engine files too, with the few DeepSpeed types they hold allowed), so even a checkpoint whose
+manifest was rewritten runs no code. Manifests from before hashes (sizes only) still load.
+
 ``MMEMBED_TEST_KILL_AT=POINT:N`` (test-only) kills the process with SIGKILL the N-th time it
 reaches the named point of saving or rotation (:data:`TEST_POINTS`);
 ``MMEMBED_TEST_FULL_AT=POINT:N`` (test-only) instead makes every later file write fail as on
@@ -26,6 +34,7 @@ a full disk (``RLIMIT_FSIZE`` 0, SIGXFSZ ignored, so writes get EFBIG from the k
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -55,6 +64,102 @@ class IncompleteCheckpointError(ValueError):
     pass
 
 
+class UnsafeCheckpointError(IncompleteCheckpointError):
+    """A file of a checkpoint was changed since it was saved (its content hash no longer
+    matches the manifest), or holds something other than tensors and plain data (a pickled
+    object that loading would construct or call): the checkpoint is refused, naming the file,
+    and nothing in it is run."""
+
+
+#: The types DeepSpeed writes into its engine files (``global_stepN/*.pt``) beside tensors and
+#: plain containers, read from real ZeRO-2 and ZeRO-3 checkpoints with and without optimizer
+#: offload (``torch.serialization.get_unsafe_globals_in_checkpoint``; tests/training/
+#: test_deepspeed_resume.py checks it): the ZeRO optimizer's loss scaler, its stage enum and the
+#: fragment addresses of its partitions, plain data once loaded.
+DEEPSPEED_GLOBALS = ("deepspeed.runtime.fp16.loss_scaler.LossScaler",
+                     "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+                     "deepspeed.runtime.zero.config.ZeroStageEnum",
+                     "deepspeed.utils.tensor_fragment.fragment_address")
+
+# the files of a checkpoint a resume unpickles: the Trainer's state and DeepSpeed's engine files
+_PICKLED = re.compile(r"(optimizer\.pt|scheduler\.pt|scaler\.pt|rng_state(_\d+)?\.pth|global_step\d+/[^/]+\.pt)")
+
+
+def resolve_globals(names: tuple[str, ...]) -> tuple[type, ...]:
+    """The classes named ``module.Name`` (those whose module is installed)."""
+    import importlib
+
+    found = []
+    for name in names:
+        module, _, attr = name.rpartition(".")
+        try:
+            found.append(getattr(importlib.import_module(module), attr))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+def load_untrusted(path: str, map_location=None, allowed: tuple[type, ...] = ()):
+    """``torch.load(path, weights_only=True)``: tensors, plain containers and numbers, and
+    exactly the types in ``allowed`` beside those (torch's own unpickler calls or builds
+    nothing else). A file that needs anything else is refused by name with
+    :class:`UnsafeCheckpointError`, and nothing of it is run."""
+    import pickle
+
+    import torch
+
+    try:
+        with torch.serialization.safe_globals(list(allowed)):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise UnsafeCheckpointError(refused_file(path, e)) from None
+
+
+def check_unpicklable(checkpoint: str) -> None:
+    """Before anything loads, on every process alike: each file of ``checkpoint`` that a resume
+    unpickles (optimizer, scheduler, scaler, RNG state, DeepSpeed's engine files) needs no type
+    beyond torch's weights-only set (and, for DeepSpeed's files, :data:`DEEPSPEED_GLOBALS`);
+    otherwise :class:`UnsafeCheckpointError` names the file and the type. The pickles are read
+    without being run (torch's static scan); a file in torch's older, non-zip format is loaded
+    weights-only instead. The loads themselves are weights-only too (:func:`load_untrusted`)."""
+    import torch
+    from transformers.trainer_pt_utils import safe_globals as numpy_globals
+
+    for folder, _, names in os.walk(checkpoint):
+        for name in sorted(names):
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, checkpoint).replace(os.sep, "/")
+            if not _PICKLED.fullmatch(rel):
+                continue
+            # what the loader allows: DeepSpeed's types for its files, numpy's for the RNG state
+            # (as the Trainer's _load_rng_state allows them), nothing more for the others
+            if rel.startswith("global_step"):
+                allowed = torch.serialization.safe_globals(list(resolve_globals(DEEPSPEED_GLOBALS)))
+            else:
+                allowed = numpy_globals() if name.startswith("rng_state") else contextlib.nullcontext()
+            with allowed:
+                try:
+                    unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+                except ValueError:  # not torch's zip format: a weights-only load is the check
+                    load_untrusted(path, map_location="cpu")
+                    continue
+                except Exception as e:  # noqa: BLE001  (a damaged zip: torch's own error types vary)
+                    raise UnsafeCheckpointError(f"{path}: refused: not a readable torch file "
+                                                f"({' '.join(str(e).split())})") from None
+            if unsafe:
+                raise UnsafeCheckpointError(refused_file(path, f"Unsupported global: GLOBAL {unsafe[0]}"))
+
+
+def refused_file(path, error: BaseException | str) -> str:
+    """Why the file ``path`` of a checkpoint is refused, from torch's weights-only unpickling error."""
+    text = " ".join(str(error).split())
+    m = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)", text)
+    what = f"{m.group(1)}" if m else "data that is not tensors and plain values"
+    return (f"{path}: refused: it needs {what}, which mmembed does not unpickle from a checkpoint (it could run "
+            "code planted in the file); the checkpoint was changed or not written by mmembed: resume from another "
+            "checkpoint")
+
+
 def checkpoint_step(path: str) -> int | None:
     m = _CHECKPOINT.fullmatch(os.path.basename(os.path.normpath(path)))
     return int(m.group(1)) if m else None
@@ -78,6 +183,29 @@ def is_complete(checkpoint: str) -> bool:
     files = manifest.get("files", {})
     return all(os.path.getsize(os.path.join(checkpoint, name)) == size if os.path.isfile(os.path.join(checkpoint, name))
                else False for name, size in files.items())
+
+
+def changed_files(checkpoint: str) -> list[str]:
+    """The files of a whole ``checkpoint`` whose content no longer has the sha256 its manifest
+    recorded when it was saved (every file is read once). A manifest from before content hashes
+    (sizes only, no ``sha256``) has nothing to compare: none."""
+    try:
+        with open(os.path.join(checkpoint, COMPLETE_MARKER), encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return []
+    hashes = manifest.get("sha256", {}) if isinstance(manifest, dict) else {}
+    return [name for name, digest in sorted(hashes.items()) if file_sha256(os.path.join(checkpoint, name)) != digest]
+
+
+def file_sha256(path: str) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def list_checkpoints(output_dir: str) -> list[tuple[int, str]]:
@@ -122,8 +250,17 @@ def is_model_only(checkpoint: str) -> bool:
 
 
 def check_complete(checkpoint: str) -> None:
-    """Refuse a checkpoint whose save did not finish, or that another tool wrote (saying what it is)."""
+    """Refuse a checkpoint whose save did not finish, that another tool wrote (saying what it
+    is), a file of which was changed since it was saved (:func:`changed_files`, naming it), or
+    that holds a pickle needing more than plain data (:func:`check_unpicklable`)."""
     if is_complete(checkpoint):
+        changed = changed_files(checkpoint)
+        if changed:
+            raise UnsafeCheckpointError(
+                f"{os.path.join(checkpoint, changed[0])}: refused: its content is not what was saved (sha256 differs "
+                f"from the one in {COMPLETE_MARKER}{f'; {len(changed) - 1} more file(s) too' if len(changed) > 1 else ''}"
+                "); the checkpoint was changed after it was written: resume from another checkpoint")
+        check_unpicklable(checkpoint)
         return
     what = foreign_checkpoint(checkpoint)
     if what:
@@ -242,10 +379,12 @@ def publish(final: str, step: int, model_only: bool = False) -> None:
     parent = os.path.dirname(staging)
     try:
         test_point("save:written")
-        files = sync_tree(staging)
+        hashes: dict[str, str] = {}
+        files = sync_tree(staging, hashes=hashes)
         marker = os.path.join(staging, COMPLETE_MARKER)
         with open(marker, "w", encoding="utf-8") as f:
-            json.dump({"step": step, "files": files, **({"model_only": True} if model_only else {})}, f, indent=1)
+            json.dump({"step": step, "files": files, "sha256": hashes, **({"model_only": True} if model_only else {})},
+                      f, indent=1)
             f.flush()
             os.fsync(f.fileno())
         sync_folder(staging)
@@ -388,7 +527,8 @@ def test_point(name: str) -> None:
 
 
 __all__ = [
-    "COMPLETE_MARKER", "CheckpointWriteError", "IncompleteCheckpointError", "check_complete", "clear_output_dir",
+    "COMPLETE_MARKER", "CheckpointWriteError", "IncompleteCheckpointError", "UnsafeCheckpointError", "changed_files",
+    "check_complete", "check_unpicklable", "clear_output_dir", "load_untrusted",
     "find_last_complete_checkpoint", "foreign_checkpoint", "is_complete", "is_model_only", "list_checkpoints",
     "not_a_checkpoint", "publish", "rotate", "saved_model", "set_aside_later_checkpoints",
 ]

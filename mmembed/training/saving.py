@@ -14,7 +14,10 @@ before transformers' ``Trainer`` and overrides its saving and loading steps:
   loaded, its weights into the backbone (:func:`~mmembed.model.weights.load_backbone_weights`);
   with ``weights_only_resume`` (``--resume_only_model``) the weights are loaded already and the
   checkpoint gives only the step count and data position: its optimizer, scheduler, scaler,
-  RNG and DeepSpeed engine state are not read (:meth:`~CheckpointSaving.weights_only_engine`).
+  RNG and DeepSpeed engine state are not read (:meth:`~CheckpointSaving.guarded_engine_load`).
+  Every file a resume reads is loaded with ``torch.load(weights_only=True)``, DeepSpeed's engine
+  files included (with exactly the DeepSpeed types they hold allowed): a planted pickle is
+  refused in one line naming the file, and runs nothing.
 
 ``training_args.bin`` is written without tokens (:func:`args_without_tokens`).
 """
@@ -156,16 +159,25 @@ class CheckpointSaving:
 
     # ---- resuming -------------------------------------------------------------------
     @contextlib.contextmanager
-    def weights_only_engine(self, resume_from_checkpoint: str | None) -> Iterator[None]:
-        """Around ``Trainer.train``: ``--resume_only_model`` under DeepSpeed leaves the engine's
-        checkpoint unread. The weights were loaded before, and the engine's checkpoint holds the
-        optimizer state this resume leaves out (an ms-swift or weights-only checkpoint has none)."""
+    def guarded_engine_load(self, resume_from_checkpoint: str | None) -> Iterator[None]:
+        """Around ``Trainer.train``: DeepSpeed's engine reads its checkpoint files (model states,
+        optimizer shards) with ``torch.load(weights_only=True)`` and exactly the DeepSpeed types
+        they hold allowed (:data:`~mmembed.training.checkpoints.DEEPSPEED_GLOBALS`), never with DeepSpeed's own
+        ``weights_only=False``: a file needing anything else is refused by name
+        (:class:`~mmembed.training.checkpoints.UnsafeCheckpointError`) and runs nothing.
+        ``--resume_only_model`` leaves the engine's checkpoint unread: the weights were loaded
+        before, and it holds the optimizer state this resume leaves out (an ms-swift or
+        weights-only checkpoint has none)."""
         import transformers.trainer as hf_trainer
 
         skip_engine_load = bool(self.weights_only_resume and resume_from_checkpoint and self.is_deepspeed_enabled)
         load = hf_trainer.deepspeed_load_checkpoint
-        if skip_engine_load:
-            hf_trainer.deepspeed_load_checkpoint = lambda *a, **k: None
+
+        def guarded(engine, *args, **kwargs):
+            with deepspeed_safe_loads(engine):
+                return load(engine, *args, **kwargs)
+
+        hf_trainer.deepspeed_load_checkpoint = (lambda *a, **k: None) if skip_engine_load else guarded
         try:
             yield
         finally:
@@ -173,15 +185,18 @@ class CheckpointSaving:
 
     def _load_optimizer_and_scheduler(self, checkpoint) -> None:
         if not self.weights_only_resume:
-            super()._load_optimizer_and_scheduler(checkpoint)
+            with refused_files_named():
+                super()._load_optimizer_and_scheduler(checkpoint)
 
     def _load_scaler(self, checkpoint) -> None:
         if not self.weights_only_resume:
-            super()._load_scaler(checkpoint)
+            with refused_files_named():
+                super()._load_scaler(checkpoint)
 
     def _load_rng_state(self, checkpoint) -> None:
         if not self.weights_only_resume:
-            super()._load_rng_state(checkpoint)
+            with refused_files_named():
+                super()._load_rng_state(checkpoint)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         if self.weights_only_resume:
@@ -202,6 +217,48 @@ class CheckpointSaving:
         best = self.state.best_model_checkpoint
         if best:
             load_backbone_weights(self.accelerator.unwrap_model(self.model).backbone, best)
+
+
+@contextlib.contextmanager
+def refused_files_named() -> Iterator[None]:
+    """The Trainer's own resume loaders (optimizer, scheduler, scaler, RNG state) load with
+    ``torch.load(weights_only=True)``, which refuses a planted pickle with a long
+    ``UnpicklingError`` that does not say which file: here it becomes
+    :class:`~mmembed.training.checkpoints.UnsafeCheckpointError`, one line naming the file."""
+    import pickle
+
+    load = torch.load
+
+    def named(f, *args, **kwargs):
+        try:
+            return load(f, *args, **kwargs)
+        except pickle.UnpicklingError as e:
+            raise checkpoints.UnsafeCheckpointError(checkpoints.refused_file(f, e)) from None
+
+    torch.load = named
+    try:
+        yield
+    finally:
+        torch.load = load
+
+
+@contextlib.contextmanager
+def deepspeed_safe_loads(engine) -> Iterator[None]:
+    """The DeepSpeed ``engine``'s checkpoint engine loading every file with
+    ``torch.load(weights_only=True)`` and :data:`~mmembed.training.checkpoints.DEEPSPEED_GLOBALS` allowed (DeepSpeed's
+    torch engine passes ``weights_only=False``, which runs whatever a pickle in the file says).
+    Its ``load`` is replaced on the instance, whichever checkpoint engine the config chose."""
+    checkpoint_engine = engine.checkpoint_engine
+    allowed = checkpoints.resolve_globals(checkpoints.DEEPSPEED_GLOBALS)
+
+    def safe_load(path: str, map_location=None):
+        return checkpoints.load_untrusted(path, map_location=map_location, allowed=allowed)
+
+    checkpoint_engine.load = safe_load
+    try:
+        yield
+    finally:
+        del checkpoint_engine.load  # the class's own again
 
 
 def args_without_tokens(args):

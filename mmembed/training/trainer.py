@@ -178,12 +178,13 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         - ``--use_liger_kernel`` was applied to the backbone when it was built
           (``build_model``); the Trainer would apply it again to the EmbeddingModel wrapper,
           which is no PreTrainedModel, and warn that nothing was applied.
-        - ``--resume_only_model`` under DeepSpeed: the engine does not load its checkpoint
-          (:meth:`~mmembed.training.saving.CheckpointSaving.weights_only_engine`).
+        - under DeepSpeed the engine loads its checkpoint with ``weights_only=True`` (and not
+          at all with ``--resume_only_model``):
+          :meth:`~mmembed.training.saving.CheckpointSaving.guarded_engine_load`.
         """
         liger, self.args.use_liger_kernel = self.args.use_liger_kernel, False
         try:
-            with self.weights_only_engine(resume_from_checkpoint):
+            with self.guarded_engine_load(resume_from_checkpoint):
                 return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self.args.use_liger_kernel = liger
