@@ -23,8 +23,9 @@ reaches the named point of saving or rotation (:data:`TEST_POINTS`);
 ``MMEMBED_TEST_FULL_AT=POINT:N`` (test-only) instead makes every later file write fail as on
 a full disk (``RLIMIT_FSIZE`` 0, SIGXFSZ ignored, so writes get EFBIG from the kernel);
 ``MMEMBED_TEST_PAUSE_AT=POINT:N[,POINT:N...]`` (test-only) pauses the process there: it creates
-the file ``MMEMBED_TEST_PAUSE_FILE`` and waits (up to 10 minutes) until the test removes it, so a
-test can send a signal at a known point (:mod:`mmembed.training.preemption`; besides the points
+the file ``MMEMBED_TEST_PAUSE_FILE`` (``.rankR`` appended under torchrun), holding the point's name
+and the process id, and waits (up to 10 minutes) until the test removes it, so a test can send a
+signal at a known point (:mod:`mmembed.training.preemption`; besides the points
 above, ``train:step`` is reached at the start of every optimizer step).
 """
 
@@ -400,8 +401,10 @@ def _test_pause(name: str) -> None:
     if f"{name}:{_hits['MMEMBED_TEST_PAUSE_AT', name]}" not in spec.split(","):
         return
     flag = os.environ["MMEMBED_TEST_PAUSE_FILE"]
+    if os.environ.get("RANK"):  # under torchrun: one file per process
+        flag += f".rank{os.environ['RANK']}"
     with open(flag + ".tmp", "w", encoding="utf-8") as f:
-        f.write(name)
+        f.write(f"{name} {os.getpid()}")
     os.replace(flag + ".tmp", flag)  # the test sees the file whole
     deadline = time.monotonic() + 600
     while os.path.exists(flag) and time.monotonic() < deadline:

@@ -11,6 +11,7 @@ uninterrupted run that saves every step; weights are compared exactly (one CPU t
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -70,12 +71,7 @@ class Paused:
 
     def wait_paused(self, timeout=300) -> str:
         """The point the child waits at (it created the flag file)."""
-        deadline = time.monotonic() + timeout
-        while not self.flag.exists():
-            assert self.proc.poll() is None, f"exited {self.proc.returncode} before pausing: {self.err.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, "the run never reached its pause"
-            time.sleep(0.05)
-        return self.flag.read_text()
+        return _wait_for(self.flag, self.proc, self.err, timeout).split()[0]
 
     def release(self):
         self.flag.unlink()
@@ -83,6 +79,16 @@ class Paused:
     def finish(self, timeout=300):
         code = self.proc.wait(timeout)
         return code, self.out.read_text(), self.err.read_text()
+
+
+def _wait_for(flag, proc, err, timeout=300) -> str:
+    """What the paused process wrote into ``flag`` (the point's name and its process id)."""
+    deadline = time.monotonic() + timeout
+    while not flag.exists():
+        assert proc.poll() is None, f"exited {proc.returncode} before pausing: {err.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "the run never reached its pause"
+        time.sleep(0.05)
+    return flag.read_text()
 
 
 def _one_line(stderr):
@@ -190,3 +196,44 @@ def test_handlers_only_for_the_loop_and_a_second_signal_is_the_default():
         control = stop.on_step_end(SimpleNamespace(device="cpu", save_strategy="no"), state, _control())
         assert control.should_training_stop and not control.should_save
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_two_processes_stop_at_the_same_step_when_only_rank_0_is_signalled(setup, tmp_path):
+    """Under torchrun only rank 0 gets SIGTERM (as from launchers that signal one process): the
+    processes agree at the end of the step, both stop there, and one whole checkpoint of it is
+    saved (neither waits in a collective the other never reaches)."""
+    d, common, ref = setup
+    out = tmp_path / "run"
+    flag = tmp_path / "paused"
+    argv = common + ["--output_dir", str(out), "--save_steps", "100", "--per_device_train_batch_size", "1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MMEMBED_TEST_PAUSE_AT="train:step:3", MMEMBED_TEST_PAUSE_FILE=str(flag))
+    err = tmp_path / "stderr.txt"
+    with open(err, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                                 "-m", "mmembed.tools.cli", *argv], env=env, stdout=subprocess.DEVNULL, stderr=f,
+                                cwd=REPO)
+    try:
+        ranks = [tmp_path / f"paused.rank{r}" for r in (0, 1)]
+        point, pid = _wait_for(ranks[0], proc, err).split()
+        assert point == "train:step"
+        _wait_for(ranks[1], proc, err)
+        os.kill(int(pid), signal.SIGTERM)  # rank 0 alone
+        time.sleep(0.5)  # the handler runs in rank 0's main thread as it polls the pause file
+        for f in ranks:
+            f.unlink()
+        code = proc.wait(300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = err.read_text()
+    ours = stderr.split("torch/distributed/elastic/multiprocessing/api.py")[0]  # before torchrun's failure report
+    assert code != 0 and "Traceback" not in ours, stderr[-3000:]
+    lines = [line for line in ours.splitlines() if line.startswith("mmembed sft:")]
+    assert lines == [f"mmembed sft: stopped by SIGTERM at step 3: saved the whole checkpoint {out / 'checkpoint-3'}; "
+                     "to go on, run the same command with the same --output_dir and --resume_from_checkpoint true"]
+    # torchrun's report of each rank's exit code: rank 1 stopped by itself (143); rank 0 too, unless
+    # torchrun, seeing rank 1 end first, sent it SIGTERM while it exited (after the save and the line)
+    codes = dict(re.findall(r"rank\s+: (\d) \(local_rank: \d\)\s+exitcode\s+: (-?\d+)", stderr))
+    assert codes["1"] == "143" and codes.get("0", "143") in ("143", "-15"), stderr[-3000:]
+    assert _folders(out) == ["checkpoint-3"] and is_complete(str(out / "checkpoint-3"))
+    assert json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())["global_step"] == 3
