@@ -70,10 +70,17 @@ def cmd_sft(argv: list[str]) -> int:
     if code is not None:
         return code
     from ..training.arguments import parse_sft_args
+    from ..training.preemption import EXIT_CODE, Preempted
     from ..training.sft import run_sft
 
     args = parse_sft_args(argv)  # every flag checked: a UsageError names the bad one
-    metrics = run_sft(args)  # the settings that need the model's folder, checked before it loads
+    try:
+        metrics = run_sft(args)  # the settings that need the model's folder, checked before it loads
+    except Preempted as e:  # SIGTERM / SIGUSR1: the step saved; one line on how to resume, 128 + SIGTERM
+        if args.should_save:
+            print(f"mmembed sft: {e}", file=sys.stderr)
+        _close_process_group()
+        return EXIT_CODE
     if args.should_save:
         print(json.dumps(metrics, indent=2, default=str))
     _close_process_group()

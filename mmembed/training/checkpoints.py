@@ -29,7 +29,12 @@ manifest was rewritten runs no code. Manifests from before hashes (sizes only) s
 ``MMEMBED_TEST_KILL_AT=POINT:N`` (test-only) kills the process with SIGKILL the N-th time it
 reaches the named point of saving or rotation (:data:`TEST_POINTS`);
 ``MMEMBED_TEST_FULL_AT=POINT:N`` (test-only) instead makes every later file write fail as on
-a full disk (``RLIMIT_FSIZE`` 0, SIGXFSZ ignored, so writes get EFBIG from the kernel).
+a full disk (``RLIMIT_FSIZE`` 0, SIGXFSZ ignored, so writes get EFBIG from the kernel);
+``MMEMBED_TEST_PAUSE_AT=POINT:N[,POINT:N...]`` (test-only) pauses the process there: it creates
+the file ``MMEMBED_TEST_PAUSE_FILE`` (``.rankR`` appended under torchrun), holding the point's name
+and the process id, and waits (up to 10 minutes) until the test removes it, so a test can send a
+signal at a known point (:mod:`mmembed.training.preemption`; besides the points
+above, ``train:step`` is reached at the start of every optimizer step).
 """
 
 from __future__ import annotations
@@ -507,7 +512,8 @@ _hits: Counter = Counter()
 
 def test_point(name: str) -> None:
     """Test-only hooks (see the module docstring); nothing happens unless
-    ``MMEMBED_TEST_KILL_AT`` or ``MMEMBED_TEST_FULL_AT`` names this point."""
+    ``MMEMBED_TEST_KILL_AT``, ``MMEMBED_TEST_FULL_AT`` or ``MMEMBED_TEST_PAUSE_AT`` names this point."""
+    _test_pause(name)
     for var in ("MMEMBED_TEST_KILL_AT", "MMEMBED_TEST_FULL_AT"):
         spec = os.environ.get(var)
         if not spec:
@@ -524,6 +530,24 @@ def test_point(name: str) -> None:
 
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+
+def _test_pause(name: str) -> None:
+    spec = os.environ.get("MMEMBED_TEST_PAUSE_AT")
+    if not spec:
+        return
+    _hits["MMEMBED_TEST_PAUSE_AT", name] += 1
+    if f"{name}:{_hits['MMEMBED_TEST_PAUSE_AT', name]}" not in spec.split(","):
+        return
+    flag = os.environ["MMEMBED_TEST_PAUSE_FILE"]
+    if os.environ.get("RANK"):  # under torchrun: one file per process
+        flag += f".rank{os.environ['RANK']}"
+    with open(flag + ".tmp", "w", encoding="utf-8") as f:
+        f.write(f"{name} {os.getpid()}")
+    os.replace(flag + ".tmp", flag)  # the test sees the file whole
+    deadline = time.monotonic() + 600
+    while os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 __all__ = [

@@ -32,6 +32,7 @@ from .model_assembly import (
     make_loss,
     part_learning_rates,
 )
+from .preemption import preempted
 from .preflight import check_model_folders, check_settings, media_settings
 from .run_folder import prepare_output_dir, resume_checkpoint, resume_weights_only
 from .trainer import EmbeddingTrainer
@@ -57,11 +58,16 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     trainer.last_checkpoint = resume  # the run's result until it saves (DeepSpeed loads without _load_from_checkpoint)
     result = trainer.train(resume_from_checkpoint=resume)
     final = trainer.last_checkpoint
-    if str(getattr(args.save_strategy, "value", args.save_strategy)) == "no":
+    model_only = str(getattr(args.save_strategy, "value", args.save_strategy)) == "no"
+    if model_only:
         # no checkpoints, no optimizer state: the trained model alone (weights or adapter,
         # tokenizer / processor, mmembed.json), which embeds and exports but does not resume
         final = os.path.join(args.output_dir, f"checkpoint-{trainer.state.global_step}")
         trainer.save_final_model(final)
+    stop = trainer.preemption
+    if stop.stopped_at is not None and trainer.state.global_step < trainer.state.max_steps:
+        # SIGTERM / SIGUSR1: the step is saved; no evaluation in the time left before the kill
+        raise preempted(stop, trainer.state.global_step, final, resumable=not model_only)
     metrics: dict[str, Any] = dict(result.metrics)
     if trainer.eval_dataset is not None or trainer.eval_tasks:
         metrics.update(trainer.evaluate())

@@ -6,7 +6,8 @@ The trainer is the loss call plus wiring; each side concern has a home of its ow
   ``{"last_hidden_state": [N, D]}`` and ``labels``; ``training_step`` does the same through
   the gradient cache (:mod:`mmembed.training.gradcache`) with ``--gradcache_mini_batch_size``;
 - a NaN or infinite loss or gradient stops the run; the last step is always saved
-  (:mod:`mmembed.training.guards`);
+  (:mod:`mmembed.training.guards`); SIGTERM / SIGUSR1 stop it after the current step, saved
+  (:mod:`mmembed.training.preemption`);
 - the rows each process trains on, in ms-swift's order (:mod:`mmembed.training.samplers`);
 - per-part learning rates as optimizer groups (:mod:`mmembed.training.optimizer`);
 - ``evaluate``: the eval set embedded once, its loss and metrics, and the held-out tasks
@@ -32,6 +33,7 @@ from .evaluation import eval_loader, eval_metric_names, evaluation_metrics  # no
 from .gradcache import GradCache, deepspeed_chunk_backward
 from .guards import SaveLastStep, check_grad_norm, check_loss
 from .optimizer import split_by_learning_rate
+from .preemption import PreemptionStop
 from .samplers import pass_through_shards, train_sampler
 from .saving import CheckpointSaving
 
@@ -81,6 +83,8 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         self.mmembed_config = mmembed_config
         self.param_lrs = param_lrs or {}
         self.add_callback(SaveLastStep())
+        self.preemption = PreemptionStop()  # SIGTERM / SIGUSR1: save the step, then stop (run_sft reports it)
+        self.add_callback(self.preemption)
 
     @property
     def loss(self):
@@ -181,10 +185,13 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         - under DeepSpeed the engine loads its checkpoint with ``weights_only=True`` (and not
           at all with ``--resume_only_model``):
           :meth:`~mmembed.training.saving.CheckpointSaving.guarded_engine_load`.
+
+        SIGTERM / SIGUSR1 during the loop stop it after the current step, saved
+        (:mod:`mmembed.training.preemption`).
         """
         liger, self.args.use_liger_kernel = self.args.use_liger_kernel, False
         try:
-            with self.guarded_engine_load(resume_from_checkpoint):
+            with self.guarded_engine_load(resume_from_checkpoint), self.preemption.handling():
                 return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self.args.use_liger_kernel = liger
