@@ -22,6 +22,7 @@ import sys
 import pytest
 import torch
 from conftest import REPO, stsb_pairs, write_jsonl
+from forked_cli import run_cli
 
 from mmembed.losses import InfoNCEConfig, build_loss
 from mmembed.losses.base import MIN_TEMPERATURE, MIN_TEMPERATURE_TEXT
@@ -153,6 +154,20 @@ def test_strict_false_trains_on_the_rest(minilm_path, files, tmp_path):
     metrics = json.loads(r.stdout[r.stdout.rindex("{\n"):])
     # every group trained on has a negative: its loss is a real cross-entropy, not 0
     assert metrics["train_loss"] > 0
+
+
+def test_streaming_meets_them_as_they_are_read(minilm_path, files, tmp_path):
+    """--streaming reads rows as it trains: under INFONCE_HARD_NEGATIVES a row without
+    negatives is a data error naming it when it is read (one line, exit 1, no traceback)."""
+    out = tmp_path / "run"
+    r = run_cli(["sft", "--model", minilm_path, "--dataset", files["mixed"], "--streaming", "true",
+                 "--dataset_shuffle", "false", "--max_steps", "2", "--per_device_train_batch_size", "2",
+                 "--max_length", "32", "--output_dir", str(out), "--report_to", "none", "--disable_tqdm", "true",
+                 "--dataloader_num_workers", "0"], env={"INFONCE_HARD_NEGATIVES": "2"}, timeout=300)
+    assert r.returncode == 1, r.stderr[-3000:]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("mmembed sft: error:")]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert re.search(r"mixed\.jsonl:1: no negatives: hard_negatives 2 \(INFONCE_HARD_NEGATIVES\)", lines[0]), lines
 
 
 # ----------------------------------------------------------------------------- the temperature
