@@ -14,6 +14,10 @@ Every loss is an :class:`EmbeddingLoss` (an ``nn.Module`` called as
 - :attr:`~EmbeddingLoss.label_rule`: what each row's ``label`` must be
   (:class:`~mmembed.data.labels.LabelRule`: required or not, allowed values or range),
   checked on every row when the data is read, so a bad label names its file and line;
+- :attr:`~EmbeddingLoss.negatives_rule`: how many negatives a row needs for the loss to
+  learn from it under the settings in force
+  (:class:`~mmembed.data.trainable.NegativesRule`, or None when every row can train),
+  counted over the rows before the model loads;
 - :meth:`~EmbeddingLoss.check_setup`: start-up checks against the model and the side
   inputs (:class:`Setup`), run before the first step.
 
@@ -53,10 +57,37 @@ import torch
 from torch import Tensor, nn
 
 from ..data.labels import LabelRule
+from ..data.trainable import NegativesRule
 from ..encoding.layout import Layout, split_groups
 from .parts import Parts
 
 NEG_INF = float("-inf")
+
+#: The smallest temperature a loss that divides similarities by one takes: 2**-30. Logits are
+#: similarities divided by T, and a similarity just below 1 (where a trained model's positives
+#: score) becomes a logit just below 1/T. Above 2**30 float32 holds numbers only in steps of
+#: 128, so with T < 2**-30 two logits at the top are either equal or at least 128 apart, and a
+#: candidate 128 below the top gets the softmax weight exp(-128), which is 0 in float32 (its
+#: smallest positive number is 2**-149, about exp(-103.3)): the loss of a group whose positive
+#: leads is exactly 0 and so is its gradient; every logit gap float32 keeps saturates. At
+#: T = 2**-30 the logits below 2**30 are 64 apart and exp(-64) is still a float32 number, so
+#: the smallest gap float32 holds near 1 (2**-24) still gives a gradient.
+#: tests/training/test_untrainable.py checks both sides numerically.
+MIN_TEMPERATURE = 2.0**-30
+#: :data:`MIN_TEMPERATURE` as the messages state it, rounded up (so that it is accepted as written)
+MIN_TEMPERATURE_TEXT = f"{math.ceil(MIN_TEMPERATURE * 1e14) / 1e14:g}"
+
+
+def check_temperature(owner: str, name: str, value: Any) -> float:
+    """``value`` as a float, or a ValueError naming ``owner``'s option ``name``: a finite
+    number no smaller than :data:`MIN_TEMPERATURE`, below which float32 logits saturate
+    (loss and gradient exactly 0) and nothing trains."""
+    value = finite_number(owner, name, value, above=0)
+    if value < MIN_TEMPERATURE:
+        raise ValueError(f"{owner} {name} {value!r} is too small: float32 logits saturate (a positive that leads by any "
+                         f"gap float32 keeps gets loss 0 and gradient 0, so nothing trains); the smallest usable value "
+                         f"is {MIN_TEMPERATURE_TEXT} (2**-30)")
+    return value
 
 
 class CrossProcess(str, enum.Enum):
@@ -358,6 +389,14 @@ class EmbeddingLoss(nn.Module):
             return int((targets == 1.0).sum())
         return int(targets.shape[0])
 
+    @property
+    def negatives_rule(self) -> NegativesRule | None:
+        """How many negatives a row must have for this loss to learn from it under its
+        settings (a :class:`~mmembed.data.trainable.NegativesRule`): ``mmembed sft`` counts
+        the rows with fewer before the model loads, names them, and refuses, warns or skips
+        (``--strict false``) as the rule says. Default: None, every row can train."""
+        return None
+
     def check_setup(self, setup: Setup) -> None:
         """Start-up checks (before the first step); raise ``ValueError`` with a message a
         user can act on. The default checks the side inputs against :attr:`side`."""
@@ -481,7 +520,7 @@ class WrapperLoss(EmbeddingLoss):
 
     #: the declarations that are the wrapped loss's
     DELEGATED: ClassVar[tuple[str, ...]] = (
-        "layout", "side", "cross_process", "label_rule", "use_batch",
+        "layout", "side", "cross_process", "label_rule", "negatives_rule", "use_batch",
         "targets", "averaged_over", "check_setup", "candidate_scores",
     )
 
@@ -489,6 +528,7 @@ class WrapperLoss(EmbeddingLoss):
     side = _delegated("side")
     cross_process = _delegated("cross_process")
     label_rule = _delegated("label_rule")
+    negatives_rule = _delegated("negatives_rule")
     use_batch = _delegated("use_batch")
     targets = _delegated("targets", _labels_as_given)
     averaged_over = _delegated("averaged_over")

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .base import finite_number
+from .base import MIN_TEMPERATURE_TEXT, check_temperature, finite_number
 
 ENV_VARS: dict[str, str] = {
     "temperature": "INFONCE_TEMPERATURE",
@@ -42,7 +42,7 @@ ENV_VARS: dict[str, str] = {
 
 # what each variable allows, for the message when a value does not parse
 ALLOWED: dict[str, str] = {
-    "temperature": "a number > 0 (default 0.1)",
+    "temperature": f"a number >= {MIN_TEMPERATURE_TEXT} (default 0.1)",
     "hard_negatives": "an integer >= 1, or unset to use every negative",
     "fake_neg_margin": "a finite number (default 0.1)",
 }
@@ -56,7 +56,9 @@ class InfoNCEConfig:
     """Settings of :class:`mmembed.losses.InfoNCELoss`, with ms-swift's defaults.
 
     Args:
-        temperature: Similarities are divided by this before the softmax. Must be > 0.
+        temperature: Similarities are divided by this before the softmax. Must be at least
+            :data:`~mmembed.losses.base.MIN_TEMPERATURE` (below it float32 logits saturate:
+            loss and gradient exactly 0).
         use_batch: If True, every positive and negative of the batch is a candidate
             for every anchor; if False, each anchor only sees its own group.
         hard_negatives: If set, each group keeps its first ``hard_negatives``
@@ -92,10 +94,10 @@ class InfoNCEConfig:
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ValueError(f"InfoNCE option {name} must be a bool, got {value!r}")
-        for name in ("temperature", "fake_neg_margin"):
-            finite_number("InfoNCE", name, getattr(self, name))
-        if self.temperature <= 0:
+        finite_number("InfoNCE", "fake_neg_margin", self.fake_neg_margin)
+        if isinstance(self.temperature, (int, float)) and not isinstance(self.temperature, bool) and self.temperature <= 0:
             raise ValueError(f"InfoNCE temperature must be > 0, got {self.temperature!r}")
+        check_temperature("InfoNCE", "temperature", self.temperature)
         hn = self.hard_negatives
         if hn is not None and (isinstance(hn, bool) or not isinstance(hn, int) or hn < 1):
             raise ValueError(f"InfoNCE hard_negatives must be an integer >= 1 or None, got {hn!r}")
@@ -114,7 +116,8 @@ class InfoNCEConfig:
 
         Raises:
             ValueError: A variable that does not parse, naming it and its value, or a
-                value out of range (temperature <= 0, hard negatives < 1), or an
+                value out of range (temperature <= 0 or too small for float32, hard
+                negatives < 1), or an
                 override that is not a field.
         """
         env = os.environ if environ is None else environ

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..data.trainable import NegativesRule
 from .base import (
     NEG_INF,
     TEACHER,
@@ -37,6 +38,7 @@ from .base import (
     SideNeeds,
     as_groups,
     check_side,
+    check_temperature,
     finite_number,
     in_group_scores,
 )
@@ -323,7 +325,7 @@ class DistillKLLoss(EmbeddingLoss):
         self, temperature: float = 0.1, teacher_temperature: float | None = None, use_batch: bool = True
     ) -> None:
         super().__init__()
-        self.temperature = finite_number("distill_kl", "temperature", temperature, above=0)
+        self.temperature = check_temperature("distill_kl", "temperature", temperature)
         if teacher_temperature is None:
             teacher_temperature = self.temperature
         self.teacher_temperature = finite_number("distill_kl", "teacher_temperature", teacher_temperature, above=0)
@@ -345,6 +347,16 @@ class DistillKLLoss(EmbeddingLoss):
     @property
     def cross_process(self) -> CrossProcess:
         return CrossProcess.GROUP_PARTS if self.use_batch else CrossProcess.LOCAL_GROUPS
+
+    @property
+    def negatives_rule(self) -> NegativesRule | None:
+        """With ``use_batch=False`` a row without negatives has one candidate, its positive:
+        the teacher's and the student's distributions over it are both ``[1]`` (loss 0)."""
+        if self.use_batch:
+            return None
+        return NegativesRule(1, "with use_batch false its only candidate is its positive, so the teacher's and the "
+                                "student's distributions agree (loss 0, gradient 0)",
+                             "give the rows negatives (rejected_response / negative_messages), or use_batch true")
 
     def forward(self, outputs: Mapping[str, Tensor], labels: Tensor | Groups) -> Tensor:
         """Loss of one batch (see the class docstring).

@@ -23,7 +23,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import GUIDE, NEG_INF, CrossProcess, EmbeddingLoss, Groups, SideNeeds, as_groups, finite_number
+from .base import (
+    GUIDE,
+    NEG_INF,
+    CrossProcess,
+    EmbeddingLoss,
+    Groups,
+    SideNeeds,
+    as_groups,
+    check_temperature,
+    finite_number,
+)
 from .config import env_temperature
 from .parts import GroupParts, SideRows
 
@@ -134,7 +144,7 @@ class GISTLoss(EmbeddingLoss):
         contrast_positives: bool = True,
     ) -> None:
         super().__init__()
-        self.temperature = finite_number("GIST", "temperature", temperature, above=0)
+        self.temperature = check_temperature("GIST", "temperature", temperature)
         self.margin = finite_number("GIST", "margin", margin)
         if margin_strategy not in ("absolute", "relative"):
             raise ValueError(f"GIST margin_strategy must be 'absolute' or 'relative', got {margin_strategy!r}")

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..data.trainable import NegativesRule
 from .base import NEG_INF, CrossProcess, EmbeddingLoss, Groups, as_groups, in_group_scores
 from .config import InfoNCEConfig
 from .parts import GroupParts
@@ -185,6 +186,27 @@ class InfoNCELoss(EmbeddingLoss):
         """In-batch candidates come from every process; with ``use_batch`` off each group
         only sees itself."""
         return CrossProcess.GROUP_PARTS if self.config.use_batch else CrossProcess.LOCAL_GROUPS
+
+    @property
+    def negatives_rule(self) -> NegativesRule | None:
+        """A row needs a negative when ``hard_negatives`` is set (the loss fills each group up
+        to it by sampling the group's own negatives: none to sample from is an error) or when
+        ``use_batch`` is off (its only other candidate would be its positive: loss 0,
+        gradient 0). Otherwise every row can train (the batch's other documents are its
+        negatives)."""
+        cfg = self.config
+        if cfg.hard_negatives is not None:
+            return NegativesRule(
+                1, f"hard_negatives {cfg.hard_negatives} (INFONCE_HARD_NEGATIVES) fills each group up to "
+                   f"{cfg.hard_negatives} by sampling its own negatives, and it has none to sample from",
+                "give every row at least one negative (rejected_response / negative_messages), or unset "
+                "INFONCE_HARD_NEGATIVES", breaks=True)
+        if not cfg.use_batch:
+            return NegativesRule(
+                1, "with use_batch false (INFONCE_USE_BATCH=false) its only candidate is its positive, so its loss "
+                   "is 0 and its gradient 0",
+                "give the rows negatives (rejected_response / negative_messages), or set INFONCE_USE_BATCH=true")
+        return None
 
     def forward(self, outputs: Mapping[str, Tensor], labels: Tensor | Groups) -> Tensor:
         """Loss of one batch in ms-swift's layout.

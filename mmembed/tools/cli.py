@@ -324,6 +324,7 @@ def exit_code(error: BaseException) -> int | None:
     known = [DataError, SpecError, FileNotFoundError, FileExistsError, WriteError]
     # training's own, looked up only where training ran (importing them costs the Trainer's imports)
     for module, name in (("mmembed.training.guards", "NonFiniteLossError"),
+                         ("mmembed.training.guards", "ZeroLossError"),
                          ("mmembed.training.checkpoints", "IncompleteCheckpointError")):
         if module in sys.modules:
             known.append(getattr(sys.modules[module], name))

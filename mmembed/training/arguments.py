@@ -80,6 +80,7 @@ LIMITS: dict[str, tuple] = {
     "shuffle_buffer_size": (lambda v: v >= 1, "an integer >= 1 (rows)"),
     "split_dataset_ratio": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "max_pixels": (lambda v: v >= 1, "> 0 (pixels per image)"),
+    "zero_loss_patience": (lambda v: v >= 0, "an integer >= 0 (0: off)"),
 }
 
 
@@ -96,6 +97,7 @@ class SftArguments(TrainingArguments):
     pooling: str | None = field(default=None, metadata={"help": "override the template's pooling: last | mean | cls | max"})
     length_chunks: int | None = field(default=None, metadata={"help": "embed text batches in up to N length-sorted chunks, each padded to its own longest row (1: off; default 4 on a CPU, 1 on a GPU)"})
     gradcache_mini_batch_size: int = field(default=0, metadata={"help": "embed each batch in chunks of N rows with a gradient cache (0: off)"})
+    zero_loss_patience: int = field(default=10, metadata={"help": "stop when the loss and the gradient are exactly 0 for N optimizer steps in a row: nothing is being learned (0: off)"})
     system: str | None = field(default=None, metadata={"help": "system prompt for rows that give none"})
     max_length: int | None = field(default=None, metadata={"help": "maximum tokens per input (default: the model's)"})
     truncation_strategy: str = field(default="delete", metadata={"help": "delete | left | right"})

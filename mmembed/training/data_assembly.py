@@ -2,6 +2,7 @@
 
 :meth:`TrainingData.load` reads ``--dataset`` / ``--val_dataset`` (or streams them,
 ``--streaming true``), downloads their remote media up front (:func:`fetch_remote_media`),
+counts the rows the loss cannot learn from under its settings (:func:`check_trainable`),
 runs the length check (:func:`drop_overlong`), opens the teacher's arrays and finds the
 teacher signal the rows carry (:func:`data_teacher`). :func:`check_drop_last` and
 :func:`load_eval_tasks` check the rest of what training will read before the model loads.
@@ -27,6 +28,7 @@ from ..data import EmbeddingDataset, SpecError, load_samples
 from ..data.sample import DataError, Sample
 from ..data.streaming import StreamingSamples, stream_samples
 from ..data.teacher import TeacherFiles, teacher_signal
+from ..data.trainable import NegativesRule, rows_without_negatives
 from ..encoding.collator import token_lengths
 from ..encoding.inputs import InputBuilder
 from ..eval.tasks import HeldOutTasks
@@ -80,6 +82,9 @@ class TrainingData:
             val, files["val"] = val_loaded.dataset, val_loaded.records
         else:
             val = loaded.val
+        train = check_trainable(train, loss.negatives_rule, args.strict, "train")
+        if val is not None and loss.negatives_rule is not None and loss.negatives_rule.breaks:
+            val = check_trainable(val, loss.negatives_rule, args.strict, "val")  # the eval loss would fail on them
         train, val = fetch_remote_media(train, val, args.strict, media.downloads)
         if args.truncation_strategy == "delete" or encoding.template.media:
             # delete: the over-long rows go; left / right: the media rows are decoded and measured now
@@ -106,7 +111,9 @@ class TrainingData:
                load_opts: dict) -> TrainingData:
         """``--streaming true``: the training rows as a stream (:mod:`mmembed.data.streaming`);
         ``--val_dataset`` is read whole as usual. Rows over ``--max_length`` are dropped as
-        they are read (``--truncation_strategy delete``), remote media fetched when read."""
+        they are read (``--truncation_strategy delete``), remote media fetched when read; a
+        row the loss would fail on (:func:`check_trainable`) is a data error when read, or
+        skipped with ``--strict false``."""
         if loss.side.teacher and not args.teacher_model:
             raise UsageError(f"--loss_type {args.loss_type} with the teacher's signals in the rows cannot be checked "
                              "up front with --streaming true: give --teacher_model, or leave out --streaming")
@@ -117,13 +124,23 @@ class TrainingData:
         if args.val_dataset:
             val_loaded = load_samples(args.val_dataset, split_ratio=1.0, shuffle=args.val_dataset_shuffle, **load_opts)
             val, files["val"] = val_loaded.dataset, val_loaded.records
+            if loss.negatives_rule is not None and loss.negatives_rule.breaks:
+                val = check_trainable(val, loss.negatives_rule, args.strict, "val")
             _, val = fetch_remote_media(None, val, args.strict, media.downloads)
-        if args.truncation_strategy == "delete":
-            builder = length_builder(encoding, media)
-            train.keep = lambda sample: token_lengths([sample], builder, loss.layout)[0] <= encoding.max_length
-            if val is not None:
-                val = drop_overlong(val, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "val",
-                                    args.strict)
+        # a row the loss would fail on is met as it is read: a data error naming it, or skipped
+        # and logged with --strict false (a row that merely learns nothing is kept)
+        rule = loss.negatives_rule if loss.negatives_rule is not None and loss.negatives_rule.breaks else None
+        builder = length_builder(encoding, media) if args.truncation_strategy == "delete" else None
+
+        def keep(sample: Sample) -> bool:
+            if rule is not None and rule.falls_short(len(sample.negatives)):
+                raise DataError(sample.source, sample.line, None, f"{rule.reason()}; {rule.fix}")
+            return builder is None or token_lengths([sample], builder, loss.layout)[0] <= encoding.max_length
+
+        if rule is not None or builder is not None:
+            train.keep = keep
+        if builder is not None and val is not None:
+            val = drop_overlong(val, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "val", args.strict)
         return cls(train, EmbeddingDataset(val) if val is not None else None, files=files)
 
 
@@ -173,6 +190,50 @@ def load_eval_tasks(args: SftArguments, encoding: Encoding) -> HeldOutTasks | No
         if isinstance(e, DataError):
             raise
         raise UsageError(str(e)) from None
+
+
+# ----------------------------------------------------------------------------- rows that cannot train
+
+#: rows named in a message (file:line); the --strict false list names up to _LISTED
+_NAMED, _LISTED = 5, 50
+
+
+def check_trainable(ds, rule: NegativesRule | None, strict: bool = True, what: str = "train"):
+    """The rows of ``ds`` the loss can learn from, as its ``negatives_rule`` says (None:
+    every row; ``ds`` is returned as it is), checked before the model loads.
+
+    Rows with fewer negatives than the rule asks for are counted and the first few named
+    (``file:line``). None left that can train: a :class:`UsageError`, whatever ``strict`` says.
+    Some: with ``strict=False`` they are skipped and listed like the other skipped rows; with
+    ``strict`` a row the loss would fail on (``rule.breaks``: ``INFONCE_HARD_NEGATIVES`` with
+    nothing to sample) is a :class:`UsageError`, one it merely learns nothing from
+    (``INFONCE_USE_BATCH=false``) is kept, with a warning giving the count.
+    """
+    if rule is None:
+        return ds
+    short = rows_without_negatives(ds, rule)
+    if not short:
+        return ds
+    reason = rule.reason()
+    in_file_order = sorted((source, line) for _, source, line in short)  # the rows may be shuffled
+    first = ", ".join(f"{source}:{line}" for source, line in in_file_order[:_NAMED]) + (", ..." if len(short) > _NAMED else "")
+    rows = "training rows" if what == "train" else f"{what} rows"
+    if len(short) == len(ds):
+        raise UsageError(f"no {rows[:-1]} can train: every one of the {len(ds)} has {reason} ({first}); {rule.fix}")
+    if strict and rule.breaks:
+        raise UsageError(f"{len(short)} of {len(ds)} {rows} have {reason} ({first}); {rule.fix}, or pass --strict false "
+                         "to skip them")
+    if strict:
+        logger.warning("%s: %d of %d rows cannot train: they have %s (%s); they are kept (--strict false skips them); %s",
+                       what, len(short), len(ds), reason, first, rule.fix)
+        return ds
+    listed = "\n".join(f"  {source}:{line}: {reason}" for source, line in in_file_order[:_LISTED])
+    if len(short) > _LISTED:
+        listed += f"\n  ... {len(short) - _LISTED} more"
+    logger.warning("%s: skipped %d of %d row(s) that cannot train (--strict false):\n%s", what, len(short), len(ds),
+                   listed)
+    dropped = {i for i, _, _ in short}
+    return ds.select([i for i in range(len(ds)) if i not in dropped])
 
 
 # ----------------------------------------------------------------------------- remote media

@@ -5,6 +5,10 @@
   before any later checkpoint), naming the step and the last whole checkpoint. Every process
   checks and they agree (:func:`any_process`), so all stop at the same step and none waits in
   a collective the others never reach.
+- :class:`ZeroLossStop`: a loss of exactly 0 with a gradient norm of exactly 0 on every
+  process for ``--zero_loss_patience`` consecutive optimizer steps (default 10; 0: off) stops
+  the run with :class:`ZeroLossError`, naming the step and the last whole checkpoint: nothing
+  is being learned (a custom loss that returns a constant, rows that cannot contribute).
 - :class:`SaveLastStep`: the last step is always saved as a checkpoint.
 
 :class:`~mmembed.training.trainer.EmbeddingTrainer` calls the checks and adds the callbacks
@@ -25,6 +29,10 @@ _ADVICE = "Lower --learning_rate, raise INFONCE_TEMPERATURE, or check the data."
 
 class NonFiniteLossError(FloatingPointError):
     pass
+
+
+class ZeroLossError(RuntimeError):
+    """The loss and the gradient were exactly 0 for ``--zero_loss_patience`` steps in a row."""
 
 
 def any_process(flag: bool, device: torch.device | str) -> bool:
@@ -60,6 +68,48 @@ def check_grad_norm(grad_norm: torch.Tensor | float | None, step: int, last_chec
 def _stopped(last_checkpoint: str | None) -> str:
     return (f"training stopped, nothing saved after it. The last whole checkpoint is {last_checkpoint or 'none'}. "
             + _ADVICE)
+
+
+class ZeroLossStop:
+    """Counts the optimizer steps in a row whose loss was exactly 0 (every micro-batch, on
+    every process) and whose gradient norm was exactly 0, and stops the run at ``patience``
+    of them (0: never). The trainer tells it each micro-batch's loss (:meth:`saw_loss`) and
+    each step's gradient norm (:meth:`saw_step`, before the optimizer steps, so the stopping
+    step writes nothing)."""
+
+    def __init__(self, patience: int) -> None:
+        self.patience = patience
+        self.run = 0  # steps in a row with loss 0 and gradient 0
+        self._step = 0  # the step the micro-batches seen belong to
+        self._all_zero = False  # every micro-batch loss of that step was exactly 0 here
+
+    def saw_loss(self, loss: torch.Tensor, step: int) -> None:
+        """One micro-batch's loss (finite, checked before) of ``step`` (1-based)."""
+        if not self.patience:
+            return
+        zero = bool((loss.detach() == 0).all())
+        if step != self._step:
+            self._step, self._all_zero = step, zero
+        else:
+            self._all_zero = self._all_zero and zero
+
+    def saw_step(self, grad_norm: torch.Tensor | float | None, step: int, last_checkpoint: str | None,
+                 device: torch.device | str) -> None:
+        """The gradient norm of ``step`` (the same on every process; None when not computed,
+        which counts as not zero). :class:`ZeroLossError` on every process at the
+        ``patience``-th step in a row with loss 0 everywhere and gradient norm 0."""
+        if not self.patience:
+            return
+        zero = grad_norm is not None and float(grad_norm) == 0.0
+        if zero:  # the gradient norm is global, so every process asks (or none does)
+            zero = not any_process(not (self._all_zero and self._step == step), device)
+        self.run = self.run + 1 if zero else 0
+        if self.run >= self.patience:
+            raise ZeroLossError(
+                f"loss and gradient are exactly 0 for {self.run} steps in a row (steps {step - self.run + 1}-{step}): "
+                f"nothing is being learned; training stopped at step {step}, nothing saved after it. The last whole "
+                f"checkpoint is {last_checkpoint or 'none'}. Check the loss and that the rows can train "
+                "(--zero_loss_patience 0 turns this check off)")
 
 
 class SaveLastStep(TrainerCallback):

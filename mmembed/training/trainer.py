@@ -5,7 +5,8 @@ The trainer is the loss call plus wiring; each side concern has a home of its ow
 - the loss call (here): ``compute_loss`` embeds the collated batch and applies the loss to
   ``{"last_hidden_state": [N, D]}`` and ``labels``; ``training_step`` does the same through
   the gradient cache (:mod:`mmembed.training.gradcache`) with ``--gradcache_mini_batch_size``;
-- a NaN or infinite loss or gradient stops the run; the last step is always saved
+- a NaN or infinite loss or gradient stops the run, so do ``--zero_loss_patience`` steps in
+  a row with loss and gradient exactly 0; the last step is always saved
   (:mod:`mmembed.training.guards`); SIGTERM / SIGUSR1 stop it after the current step, saved
   (:mod:`mmembed.training.preemption`);
 - the rows each process trains on, in ms-swift's order (:mod:`mmembed.training.samplers`);
@@ -31,7 +32,7 @@ from ..model.weights import load_backbone_weights  # noqa: F401  (re-exported: s
 from .distributed import GlobalBatchLoss, gather_sizes, world
 from .evaluation import eval_loader, eval_metric_names, evaluation_metrics  # noqa: F401  (eval_metric_names: sft.py)
 from .gradcache import GradCache, deepspeed_chunk_backward
-from .guards import SaveLastStep, check_grad_norm, check_loss
+from .guards import SaveLastStep, ZeroLossStop, check_grad_norm, check_loss
 from .optimizer import split_by_learning_rate
 from .preemption import PreemptionStop
 from .samplers import pass_through_shards, train_sampler
@@ -82,6 +83,7 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
             mmembed_config = {"pooling": self.accelerator.unwrap_model(self.model).pooling, "normalize": True}
         self.mmembed_config = mmembed_config
         self.param_lrs = param_lrs or {}
+        self.zero_loss = ZeroLossStop(getattr(self.args, "zero_loss_patience", 0) or 0)  # plain TrainingArguments: off
         self.add_callback(SaveLastStep())
         self.preemption = PreemptionStop()  # SIGTERM / SIGUSR1: save the step, then stop (run_sft reports it)
         self.add_callback(self.preemption)
@@ -122,8 +124,12 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
 
     def _checked(self, loss: torch.Tensor) -> torch.Tensor:
         """Every process checks every micro-batch's loss and they agree, so all stop at the
-        first non-finite one, before its backward pass and before any later checkpoint."""
-        return check_loss(loss, self.state.global_step + 1, self.last_checkpoint, self.args.device)
+        first non-finite one, before its backward pass and before any later checkpoint. A
+        finite one is counted for the zero-loss stop."""
+        loss = check_loss(loss, self.state.global_step + 1, self.last_checkpoint, self.args.device)
+        if self.model.training:
+            self.zero_loss.saw_loss(loss, self.state.global_step + 1)
+        return loss
 
     def _get_grad_norm(self, model, grad_norm=None):
         """The step's gradient norm, checked like the loss (not under fp16 loss scaling, where
@@ -132,6 +138,7 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
         if not self.args.fp16:
             check_grad_norm(grad_norm, self.state.global_step + 1, self.last_checkpoint)
+        self.zero_loss.saw_step(grad_norm, self.state.global_step + 1, self.last_checkpoint, self.args.device)
         return grad_norm
 
     # ---- the training step ----------------------------------------------------------

@@ -109,6 +109,7 @@ SFT_ROWS = [
     row("--max_length", "100000"),  # beyond all-MiniLM's 512 position embeddings
     row("--length_chunks", "0"),
     row("--gradcache_mini_batch_size", "-1"),
+    row("--zero_loss_patience", "-1"),
     row("--lora_rank", "0"),
     row("--lora_alpha", "0"),
     row("--lora_dropout", "2"),
@@ -168,6 +169,11 @@ SFT_ROWS = [
     row(env={"INFONCE_FAKE_NEG_MARGIN": "nan"}),
     row(env={"INFONCE_INCLUDE_QQ": "maybe"}),
     row(env={"INFONCE_INCLUDE_DD": "2"}),
+    # settings under which the rows (stsb pairs: no negatives) cannot train, or no row can
+    row(env={"INFONCE_TEMPERATURE": "1e-30"}, names=("INFONCE_TEMPERATURE", "1e-30", "smallest usable value is 9.3133e-10")),
+    row(env={"INFONCE_USE_BATCH": "false"}, names=("INFONCE_USE_BATCH=false", "no training row can train", "train.jsonl:1")),
+    row(env={"INFONCE_HARD_NEGATIVES": "2"}, names=("INFONCE_HARD_NEGATIVES", "no training row can train", "train.jsonl:1")),
+    row("--loss_kwargs", '{"temperature": 1e-12}', names=("--loss_kwargs", "1e-12", "9.3133e-10")),
     row("--loss_type", "cosine_similarity", env={"INFONCE_TEMPERATURE": "abc"},  # refused whatever the loss
         names=("INFONCE_TEMPERATURE", "abc")),
     # the media variables (MediaBudget.from_env), checked for text models too

@@ -1,8 +1,10 @@
-"""A non-finite loss or gradient stops the run at the first bad step, whatever caused it (a tiny
-temperature, a huge learning rate, a huge teacher embedding in the data), with one line naming
+"""A non-finite loss or gradient stops the run at the first bad step, whatever caused it (a huge
+learning rate, a huge teacher embedding in the data), with one line naming
 the step and the last whole checkpoint, exit code 1, and no checkpoint saved after it; on 2
 processes both stop. (A label out of its loss's range never gets this far: it is refused when
-the data is read, tests/data/test_bad_data.py.)"""
+the data is read, tests/data/test_bad_data.py; nor does a temperature so small that float32
+logits saturate, which once gave an infinite gradient norm here: it is refused before the
+model loads, tests/training/test_untrainable.py, and below.)"""
 
 import json
 import os
@@ -55,7 +57,6 @@ def _error_line(stderr):
 
 # (what makes it non-finite, the data, extra flags, environment, the first bad step, what is reported)
 CASES = [
-    ("temperature", "groups", (), {"INFONCE_TEMPERATURE": "1e-30"}, 1, "gradient norm is inf"),
     ("learning_rate", "groups", ("--learning_rate", "1e30"), {}, 2, "loss is nan"),
     ("data", "teacher", ("--loss_type", "distill_mse"), {}, None, "loss is inf"),  # the step of the bad row's batch
 ]
@@ -74,6 +75,18 @@ def test_the_first_non_finite_step_stops_the_run(minilm_path, data, tmp_path, ca
     saved = sorted(n for n in os.listdir(out) if n != CHARTS_DIR) if out.exists() else []
     assert saved == [f"checkpoint-{s}" for s in range(1, step)]  # every step before the bad one, none after
     assert all(is_complete(str(out / name)) for name in saved)
+
+
+def test_a_tiny_temperature_is_refused_before_training(minilm_path, data, tmp_path):
+    """What gave an infinite gradient norm at step 1 (a temperature of 1e-30 with each query
+    as its own negative) is refused up front now: one line, exit 2, nothing written."""
+    d, files = data
+    out = tmp_path / "run"
+    r = run_cli(_args(minilm_path, files["groups"], out), env={"INFONCE_TEMPERATURE": "1e-30"})
+    assert r.returncode == 2, r.stderr[-3000:]
+    line = _error_line(r.stderr)
+    assert "INFONCE_TEMPERATURE='1e-30'" in line and "smallest usable value is 9.3133e-10" in line
+    assert not any(n.startswith("checkpoint-") for n in (os.listdir(out) if out.exists() else []))
 
 
 def test_two_processes_stop_together(minilm_path, data, tmp_path):
