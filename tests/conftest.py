@@ -57,6 +57,7 @@ def launch(args: list[str], nproc: int = 1, env: dict | None = None, timeout: in
 # handed out longest first so that both workers end together.
 LONGEST_FIRST = [
     "training/test_distributed_sft.py", "encoding/test_multimodal.py", "training/test_distributed.py",
+    "training/test_resume_safety.py", "training/test_preemption.py", "training/test_untrainable.py",
     "model/test_st_exports.py", "tools/test_swift_compat.py", "training/test_checkpoints.py",
     "model/test_tiny_models.py", "training/test_methods_sft.py", "training/test_charts.py",
     "training/test_sft_e2e.py", "eval/test_beir_eval.py", "data/test_bad_data.py", "encoding/test_remote_media.py",
