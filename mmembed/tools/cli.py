@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 from typing import TYPE_CHECKING
@@ -62,7 +63,31 @@ def _maybe_relaunch(argv: list[str]) -> int | None:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--nnodes={nnodes}",
            f"--node_rank={node_rank}", f"--master_addr={os.environ.get('MASTER_ADDR', '127.0.0.1')}",
            f"--master_port={port}", "-m", "mmembed.tools.cli", *argv]
-    return subprocess.call(cmd)
+    # a preemption signal sent to this process (Kubernetes signals the container's first
+    # process) goes on to torchrun, which passes it to every worker: they save the step and
+    # exit 143 (mmembed.training.preemption). torchrun passes SIGUSR1 on only when named here.
+    env = dict(os.environ)
+    env.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+    child = subprocess.Popen(cmd, env=env)
+    received: list[int] = []
+
+    def forward(signum, frame):
+        received.append(signum)
+        child.send_signal(signum)
+
+    forwarded = (signal.SIGTERM, signal.SIGUSR1)
+    previous = {s: signal.signal(s, forward) for s in forwarded}
+    try:
+        code = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    # torchrun exits 1 when its workers stopped for the signal; the run's own code says why
+    if received and code != 0:
+        from ..training.preemption import EXIT_CODE
+
+        return EXIT_CODE
+    return code
 
 
 def cmd_sft(argv: list[str]) -> int:

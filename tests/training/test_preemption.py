@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import REPO, stsb_pairs
+from conftest import REPO, free_port, stsb_pairs
 from forked_cli import run_cli
 from safetensors.torch import load_file
 from transformers import TrainerControl
@@ -235,5 +235,41 @@ def test_two_processes_stop_at_the_same_step_when_only_rank_0_is_signalled(setup
     # torchrun, seeing rank 1 end first, sent it SIGTERM while it exited (after the save and the line)
     codes = dict(re.findall(r"rank\s+: (\d) \(local_rank: \d\)\s+exitcode\s+: (-?\d+)", stderr))
     assert codes["1"] == "143" and codes.get("0", "143") in ("143", "-15"), stderr[-3000:]
+    assert _folders(out) == ["checkpoint-3"] and is_complete(str(out / "checkpoint-3"))
+    assert json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())["global_step"] == 3
+
+
+def test_nproc_per_node_passes_the_signal_on_to_every_worker(setup, tmp_path):
+    """ms-swift's launch habit (NPROC_PER_NODE=2 mmembed sft ...): the signal goes to the
+    mmembed process that started torchrun (as Kubernetes signals a container's first process);
+    it passes it on, every worker saves the same step, and the command exits 143."""
+    d, common, ref = setup
+    out = tmp_path / "run"
+    flag = tmp_path / "paused"
+    argv = common + ["--output_dir", str(out), "--save_steps", "100", "--per_device_train_batch_size", "1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", NPROC_PER_NODE="2", MASTER_PORT=str(free_port()),
+               MMEMBED_TEST_PAUSE_AT="train:step:3", MMEMBED_TEST_PAUSE_FILE=str(flag))
+    err = tmp_path / "stderr.txt"
+    with open(err, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "mmembed.tools.cli", *argv], env=env,
+                                stdout=subprocess.DEVNULL, stderr=f, cwd=REPO)
+    try:
+        ranks = [tmp_path / f"paused.rank{r}" for r in (0, 1)]
+        for f in ranks:
+            _wait_for(f, proc, err)
+        proc.send_signal(signal.SIGTERM)  # the launching process alone
+        time.sleep(1.0)  # torchrun passes it on; each worker's handler runs as it polls its pause file
+        for f in ranks:
+            f.unlink()
+        code = proc.wait(300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = err.read_text()
+    assert code == EXIT_CODE, stderr[-3000:]
+    ours = stderr.split("torch/distributed/elastic/multiprocessing/api.py")[0]
+    lines = [line for line in ours.splitlines() if line.startswith("mmembed sft:")]
+    assert lines == [f"mmembed sft: stopped by SIGTERM at step 3: saved the whole checkpoint {out / 'checkpoint-3'}; "
+                     "to go on, run the same command with the same --output_dir and --resume_from_checkpoint true"]
     assert _folders(out) == ["checkpoint-3"] and is_complete(str(out / "checkpoint-3"))
     assert json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())["global_step"] == 3
