@@ -104,24 +104,31 @@ def cmd_sft(argv: list[str]) -> int:
     except Preempted as e:  # SIGTERM / SIGUSR1: the step saved; one line on how to resume, 128 + SIGTERM
         if args.should_save:
             print(f"mmembed sft: {e}", file=sys.stderr)
-        _close_process_group()
+        _close_process_group(EXIT_CODE)
         return EXIT_CODE
     if args.should_save:
         print(json.dumps(metrics, indent=2, default=str))
-    _close_process_group()
+    _close_process_group(0)
     return 0
 
 
-def _close_process_group() -> None:
-    """Every rank waits for the others, then takes the process group down before the
-    interpreter exits. Left to the interpreter's exit, a rank that finished first could
-    tear down gloo's threads while a peer still talked to it, and abort with
-    'terminate called without an active exception' after a complete run."""
+def _close_process_group(code: int) -> None:
+    """Every rank waits for the others, then takes the process group down and leaves with
+    ``code`` at once (its output and logs flushed). Left to the interpreter's exit, a rank
+    could tear down threads that gloo or DeepSpeed still hold (seen after complete ZeRO-2
+    offload runs: 'terminate called without an active exception', SIGABRT, so torchrun
+    reports the finished run as failed). A single-process run returns normally."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        several = dist.get_world_size() > 1
         dist.barrier()
         dist.destroy_process_group()
+        if several:  # a process of torchrun's (a one-process group may live in a caller's process)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            logging.shutdown()
+            os._exit(code)
 
 
 def check_model_flags(a, *flags: str) -> None:
