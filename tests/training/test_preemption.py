@@ -91,6 +91,25 @@ def _wait_for(flag, proc, err, timeout=300) -> str:
     return flag.read_text()
 
 
+def _stop_two_ranks(proc, err, tmp_path, send) -> tuple[int, str]:
+    """Wait until both ranks pause at their step, ``send(rank0_pid)`` the signal, release them;
+    the exit code and stderr of ``proc``."""
+    try:
+        ranks = [tmp_path / f"paused.rank{r}" for r in (0, 1)]
+        point, pid = _wait_for(ranks[0], proc, err).split()
+        assert point == "train:step"
+        _wait_for(ranks[1], proc, err)
+        send(int(pid))
+        time.sleep(1.0)  # each signalled worker's handler runs in its main thread as it polls the pause file
+        for f in ranks:
+            f.unlink()
+        code = proc.wait(300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return code, err.read_text()
+
+
 def _one_line(stderr):
     assert "Traceback" not in stderr, stderr[-3000:]
     lines = [line for line in stderr.splitlines() if line.startswith("mmembed sft:")]
@@ -212,20 +231,7 @@ def test_two_processes_stop_at_the_same_step_when_only_rank_0_is_signalled(setup
         proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                                  "-m", "mmembed.tools.cli", *argv], env=env, stdout=subprocess.DEVNULL, stderr=f,
                                 cwd=REPO)
-    try:
-        ranks = [tmp_path / f"paused.rank{r}" for r in (0, 1)]
-        point, pid = _wait_for(ranks[0], proc, err).split()
-        assert point == "train:step"
-        _wait_for(ranks[1], proc, err)
-        os.kill(int(pid), signal.SIGTERM)  # rank 0 alone
-        time.sleep(0.5)  # the handler runs in rank 0's main thread as it polls the pause file
-        for f in ranks:
-            f.unlink()
-        code = proc.wait(300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    stderr = err.read_text()
+    code, stderr = _stop_two_ranks(proc, err, tmp_path, lambda pid: os.kill(pid, signal.SIGTERM))  # rank 0 alone
     ours = stderr.split("torch/distributed/elastic/multiprocessing/api.py")[0]  # before torchrun's failure report
     assert code != 0 and "Traceback" not in ours, stderr[-3000:]
     lines = [line for line in ours.splitlines() if line.startswith("mmembed sft:")]
@@ -253,19 +259,8 @@ def test_nproc_per_node_passes_the_signal_on_to_every_worker(setup, tmp_path):
     with open(err, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "mmembed.tools.cli", *argv], env=env,
                                 stdout=subprocess.DEVNULL, stderr=f, cwd=REPO)
-    try:
-        ranks = [tmp_path / f"paused.rank{r}" for r in (0, 1)]
-        for f in ranks:
-            _wait_for(f, proc, err)
-        proc.send_signal(signal.SIGTERM)  # the launching process alone
-        time.sleep(1.0)  # torchrun passes it on; each worker's handler runs as it polls its pause file
-        for f in ranks:
-            f.unlink()
-        code = proc.wait(300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    stderr = err.read_text()
+    # the launching process alone; torchrun passes it on to both workers
+    code, stderr = _stop_two_ranks(proc, err, tmp_path, lambda pid: proc.send_signal(signal.SIGTERM))
     assert code == EXIT_CODE, stderr[-3000:]
     # torchrun logs that it passes the signal on before the workers stop, so its lines and
     # theirs interleave: the saving worker's line is the one line of mmembed's
