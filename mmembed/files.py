@@ -102,13 +102,16 @@ def sync_folder(path: str) -> None:
         os.close(fd)
 
 
-def sync_tree(root: str, hashes: dict[str, str] | None = None) -> dict[str, int]:
+def sync_tree(root: str, hashes: dict[str, str] | None = None, written: dict[str, str] | None = None) -> dict[str, int]:
     """Flush every file under ``root`` and the folders holding them to disk; returns each
     file's size by its path relative to ``root``. With ``hashes`` (a dict), each file's sha256
-    (hex) goes into it by the same path: the file is read once, through the descriptor that
-    flushes it (just written, it comes from the page cache), before the flush."""
+    (hex) goes into it by the same path: taken from ``written`` (the digests computed while the
+    files were written, :class:`HashingWriter`) for the files it names, otherwise read once,
+    through the descriptor that flushes it (just written, it comes from the page cache), before
+    the flush."""
     import hashlib
 
+    written = written or {}
     sizes = {}
     for folder, _, names in os.walk(root):
         for name in names:
@@ -116,11 +119,47 @@ def sync_tree(root: str, hashes: dict[str, str] | None = None) -> dict[str, int]
             rel = os.path.relpath(path, root)
             with open(path, "rb") as f:
                 if hashes is not None:
-                    digest = hashlib.sha256()
-                    while block := f.read(1 << 20):
-                        digest.update(block)
-                    hashes[rel] = digest.hexdigest()
+                    if rel in written:
+                        hashes[rel] = written[rel]
+                    else:
+                        digest = hashlib.sha256()
+                        while block := f.read(1 << 20):
+                            digest.update(block)
+                        hashes[rel] = digest.hexdigest()
                 os.fsync(f.fileno())
             sizes[rel] = os.path.getsize(path)
         sync_folder(folder)
     return sizes
+
+
+class HashingWriter:
+    """A binary file opened for writing that computes the sha256 of what goes through it, for
+    writers that take a file object (``torch.save``): the digest is had without reading the
+    file back."""
+
+    def __init__(self, path: str):
+        import hashlib
+
+        self._file = open(path, "wb")  # a buffered file: write() takes every byte or raises
+        self._digest = hashlib.sha256()
+
+    def write(self, data) -> int:
+        view = memoryview(data)
+        self._file.write(view)
+        self._digest.update(view)
+        return view.nbytes
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
+
+    def __enter__(self) -> HashingWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

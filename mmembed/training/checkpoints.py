@@ -18,9 +18,12 @@ So a folder named ``checkpoint-N`` with a marker always holds every file its man
 resuming takes the newest such folder (:func:`find_last_complete_checkpoint`), and anything
 else (a staging folder, an unmarked folder) is never trusted.
 
-The hashes: torch, safetensors and DeepSpeed write their files themselves, so they cannot be
-hashed on the way out; each file is read back once, from the page cache, by the same pass that
-flushes it (:func:`~mmembed.files.sync_tree`), before the marker is written. A resume compares
+The hashes: every file ``torch.save`` writes into the staging folder (the optimizer,
+scheduler, scaler and RNG state, ``training_args.bin``, DeepSpeed's engine files: the bulk of
+a checkpoint) is hashed on its way out (:func:`hashed_torch_saves`), each process hashing what
+it wrote; safetensors writes its files from native code by path, so those, and the small JSON
+files, are read back once, from the page cache, by the same pass that flushes them
+(:func:`~mmembed.files.sync_tree`), before the marker is written. A resume compares
 them (:func:`check_complete`) and refuses a file changed since (its name in one line). The
 files are then loaded with ``torch.load(weights_only=True)`` (:func:`load_untrusted`; DeepSpeed's
 engine files too, with the few DeepSpeed types they hold allowed), so even a checkpoint whose
@@ -48,7 +51,7 @@ import signal
 import time
 from collections import Counter
 
-from ..files import WriteError, sync_folder, sync_tree
+from ..files import HashingWriter, WriteError, sync_folder, sync_tree
 
 COMPLETE_MARKER = "mmembed_complete"
 STAGING_PREFIX = ".partial-"
@@ -377,15 +380,47 @@ def discard_staging(final: str) -> None:
     shutil.rmtree(staging_folder(final), ignore_errors=True)
 
 
-def publish(final: str, step: int, model_only: bool = False) -> None:
+@contextlib.contextmanager
+def hashed_torch_saves(root: str, written: dict[str, str]):
+    """Within the block, ``torch.save`` to a path under ``root`` writes through a
+    :class:`~mmembed.files.HashingWriter`, and the file's sha256 goes into ``written`` by its
+    path relative to ``root`` (so the manifest need not read it back). Saves elsewhere, and
+    to file objects, are left as they are. ``torch.save`` is looked up when called by the
+    Trainer and DeepSpeed's checkpoint engine alike, so replacing the attribute reaches both."""
+    import torch
+
+    save = torch.save
+    root = os.path.abspath(root)
+
+    def hashing_save(obj, f, *args, **kwargs):
+        if not isinstance(f, (str, os.PathLike)):
+            return save(obj, f, *args, **kwargs)
+        path = os.path.abspath(os.fspath(f))
+        if os.path.commonpath([root, path]) != root:
+            return save(obj, f, *args, **kwargs)
+        with HashingWriter(path) as out:
+            save(obj, out, *args, **kwargs)
+        written[os.path.relpath(path, root)] = out.hexdigest()
+        return None
+
+    torch.save = hashing_save
+    try:
+        yield written
+    finally:
+        torch.save = save
+
+
+def publish(final: str, step: int, model_only: bool = False, written: dict[str, str] | None = None) -> None:
     """Flush the staging folder of ``final``, mark it complete and give it ``final``'s name
-    (``model_only``: the marker says it holds the model alone, nothing to resume training from)."""
+    (``model_only``: the marker says it holds the model alone, nothing to resume training from).
+    ``written``: the sha256 of the files hashed as they were written (:func:`hashed_torch_saves`,
+    every process's), by path relative to the staging folder; the others are read back once."""
     staging = staging_folder(final)
     parent = os.path.dirname(staging)
     try:
         test_point("save:written")
         hashes: dict[str, str] = {}
-        files = sync_tree(staging, hashes=hashes)
+        files = sync_tree(staging, hashes=hashes, written=written)
         marker = os.path.join(staging, COMPLETE_MARKER)
         with open(marker, "w", encoding="utf-8") as f:
             json.dump({"step": step, "files": files, "sha256": hashes, **({"model_only": True} if model_only else {})},

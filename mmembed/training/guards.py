@@ -45,6 +45,19 @@ def any_process(flag: bool, device: torch.device | str) -> bool:
     return bool(t.item())
 
 
+def merged_dicts(d: dict) -> dict:
+    """Every process's ``d`` merged into one (every process must call it; one process: a copy)."""
+    size = world()[1]
+    if size <= 1:
+        return dict(d)
+    parts: list = [None] * size
+    torch.distributed.all_gather_object(parts, d)
+    merged: dict = {}
+    for part in parts:
+        merged.update(part)
+    return merged
+
+
 def check_loss(loss: torch.Tensor, step: int, last_checkpoint: str | None, device: torch.device | str) -> torch.Tensor:
     """``loss`` (one micro-batch's, before its backward pass) when it is finite on every
     process; else :class:`NonFiniteLossError` on all of them. ``step``: the step it belongs to

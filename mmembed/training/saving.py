@@ -40,7 +40,7 @@ from ..model.embedding import EmbeddingModel, hidden_size
 from ..model.io import write_saved_folder
 from ..model.weights import load_backbone_weights
 from . import checkpoints
-from .guards import any_process
+from .guards import any_process, merged_dicts
 
 
 class CheckpointSaving:
@@ -92,8 +92,16 @@ class CheckpointSaving:
             best = os.path.join(run_dir, f"checkpoint-{self.state.best_global_step}")
             if self.state.best_global_step == self.state.global_step or os.path.isdir(best):
                 self.state.best_model_checkpoint = best
-        self._agreed(lambda: self._write_checkpoint(staging), final)
-        self._agreed(lambda: checkpoints.publish(final, self.state.global_step) if publisher else None, final)
+        written: dict[str, str] = {}  # what torch.save wrote here, hashed on its way out
+
+        def write() -> None:
+            with checkpoints.hashed_torch_saves(staging, written):
+                self._write_checkpoint(staging)
+
+        self._agreed(write, final)
+        written = merged_dicts(written)  # each process hashed the files it wrote (DeepSpeed: its shards)
+        self._agreed(lambda: checkpoints.publish(final, self.state.global_step, written=written) if publisher else None,
+                     final)
         self.last_checkpoint = final
         if self.args.push_to_hub:
             self._push_from_checkpoint(final)
@@ -112,11 +120,19 @@ class CheckpointSaving:
         if publisher:
             checkpoints.test_point("save:begin")
         self._agreed(lambda: checkpoints.prepare_staging(final) if publisher else None, final)
-        self._agreed(lambda: self.save_model(checkpoints.staging_folder(final), _internal_call=True), final)
+        staging = checkpoints.staging_folder(final)
+        written: dict[str, str] = {}
+
+        def write() -> None:
+            with checkpoints.hashed_torch_saves(staging, written):
+                self.save_model(staging, _internal_call=True)
+
+        self._agreed(write, final)
         if publisher:
             checkpoints.test_point("save:model")
-        self._agreed(lambda: checkpoints.publish(final, self.state.global_step, model_only=True) if publisher else None,
-                     final)
+        written = merged_dicts(written)
+        self._agreed(lambda: checkpoints.publish(final, self.state.global_step, model_only=True, written=written)
+                     if publisher else None, final)
         self.last_checkpoint = final
         if self.args.push_to_hub:  # as a checkpoint is pushed (the staging folder never is)
             self._push_from_checkpoint(final)

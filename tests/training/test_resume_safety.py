@@ -14,6 +14,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -87,6 +88,8 @@ def test_the_manifest_holds_each_files_sha256(setup):
         assert set(manifest["sha256"]) == set(manifest["files"])
         for name, digest in manifest["sha256"].items():
             assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest, name
+        for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"):  # hashed as written
+            assert zipfile.ZipFile(folder / name).namelist()[0].startswith("archive/"), name
 
 
 FILES = ["rng_state.pth", "optimizer.pt", "scheduler.pt"]
@@ -189,6 +192,21 @@ def zero2_two_processes(minilm_no_dropout, tmp_path_factory):
     data = write_jsonl(d / "train.jsonl", stsb_pairs(8))
     _ds_sft(minilm_no_dropout, d / "whole", data, "zero2", 2, "--max_steps", "1")
     return d, data
+
+
+def test_the_manifest_of_a_two_process_deepspeed_checkpoint_holds_every_files_sha256(zero2_two_processes):
+    """Each process hashes the engine files it writes (rank 1: its optimizer shard); the
+    publisher's manifest holds them all, equal to the finished files."""
+    d, _ = zero2_two_processes
+    folder = d / "whole" / "checkpoint-1"
+    manifest = json.loads((folder / COMPLETE_MARKER).read_text())
+    assert set(manifest["sha256"]) == set(manifest["files"])
+    shards = [name for name in manifest["sha256"] if name.startswith("global_step1") and name.endswith(".pt")]
+    assert os.path.join("global_step1", "zero_pp_rank_1_mp_rank_00_optim_states.pt") in shards
+    for name, digest in manifest["sha256"].items():
+        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest, name
+    for name in shards:
+        assert zipfile.ZipFile(folder / name).namelist()[0].startswith("archive/"), name
 
 
 def test_deepspeed_engine_files_load_weights_only(zero2_two_processes, tmp_path):
