@@ -2,8 +2,10 @@
 
 - one line chart per logged series over steps, from the Trainer's ``state.log_history``:
   ``train_loss.png``, ``learning_rate.png``, ``grad_norm.png`` and every eval metric
-  (``eval_loss.png``, ``eval_margin.png``, ``eval_recall_at_1.png``, ...); written at each
-  save and at the end of training;
+  (``eval_loss.png``, ``eval_margin.png``, ``eval_recall_at_1.png``, ...); written at the
+  saves (at most once every :data:`REDRAW_SECONDS` of training: drawing a dozen charts takes
+  a second or two, which short runs with frequent saves would pay at every step) and at the
+  end of training;
 - ``similarity_histogram.png``: the cosine similarity of each eval query with its positive,
   with its hard negatives and with the other eval documents (pair losses: pairs labelled
   above 0.5 against the others), before and after training, over the first
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,6 +42,7 @@ logger = logging.getLogger("mmembed")
 CHARTS_DIR = "charts"
 HISTOGRAM_FILE = "similarity_histogram.png"
 HISTOGRAM_SAMPLES = 1000  # eval samples the histogram embeds (twice: before and after)
+REDRAW_SECONDS = 60.0  # the line charts are redrawn at a save when this long has passed since training began or they were last drawn
 
 #: log_history keys that are run summaries or bookkeeping, not series over steps.
 NOT_SERIES = {"step", "epoch", "total_flos", "train_loss", "train_runtime", "train_samples_per_second",
@@ -239,10 +243,14 @@ class TrainingCharts(TrainerCallback):
             Called on every process at the start and the end of training.
     """
 
-    def __init__(self, similarities: Callable[[], Similarities | None] | None = None):
+    def __init__(self, similarities: Callable[[], Similarities | None] | None = None,
+                 redraw_seconds: float = REDRAW_SECONDS, clock: Callable[[], float] = time.monotonic):
         self.similarities = similarities
         self.before: Similarities | None = None
         self.drawn: dict[str, tuple[list[int], list[float]]] = {}  # series -> as last drawn
+        self.redraw_seconds = redraw_seconds
+        self.clock = clock
+        self.last_drawn = clock()  # (training's start, until the first draw)
 
     def _measure(self) -> Similarities | None:
         """``similarities()`` with every random generator as it found it: a DataLoader draws
@@ -260,14 +268,16 @@ class TrainingCharts(TrainerCallback):
         return os.path.join(args.output_dir, CHARTS_DIR)
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self.last_drawn = self.clock()
         self.before = self._measure()
         if self.before is None and state.is_world_process_zero:
             logger.info("no eval set: the before/after similarity histogram is skipped (the other charts are drawn)")
 
     def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
+        if state.is_world_process_zero and self.clock() - self.last_drawn >= self.redraw_seconds:
             try:
                 draw_series(state.log_history, self.folder(args), self.drawn)
+                self.last_drawn = self.clock()
             except WriteError as e:  # the charts are a view of the run: training goes on
                 logger.warning("charts: %s; training goes on without them", e)
 

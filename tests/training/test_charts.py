@@ -201,3 +201,29 @@ def test_measuring_leaves_the_random_generators_as_they_were(tmp_path):
     want = (torch.rand(2), np.random.rand(), random.random())
     assert torch.equal(got[0], want[0]) and got[1:] == want[1:]
     assert os.path.isfile(tmp_path / CHARTS_DIR / HISTOGRAM_FILE)
+
+
+def test_saves_redraw_the_charts_at_most_once_per_interval(tmp_path, monkeypatch):
+    """At a save the charts are drawn only when REDRAW_SECONDS have passed since training
+    began or since they were last drawn; the end of training always draws them."""
+    from types import SimpleNamespace
+
+    from mmembed.training import charts
+
+    calls = []
+    monkeypatch.setattr(charts, "draw_series", lambda log, folder, drawn: calls.append(len(log)) or [])
+    now = [100.0]
+    cb = charts.TrainingCharts(redraw_seconds=60.0, clock=lambda: now[0])
+    args = SimpleNamespace(output_dir=str(tmp_path))
+    state = SimpleNamespace(is_world_process_zero=True, log_history=[{"loss": 1.0, "step": 1}], global_step=1)
+    cb.on_train_begin(args, state, None)
+    for t, drawn in [(130.0, 0), (159.9, 0), (160.0, 1), (200.0, 1), (221.0, 2)]:
+        now[0] = t
+        cb.on_save(args, state, None)
+        assert len(calls) == drawn, t
+    cb.on_train_end(args, state, None)
+    assert len(calls) == 3
+    other = SimpleNamespace(is_world_process_zero=False, log_history=state.log_history, global_step=1)
+    now[0] = 1000.0
+    cb.on_save(args, other, None)  # only the first process draws
+    assert len(calls) == 3
