@@ -209,6 +209,21 @@ def test_lora_checkpoint_embeds_as_its_export(runs):
         np.testing.assert_allclose(lora.encode(TEXTS, input_type=side), merged.encode(TEXTS, input_type=side), atol=1e-5)
 
 
+def test_a_base_model_embeds_a_side_with_its_own_prompt(qwen3_base):
+    """A base model folder (no mmembed.json) with sentence-transformers prompts: a query is its
+    ``query`` prompt followed by the text, as sentence-transformers' encode_query builds it."""
+    from mmembed.model.embedder import Embedder
+
+    base = Embedder.from_pretrained(qwen3_base, device="cpu")
+    np.testing.assert_allclose(base.encode(TEXTS, input_type="query"), base.encode([BASE_PROMPTS["query"] + t for t in TEXTS]),
+                               atol=1e-6)
+    np.testing.assert_allclose(base.encode(TEXTS, input_type="document"), base.encode(TEXTS), atol=1e-6)
+    assert np.abs(base.encode(TEXTS, input_type="query") - base.encode(TEXTS)).max() > 1e-3
+    # a text with a system of its own keeps it
+    row = {"query": TEXTS[0], "system": "Own:"}
+    np.testing.assert_allclose(base.encode([row], input_type="query"), base.encode([row]), atol=1e-6)
+
+
 def test_serve_takes_input_type(runs):
     import importlib.util
 
@@ -272,6 +287,11 @@ def test_dataset_prompts_and_default_prompt(tmp_path):
     # both sides' flags equal but no --system: a text without a side has no prompt, so no default
     prompts, default = sentence_transformers_prompts({**base, "instructions": {"query": "S", "document": "S"}}, {})
     assert prompts == {"query": "S ", "document": "S "} and default is None
+    # a side with no instruction keeps the base model's prompt of that name
+    prompts, default = sentence_transformers_prompts(base, BASE_PROMPTS)
+    assert prompts == BASE_PROMPTS and default is None
+    prompts, _ = sentence_transformers_prompts({**base, "instructions": {"query": "Q:"}}, {"document": "passage: "})
+    assert prompts == {"query": "Q: ", "document": "passage: "}
     # an empty instruction replaces the base model's prompt of that side
     prompts, _ = sentence_transformers_prompts({**base, "instructions": {"query": ""}}, BASE_PROMPTS)
     assert prompts["query"] == ""
