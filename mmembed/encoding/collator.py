@@ -62,6 +62,19 @@ def sample_items(sample: Sample, layout: Layout | str) -> tuple[list[Item], list
     return [sample.anchor, sample.positives[0], *sample.negatives], [1.0] + [0.0] * len(sample.negatives)
 
 
+def item_sides(sample: Sample, layout: Layout | str) -> list[str]:
+    """The side of each row ``sample_items`` gives: the anchor (a pair's ``sentence1``) is the
+    query, the positive and the negatives (a pair's ``sentence2``) are documents."""
+    return ["query"] + ["document"] * (1 + (len(sample.negatives) if Layout(layout) is Layout.GROUP else 0))
+
+
+def sided_items(sample: Sample, layout: Layout | str, template: Template) -> list[Item]:
+    """``sample_items``' rows as ``template`` renders them: each with its side's instruction
+    (:meth:`Template.with_side`)."""
+    items, _ = sample_items(sample, layout)
+    return [template.with_side(it, side) for it, side in zip(items, item_sides(sample, layout))]
+
+
 def item_origins(sample: Sample, layout: Layout | str) -> list[tuple[str, int, str]]:
     """(file, line, field) of each row ``sample_items`` gives, for error messages."""
     names = ["query", "response"]
@@ -149,7 +162,9 @@ class EmbeddingCollator:
             items.extend(its)
             origins.extend(item_origins(s, self.layout))
             labels.extend(labs)
-        batch: dict[str, Any] = self.builder(items, origins)
+        # the student's rows carry their side's instruction (the guide and the teacher have their own templates)
+        sides = [side for s in samples for side in item_sides(s, self.layout)]
+        batch: dict[str, Any] = self.builder([self.template.with_side(it, sd) for it, sd in zip(items, sides)], origins)
         side = SideBatch(
             guide_inputs=self.guide(items, origins) if self.guide is not None else None,
             teacher_inputs=self.teacher(items, origins) if self.teacher is not None else None,
@@ -190,7 +205,7 @@ def token_lengths(samples: Sequence[Sample], builder: InputBuilder, layout: Layo
     origins: list[tuple[str, int, str]] = []
     owner: list[int] = []
     for i, s in enumerate(samples):
-        its, _ = sample_items(s, layout)
+        its = sided_items(s, layout, builder.template)
         flat.extend(its)
         origins.extend(item_origins(s, layout))
         owner.extend([i] * len(its))

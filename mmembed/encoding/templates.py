@@ -9,6 +9,11 @@ A template is a declarative TOML file in ``templates/`` (shipped inside the whee
 - ``format_with_system``: optional; used instead of ``format`` when the item has a system
   prompt (or ``default_system`` is set) and the template puts it somewhere different.
 - ``default_system``: the system prompt used when a row gives none.
+- ``query_system`` / ``document_system``: the instruction of each side (``--query_system``,
+  ``--document_system``), put where the system prompt goes, for an item of that side that
+  has no system of its own; ``None``: the side takes ``default_system``. The query side is
+  the anchor (``sentence1`` of a pair row), the document side its positives and negatives
+  (``sentence2``). An item's own ``system`` (its row's, or its dataset's) always wins.
 - ``add_special_tokens``: whether the tokenizer adds its own special tokens ([CLS]/[SEP]).
 - ``pooling``: ``last`` | ``mean`` | ``cls`` | ``max`` | ``auto`` (read the model's
   sentence-transformers pooling config; ``default_pooling``, else mean, when there is none).
@@ -47,6 +52,7 @@ POOLINGS = ("last", "mean", "cls", "max")
 MEDIA_TAGS = {"image": "<image>", "video": "<video>", "audio": "<audio>"}
 TOWERS = {"image": "vision", "video": "vision", "audio": "audio"}  # the tower each media kind needs
 PARTS = ("aligner", "vit", "llm")  # in the order names are matched: the aligner sits inside the tower
+SIDES = ("query", "document")  # the two sides an item may be embedded as (the anchor is the query)
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,8 @@ class Template:
     parts: dict[str, tuple[str, ...]] = field(default_factory=dict)
     min_transformers: str | None = None
     adapter_prefix: str = ""
+    query_system: str | None = None
+    document_system: str | None = None
 
     def check_installed(self) -> None:
         """Refuse a transformers release that cannot load this family's models as the template needs."""
@@ -89,15 +97,41 @@ class Template:
                 return part
         return None
 
-    def render(self, item: Item) -> str:
-        """The exact string fed to the tokenizer for ``item``."""
+    def side_system(self, side: str | None) -> str | None:
+        """The system prompt of an item of ``side`` (``query``, ``document`` or ``None``: no
+        side) that has none of its own: the side's instruction, else ``default_system``."""
+        if side is not None:
+            if side not in SIDES:
+                raise ValueError(f"unknown side {side!r}; expected one of {', '.join(SIDES)}")
+            own = getattr(self, side + "_system")
+            if own is not None:
+                return own
+        return self.default_system
+
+    def with_side(self, item: Item, side: str | None) -> Item:
+        """``item`` as an input of ``side``: given the side's instruction as its system when it
+        has no system of its own (the item itself when nothing changes), so that
+        ``render(with_side(item, side)) == render(item, side)``."""
+        if item.system is not None or side is None:
+            return item
+        system = self.side_system(side)
+        if system is None or system == self.default_system:
+            return item
+        return dataclasses.replace(item, system=system)
+
+    def render(self, item: Item, side: str | None = None) -> str:
+        """The exact string fed to the tokenizer for ``item``, embedded as ``side``
+        (``query``, ``document``, or ``None``). The system prompt, first present of: the
+        item's own (its row's, or its dataset's), the side's instruction
+        (``query_system``/``document_system``), ``default_system`` (``--system``, else the
+        template's)."""
         content = item.text
         for kind, tag in MEDIA_TAGS.items():
             if tag in content:
                 if kind not in self.media:
                     raise ValueError(f"template '{self.name}' has no placeholder for {kind} inputs ({tag})")
                 content = content.replace(tag, self.media[kind])
-        system = item.system if item.system is not None else self.default_system
+        system = item.system if item.system is not None else self.side_system(side)
         if system and self.format_with_system is not None:
             return self.format_with_system.format(system=system, content=content)
         if "{system}" in self.format:
@@ -182,11 +216,13 @@ def builtin_templates() -> dict[str, Template]:
 def template_config(template: Template) -> str | dict[str, Any]:
     """How ``mmembed.json`` names ``template``: a shipped template by its name, any other
     (a user's file, or a shipped name with other fields) by all its fields, so the folder
-    loads without the file. ``default_system`` and ``padding_side`` (``--system``,
-    ``--padding_side``) are kept beside it in ``mmembed.json`` and do not count."""
+    loads without the file. ``default_system``, ``padding_side`` and the side instructions
+    (``--system``, ``--padding_side``, ``--query_system``, ``--document_system``) are kept
+    beside it in ``mmembed.json`` and do not count."""
     shipped = builtin_templates().get(template.name)
     if shipped is not None and dataclasses.replace(
-        template, default_system=shipped.default_system, padding_side=shipped.padding_side
+        template, default_system=shipped.default_system, padding_side=shipped.padding_side,
+        query_system=shipped.query_system, document_system=shipped.document_system,
     ) == shipped:
         return template.name
     fields = dataclasses.asdict(template)

@@ -74,7 +74,7 @@ def model_card(path: str, config: dict[str, Any], form: TextForm | None) -> str:
              "An embedding model fine-tuned with mmembed "
              f"(`mmembed sft`, {config.get('tuner_type', 'full')} tuning"
              f"{', a LoRA adapter: `mmembed export --adapters ' + path + ' --merge_lora true` writes the merged model' if adapter else ''}).\n",
-             _model_section(config, template), _training_section(config), "## Usage\n", _mmembed_usage(path)]
+             _model_section(config, template), _training_section(config), "## Usage\n", _mmembed_usage(path, config)]
     if config.get("sentence_transformers"):
         parts.append(_st_usage(path, config, form))
     if form is not None:
@@ -102,6 +102,7 @@ def _model_section(config: dict[str, Any], template) -> str:
         rows.append(("rendering", "`" + template.format.replace("\n", "\\n") + "`"))
     if config.get("default_system"):
         rows.append(("system prompt", "`" + config["default_system"].replace("\n", "\\n") + "`"))
+    rows += _instruction_rows(config)
     rows += [("pooling", f"{config.get('pooling', '?')} token" if config.get("pooling") in ("last", "cls")
               else f"{config.get('pooling', '?')} over tokens"),
              ("normalization", "L2" if config.get("normalize", True) else "none"),
@@ -112,6 +113,26 @@ def _model_section(config: dict[str, Any], template) -> str:
     if config.get("exported_from"):
         rows.append(("exported from", f"`{config['exported_from']}`"))
     return "## Model\n\n" + _table(rows)
+
+
+def _instruction_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """The instructions of each side (``--query_system``, ``--document_system``) and of each
+    dataset the model was trained with, as they are put where the system prompt goes."""
+    from .io import instructions_of
+
+    def shown(text: str) -> str:
+        return "`" + text.replace("\n", "\\n") + "`" if text else "(none)"
+
+    found = instructions_of(config)
+    rows = [(f"{side} instruction", shown(found[side])) for side in ("query", "document") if found[side] is not None]
+    for name, own in found["datasets"].items():
+        rows += [(f"{side} instruction of dataset `{name}`", shown(own[side]))
+                 for side in ("query", "document") if own[side] is not None]
+    return rows
+
+
+def _has_instructions(config: dict[str, Any]) -> bool:
+    return bool(_instruction_rows(config))
 
 
 def _training_section(config: dict[str, Any]) -> str:
@@ -144,17 +165,34 @@ def _training_section(config: dict[str, Any]) -> str:
     return text + ("\n" if data else "")
 
 
-def _mmembed_usage(path: str) -> str:
+def _mmembed_usage(path: str, config: dict[str, Any] | None = None) -> str:
+    sides = ""
+    if config is not None and _has_instructions(config):
+        sides = ("queries = model.encode([\"how do flutes work\"], input_type=\"query\")  # with the query instruction\n"
+                 "documents = model.encode([\"A flute is a woodwind instrument.\"], input_type=\"document\")\n")
     return ("### mmembed\n\n```python\nfrom mmembed import Embedder\n\n"
             f"model = Embedder.from_pretrained({path!r})\n"
-            f"embeddings = model.encode({EXAMPLE_TEXTS!r})  # numpy [2, D], L2-normalized\n```\n")
+            f"embeddings = model.encode({EXAMPLE_TEXTS!r})  # numpy [2, D], L2-normalized\n{sides}```\n"
+            + ("\n`input_type` (`mmembed embed --input_type`, `mmembed serve`'s `input_type`) puts each side's "
+               "instruction where the model was trained with it.\n" if sides else ""))
 
 
 def _st_usage(path: str, config: dict[str, Any], form: TextForm | None) -> str:
     text = ("### sentence-transformers\n\n```python\nfrom sentence_transformers import SentenceTransformer\n\n"
             f"model = SentenceTransformer({path!r})\n"
             f"embeddings = model.encode({EXAMPLE_TEXTS!r})\n```\n")
-    if form is not None and form.prompt:
+    prompts = config.get("sentence_transformers_prompts") or {}
+    if prompts.get("query") or prompts.get("document"):
+        text += ("\nQueries and documents, each with its prompt (`query`, `document` in `config_sentence_transformers.json`: "
+                 "the instruction the model was trained with for that side):\n\n```python\n"
+                 "queries = model.encode_query([\"how do flutes work\"])  # prompt " + repr(prompts.get("query", "")) + "\n"
+                 "documents = model.encode_document([\"A flute is a woodwind instrument.\"])  # prompt "
+                 + repr(prompts.get("document", "")) + "\n```\n")
+    named = sorted(k for k in prompts if k not in ("query", "document", "default"))
+    if named:
+        text += "\nOther named prompts (`model.encode(texts, prompt_name=...)`): " + ", ".join(f"`{k}`" for k in named) + ".\n"
+    applies = not prompts or prompts.get("query") == prompts.get("document") == (form.prompt if form else None)
+    if form is not None and form.prompt and applies:
         text += f"\nThe default prompt `{form.prompt!r}` (the system prompt the model was trained with) is applied to every text.\n"
     if form is not None and form.prompt_format:
         text += (f"\nA text with another system prompt or instruction `system` is embedded as mmembed embeds a row with "
@@ -194,6 +232,14 @@ def _transformers_text_usage(path: str, config: dict[str, Any], form: TextForm, 
         f"embeddings = embed({EXAMPLE_TEXTS!r})\n```\n"
     )
     text = f"### transformers\n\n{_POOL_NAME[pooling]}, then L2 normalization. {note}\n\n{code}"
+    if _has_instructions(config):
+        from ..data.sample import Item
+        from .io import configured_template
+
+        sided = configured_template(config)
+        query, document = (sided.render(Item(text="\x00"), side).partition("\x00")[0] for side in ("query", "document"))
+        text += (f"\nQueries and documents with the instruction of their side, as the model was trained: "
+                 f"`embed(queries, prompt={query!r})`, `embed(documents, prompt={document!r})`.\n")
     if form.prompt_format:
         text += f"\nWith another system prompt or instruction `system`: `embed(texts, prompt={_fstring(form.prompt_format)})`.\n"
     text += ("\nTexts over the max length: mmembed cuts the rendered text (the appended tokens included); "
@@ -208,6 +254,23 @@ def _around_input(template, config: dict[str, Any]) -> tuple[str, str]:
     system = config.get("default_system", template.default_system) or ""
     prefix, _, suffix = template.render(Item(text="\x00", system=system)).partition("\x00")
     return prefix, suffix
+
+
+def _side_renderings(config: dict[str, Any]) -> str:
+    """A note on what goes before and after a query's and a document's input, when the model
+    was trained with instructions (the snippet's rendering is an input without a side)."""
+    if not _has_instructions(config):
+        return ""
+    from ..data.sample import Item
+    from .io import configured_template
+
+    template = configured_template(config)
+    lines = []
+    for side in ("query", "document"):
+        before, _, after = template.render(Item(text="\x00"), side).partition("\x00")
+        lines.append(f"- {side}: `{before!r}` + input + `{after!r}`")
+    return ("\nThe model was trained with an instruction per side (see Model); `mmembed` puts it in with "
+            "`input_type`, and by hand the rendering around the input is:\n\n" + "\n".join(lines) + "\n")
 
 
 def _transformers_vision_usage(path: str, template, config: dict[str, Any]) -> str:
@@ -232,7 +295,8 @@ def _transformers_vision_usage(path: str, template, config: dict[str, Any]) -> s
     )
     return ("### transformers\n\nThe model's rendering around the input, the processor (images sized by qwen-vl-utils "
             "under `MAX_PIXELS`/`MIN_PIXELS`, as in training), the last token's hidden state, L2 normalization. "
-            "There are no sentence-transformers files: see the mmembed README (Checkpoints, exporting).\n\n" + code)
+            "There are no sentence-transformers files: see the mmembed README (Checkpoints, exporting).\n\n" + code
+            + _side_renderings(config))
 
 
 def _transformers_audio_usage(path: str, template, config: dict[str, Any]) -> str:
@@ -266,7 +330,7 @@ def _transformers_audio_usage(path: str, template, config: dict[str, Any]) -> st
     return ("### transformers\n\nThe model's rendering around the input, the audio read as mmembed reads it (mono, "
             "resampled to the feature extractor's rate), the processor, the last token's hidden state, L2 "
             "normalization. There are no sentence-transformers files: see the mmembed README (Checkpoints, "
-            "exporting).\n\n" + code)
+            "exporting).\n\n" + code + _side_renderings(config))
 
 
 def _fstring(fmt: str) -> str:

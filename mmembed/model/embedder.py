@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -19,10 +20,10 @@ import torch
 from ..data.sample import Item
 from ..encoding import remote
 from ..encoding.inputs import InputBuilder, tokenizer_of
-from ..encoding.templates import Template, get_template, template_from_config
+from ..encoding.templates import SIDES, Template, get_template, template_from_config
 from .adapters import load_lora
 from .embedding import EmbeddingModel, default_max_length, load_backbone, require_local_model
-from .io import read_mmembed_config
+from .io import instructions_of, read_mmembed_config, read_sentence_transformers_prompts
 
 if TYPE_CHECKING:
     from ..encoding.media import MediaSettings
@@ -88,9 +89,11 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
             backbone = backbone.merge_and_unload()
     tok_dir = path if os.path.isfile(os.path.join(path, "tokenizer_config.json")) else base
     if cfg.get("default_system") is not None:
-        import dataclasses
-
         template = dataclasses.replace(template, default_system=cfg["default_system"])
+    instructions = instructions_of(cfg)
+    for side in SIDES:  # --query_system / --document_system the folder was trained with
+        if instructions[side] is not None:
+            template = dataclasses.replace(template, **{side + "_system": instructions[side]})
     tokenizer = (AutoProcessor if template.media else AutoTokenizer).from_pretrained(tok_dir)
     pooling = cfg.get("pooling") or template.resolve_pooling(base)
     if cfg.get("max_length") or (read_swift_args(path) or {}).get("max_length"):
@@ -99,7 +102,10 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
         max_length = default_max_length(base, tokenizer_of(tokenizer))
     model = EmbeddingModel(backbone, pooling, normalize=cfg.get("normalize", True), tower=template.tower)
     model.eval()
-    info = {"pooling": pooling, "max_length": max_length, "base_model": base, "is_adapter": is_adapter}
+    # a text model's sentence-transformers prompts (its own, else its base model's: what an
+    # export keeps): the prompt of a side the run gave no instruction (Qwen3-Embedding's query)
+    prompts = {} if template.media else (read_sentence_transformers_prompts(path) or read_sentence_transformers_prompts(base))
+    info = {"pooling": pooling, "max_length": max_length, "base_model": base, "is_adapter": is_adapter, "prompts": prompts}
     return model, tokenizer, template, info
 
 
@@ -143,7 +149,7 @@ class Embedder:
     ``MMEMBED_OFFLINE``), parsed at the first input with media and kept."""
 
     def __init__(self, model: EmbeddingModel, tokenizer: Any, template: Template, max_length: int, device: str | None = None,
-                 media: MediaSettings | None = None):
+                 media: MediaSettings | None = None, prompts: dict[str, str] | None = None):
         self.model = model
         self.processing = tokenizer  # the tokenizer, or the processor of a multimodal model
         self.tokenizer = tokenizer_of(tokenizer)
@@ -152,24 +158,48 @@ class Embedder:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model.to(self.device)
         self.builder = InputBuilder(template, tokenizer, max_length, truncate=True, media=media)
+        # sentence-transformers prompts for the sides the template gives no instruction; used
+        # only where the template renders a text with no system as the text itself (+ suffix)
+        marker = "\x00"
+        plain = not template.media and template.render(Item(text=marker)).startswith(marker)
+        self.prompts = {k: v for k, v in (prompts or {}).items() if k in SIDES and v} if plain else {}
 
     @classmethod
     def from_pretrained(cls, path: str, device: str | None = None, torch_dtype: str | None = None,
                         media: MediaSettings | None = None) -> Embedder:
         model, tokenizer, template, info = load_embedding_model(path, torch_dtype)
-        return cls(model, tokenizer, template, info["max_length"], device, media)
+        return cls(model, tokenizer, template, info["max_length"], device, media, info["prompts"])
+
+    def as_input(self, x: Any, input_type: str | None = None) -> Item:
+        """The ``Item`` an input becomes when embedded as ``input_type`` (``query``,
+        ``document``, or ``None``: no side). An input without a system of its own takes the
+        side's instruction the model was trained with (``--query_system`` /
+        ``--document_system``, else ``--system`` or the template's); a text model whose side
+        has none takes its sentence-transformers prompt of that side, if any (e.g. a base
+        Qwen3-Embedding's ``query`` instruction, which an export keeps): what
+        ``SentenceTransformer.encode_query`` / ``encode_document`` give."""
+        item = as_item(x)
+        if input_type is None:
+            return item
+        if input_type not in SIDES:
+            raise ValueError(f"input_type must be one of {', '.join(SIDES)} (or None), got {input_type!r}")
+        item = self.template.with_side(item, input_type)
+        if item.system is None and self.template.side_system(input_type) is None and input_type in self.prompts:
+            item = dataclasses.replace(item, text=self.prompts[input_type] + item.text)
+        return item
 
     @torch.no_grad()
     def encode(self, inputs: str | Sequence[Any], batch_size: int = 32,
-               origins: Sequence[tuple[str, int]] | None = None) -> np.ndarray:
+               origins: Sequence[tuple[str, int]] | None = None, input_type: str | None = None) -> np.ndarray:
         """Embed ``inputs`` (strings, ``Item``s, row dicts or messages lists); returns
         ``[n, D]`` float32, L2-normalized. Text longer than the model's limit is truncated;
         an input with media that is too long is an error. ``origins`` (file, line) or (file,
         line, field) per input name the inputs in errors (default: ``<input>`` and the
-        input's index)."""
+        input's index). ``input_type``: ``query`` or ``document`` embeds the inputs as that
+        side, with its instruction (:meth:`as_input`); ``None``: as they are, with ``--system``."""
         if isinstance(inputs, (str, Item, dict)):
             inputs = [inputs]
-        items = [as_item(x) for x in inputs]
+        items = [self.as_input(x, input_type) for x in inputs]
         texts = [self.template.render(it) for it in items]
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # similar lengths share a batch
         out: list[np.ndarray | None] = [None] * len(texts)

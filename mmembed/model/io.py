@@ -161,10 +161,99 @@ def write_tokenizer_suffix(output_dir: str, form: TextForm, padding_side: str) -
     return True
 
 
+ST_CONFIG = "config_sentence_transformers.json"
+
+
+def read_sentence_transformers_prompts(folder: str | None) -> dict[str, str]:
+    """The named prompts of a sentence-transformers folder (``config_sentence_transformers.json``;
+    e.g. Qwen3-Embedding's ``query`` instruction): ``{}`` when it has none."""
+    path = os.path.join(folder, ST_CONFIG) if folder else ""
+    if not path or not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            prompts = json.load(f).get("prompts") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {k: v for k, v in prompts.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(prompts, dict) else {}
+
+
+def instructions_of(config: dict[str, Any]) -> dict[str, Any]:
+    """The ``instructions`` a folder's ``mmembed.json`` records: ``{"query": str|None,
+    "document": str|None, "datasets": {name: {"query": ..., "document": ...}}}`` (``--query_system``,
+    ``--document_system``, and each dataset's), with what is missing as ``None`` / ``{}``."""
+    raw = config.get("instructions") or {}
+    datasets = raw.get("datasets") or {}
+    return {"query": raw.get("query"), "document": raw.get("document"),
+            "datasets": {str(name): {"query": (d or {}).get("query"), "document": (d or {}).get("document")}
+                         for name, d in datasets.items()}}
+
+
+def configured_template(config: dict[str, Any]):
+    """The template a folder's ``mmembed.json`` fields name, with the system prompt
+    (``default_system``) and the side instructions (``instructions``) it was trained with."""
+    import dataclasses
+
+    from ..encoding.templates import template_from_config
+
+    template = template_from_config(config["template"])
+    if "default_system" in config:
+        template = dataclasses.replace(template, default_system=config["default_system"])
+    instructions = instructions_of(config)
+    for side in ("query", "document"):
+        if instructions[side] is not None:
+            template = dataclasses.replace(template, **{side + "_system": instructions[side]})
+    return template
+
+
+def base_model_folder(config: dict[str, Any]) -> str | None:
+    """The model a run started from (an export's ``trained_from``, else ``base_model``)."""
+    return config.get("trained_from") or config.get("base_model")
+
+
+def sentence_transformers_prompts(config: dict[str, Any], base_prompts: dict[str, str]) -> tuple[dict[str, str], str | None]:
+    """The ``prompts`` and ``default_prompt_name`` of a text folder saved with these
+    ``mmembed.json`` fields, each prompt what the template renders before the text:
+
+    - ``query`` / ``document``: the side's instruction (``--query_system`` /
+      ``--document_system``, else ``--system`` or the template's). A side with none keeps the
+      base model's prompt of that name (e.g. Qwen3-Embedding's ``query`` instruction), else
+      gets the plain prefix (``""``);
+    - ``<dataset>_query`` / ``<dataset>_document``: each dataset's own instructions;
+    - ``default``: only where both sides and the text embedded without a side agree on a
+      non-empty prompt; then it is ``default_prompt_name``.
+
+    Every other prompt of the base model (``base_prompts``) is kept."""
+    from ..data.sample import Item
+    from ..encoding.templates import SIDES
+
+    template = configured_template(config)
+
+    def prefix(item: Item, side: str | None = None) -> str:
+        return template.render(item, side).partition(_CONTENT)[0]
+
+    prompts = dict(base_prompts)
+    for side in SIDES:
+        if template.side_system(side) is not None or side not in base_prompts:
+            prompts[side] = prefix(Item(text=_CONTENT), side)
+    for name, own in instructions_of(config)["datasets"].items():
+        for side in SIDES:
+            if own[side] is not None:
+                prompts[f"{name}_{side}"] = prefix(Item(text=_CONTENT, system=own[side]))
+    plain = prefix(Item(text=_CONTENT))
+    if prompts["query"] == prompts["document"] == plain and plain:
+        prompts["default"] = plain
+        return prompts, "default"
+    return prompts, None
+
+
 def write_sentence_transformers_config(output_dir: str, dim: int, pooling: str, max_seq_length: int | None,
-                                       prompt: str = "") -> None:
+                                       prompt: str = "", prompts: dict[str, str] | None = None,
+                                       default_prompt_name: str | None = None) -> None:
     """Files that let ``sentence_transformers.SentenceTransformer(output_dir)`` load the folder
-    as Transformer (text only) -> Pooling -> Normalize, with ``prompt`` as its default prompt."""
+    as Transformer (text only) -> Pooling -> Normalize, with ``prompts`` (named prompts:
+    ``query`` and ``document`` for ``encode_query`` / ``encode_document``) and
+    ``default_prompt_name``; or, without ``prompts``, ``prompt`` as its default prompt."""
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -193,11 +282,13 @@ def write_sentence_transformers_config(output_dir: str, dim: int, pooling: str, 
         "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
         "module_output_name": "token_embeddings",
     })
-    prompts = {"default": prompt} if prompt else {}
-    _write_json(os.path.join(output_dir, "config_sentence_transformers.json"), {
+    if prompts is None:
+        prompts = {"default": prompt} if prompt else {}
+        default_prompt_name = "default" if prompt else None
+    _write_json(os.path.join(output_dir, ST_CONFIG), {
         "model_type": "SentenceTransformer",
         "prompts": prompts,
-        "default_prompt_name": "default" if prompt else None,
+        "default_prompt_name": default_prompt_name,
         "similarity_fn_name": "cosine",
     })
 
@@ -220,8 +311,13 @@ def write_saved_folder(output_dir: str, config: dict[str, Any], dim: int, log_hi
     tokenizer_ok = form is not None and write_tokenizer_suffix(
         output_dir, form, config.get("padding_side") or _template_padding_side(config))
     st = tokenizer_ok and writes_sentence_transformers(config)
+    config.pop("sentence_transformers_prompts", None)  # an exported checkpoint's: written anew below
     if st:
-        write_sentence_transformers_config(output_dir, dim, config["pooling"], config.get("max_length"), form.prompt)
+        prompts, default_name = sentence_transformers_prompts(
+            config, read_sentence_transformers_prompts(base_model_folder(config)))
+        write_sentence_transformers_config(output_dir, dim, config["pooling"], config.get("max_length"),
+                                           prompts=prompts, default_prompt_name=default_name)
+        config["sentence_transformers_prompts"] = prompts
     config["sentence_transformers"] = st
     write_mmembed_config(output_dir, **config)
     write_model_card(output_dir, config, form if tokenizer_ok else None, final_path)

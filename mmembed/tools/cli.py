@@ -186,10 +186,16 @@ def cmd_embed(argv: list[str]) -> int:
                         "--teacher_embeddings_file / --teacher_scores_file")
     p.add_argument("--offline", type=_bool, nargs="?", const=True, default=False,
                    help="fetch no http(s) media (as MMEMBED_OFFLINE=1): a URL not in the media cache is an error")
+    p.add_argument("--input_type", choices=["query", "document"], default=None,
+                   help="embed the inputs as queries or documents, with the instruction the model was trained with "
+                        "for that side (--query_system / --document_system; what sentence-transformers' encode_query / "
+                        "encode_document give); default: as they are")
     a = p.parse_args(argv)
     check_model_flags(a, "--model")
     media = media_settings(offline=a.offline)
     check_input_files(("--input", a.input))
+    if a.teacher_arrays and a.input_type:
+        raise UsageError("--input_type does not go with --teacher_arrays, which embeds a training file's rows as they are")
     import numpy as np
 
     from ..files import replaced_when_done
@@ -210,7 +216,7 @@ def cmd_embed(argv: list[str]) -> int:
 
     inputs, origins = read_inputs(a.input)
     emb = Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype, media=media).encode(
-        inputs, batch_size=a.batch_size, origins=origins)
+        inputs, batch_size=a.batch_size, origins=origins, input_type=a.input_type)
     output = a.output if a.output.endswith(".npy") else a.output + ".npy"  # the name np.save(path) gives
     with replaced_when_done(output, "wb") as f:
         np.save(f, emb)

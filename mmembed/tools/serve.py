@@ -13,6 +13,12 @@ and ``system``); the text may hold ``<image>`` tags where the media go, else the
 first. ``REF`` is a ``data:`` URI, or a path inside ``--allowed_media_dir`` (relative paths
 resolve against it). The server fetches no URLs.
 
+``input_type`` (``"query"`` or ``"document"``; the OpenAI client sends it as
+``extra_body={"input_type": "query"}``) embeds the request's inputs as that side, with the
+instruction the model was trained with for it (``Embedder.encode(..., input_type=...)``, what
+sentence-transformers' ``encode_query`` / ``encode_document`` give on an export); without it
+the inputs are embedded as they are.
+
 Dynamic batching: requests wait in a queue; one worker thread takes the first, gathers more
 for up to ``--max_wait_ms`` or until ``--max_batch_size`` inputs, checks each request alone
 (token counts, media readable), embeds the good ones with one :meth:`Embedder.encode` call
@@ -39,6 +45,7 @@ from transformers.hf_argparser import string_to_bool  # true/false as mmembed sf
 
 from ..data.paths import SCHEME_RE
 from ..data.sample import MEDIA_KINDS, DataError, Item, json_type
+from ..encoding.templates import SIDES
 from ..errors import ArgumentParser
 from ..model.embedder import Embedder, as_item
 
@@ -192,6 +199,14 @@ def parse_request(body: Any, config: ServeConfig, model_name: str,
         except DataError as e:
             raise RequestError(str(e), f"input[{i}]", "invalid_input") from None
     return items, fmt, dims
+
+
+def request_input_type(body: dict[str, Any]) -> str | None:
+    """The request's ``input_type``: ``query``, ``document`` or ``None`` (absent)."""
+    value = body.get("input_type")
+    if value is not None and value not in SIDES:
+        raise RequestError(f"input_type must be one of {', '.join(map(repr, SIDES))}, got {value!r}", "input_type")
+    return value
 
 
 # ---- batching ----------------------------------------------------------------------------
@@ -400,6 +415,8 @@ def create_app(embedder: Embedder, config: ServeConfig):
         except Exception:  # noqa: BLE001 - any undecodable body
             raise RequestError("the request body is not valid JSON") from None
         items, fmt, dims = parse_request(body, config, model_name, sorted(embedder.template.media))
+        input_type = request_input_type(body)
+        items = [embedder.as_input(it, input_type) for it in items]  # the side's instruction, if any
         batcher.stats.requests += 1
         emb, tokens = await batcher.embed(items)
         emb = shorten(emb, dims)

@@ -99,6 +99,8 @@ class SftArguments(TrainingArguments):
     gradcache_mini_batch_size: int = field(default=0, metadata={"help": "embed each batch in chunks of N rows with a gradient cache (0: off)"})
     zero_loss_patience: int = field(default=10, metadata={"help": "stop when the loss and the gradient are exactly 0 for N optimizer steps in a row: nothing is being learned (0: off)"})
     system: str | None = field(default=None, metadata={"help": "system prompt for rows that give none"})
+    query_system: str | None = field(default=None, metadata={"help": "the instruction of the query side (the anchor), for rows that give no system; over --system"})
+    document_system: str | None = field(default=None, metadata={"help": "the instruction of the document side (positives, negatives), for rows that give no system; over --system"})
     max_length: int | None = field(default=None, metadata={"help": "maximum tokens per input (default: the model's)"})
     truncation_strategy: str = field(default="delete", metadata={"help": "delete | left | right"})
     # tuning

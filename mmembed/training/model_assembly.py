@@ -86,6 +86,9 @@ class Encoding:
         template = resolve_template(args.model, args.template, args.model_type, args.system)
         if args.padding_side:
             template = dataclasses.replace(template, padding_side=args.padding_side)
+        for side in ("query", "document"):  # --query_system, --document_system: over --system and the template's
+            if getattr(args, side + "_system") is not None:
+                template = dataclasses.replace(template, **{side + "_system": getattr(args, side + "_system")})
         processing = load_processing(args.model, template)
         tokenizer = getattr(processing, "tokenizer", None) or processing
         pooling = args.pooling or template.resolve_pooling(args.model)

@@ -137,6 +137,8 @@ def saved_config(args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, da
         "base_model": os.path.abspath(args.model),
         "template": template_config(encoding.template),
         "default_system": encoding.template.default_system,
+        # each side's instruction (--query_system, --document_system; "datasets": each dataset's), see model.io
+        "instructions": {"query": args.query_system, "document": args.document_system, "datasets": {}},
         "padding_side": encoding.template.padding_side,
         "pooling": encoding.pooling,
         "media": sorted(encoding.template.media),
