@@ -35,7 +35,7 @@ from .gradcache import GradCache, deepspeed_chunk_backward
 from .guards import SaveLastStep, ZeroLossStop, check_grad_norm, check_loss
 from .optimizer import split_by_learning_rate
 from .preemption import PreemptionStop
-from .samplers import pass_through_shards, train_sampler
+from .samplers import check_resumed_state, pass_through_shards, train_sampler
 from .saving import CheckpointSaving
 
 
@@ -197,6 +197,7 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         (:mod:`mmembed.training.preemption`).
         """
         liger, self.args.use_liger_kernel = self.args.use_liger_kernel, False
+        self.resuming_from = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
         try:
             with self.guarded_engine_load(resume_from_checkpoint), self.preemption.handling():
                 return super().train(resume_from_checkpoint, *args, **kwargs)
@@ -209,8 +210,16 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         return split_by_learning_rate(super().create_optimizer(model), self.param_lrs)
 
     def _get_train_sampler(self, train_dataset=None):
+        """mmembed's sampler (:func:`~mmembed.training.samplers.train_sampler`; the datasets'
+        names and weights from ``train_datasets``, which ``build_trainer`` sets), kept as
+        ``train_sampler`` for the checkpoints' record of its position; on resuming, that record
+        must match (:func:`~mmembed.training.samplers.check_resumed_state`)."""
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        sampler = train_sampler(dataset, self.args)
+        sampler = train_sampler(dataset, self.args, getattr(self, "train_datasets", None))
+        self.train_sampler = sampler
+        resuming = getattr(self, "resuming_from", None)
+        if sampler is not None and resuming and not self.args.ignore_data_skip:
+            check_resumed_state(sampler, resuming)
         return sampler if sampler is not None else super()._get_train_sampler(train_dataset)
 
     def get_train_dataloader(self):
