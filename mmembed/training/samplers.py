@@ -483,6 +483,21 @@ def sampler_state(sampler, global_step: int) -> dict | None:
     return None
 
 
+def resumed_epoch(sampler, loader_length: int, accumulation: int, checkpoint: str) -> None:
+    """Set ``sampler`` to the epoch a run resumed from ``checkpoint`` goes on in. The Trainer
+    computes that epoch from the checkpoint's step (``step // steps per epoch``) and sets it on
+    the data loader, but under several processes the loader it skips the trained batches with
+    (accelerate's ``SkipBatchSampler`` around its ``BatchSamplerShard``) does not pass the epoch
+    on to the sampler, which would replay epoch 0's order from the skipped position."""
+    state_path = os.path.join(checkpoint, "trainer_state.json")
+    if not hasattr(sampler, "set_epoch") or not os.path.isfile(state_path):
+        return
+    with open(state_path, encoding="utf-8") as f:
+        step = int(json.load(f).get("global_step", 0))
+    per_epoch = max(loader_length // accumulation + int(loader_length % accumulation > 0), 1)  # as the Trainer counts
+    sampler.set_epoch(step // per_epoch)
+
+
 def check_resumed_state(sampler, checkpoint: str) -> None:
     """On resuming from ``checkpoint``: the position its ``sampler_state.json`` recorded must be
     the one ``sampler`` (built from this run's data and flags) reaches after the checkpoint's

@@ -35,7 +35,7 @@ from .gradcache import GradCache, deepspeed_chunk_backward
 from .guards import SaveLastStep, ZeroLossStop, check_grad_norm, check_loss
 from .optimizer import split_by_learning_rate
 from .preemption import PreemptionStop
-from .samplers import check_resumed_state, pass_through_shards, train_sampler
+from .samplers import check_resumed_state, pass_through_shards, resumed_epoch, train_sampler
 from .saving import CheckpointSaving
 
 
@@ -223,7 +223,11 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         return sampler if sampler is not None else super()._get_train_sampler(train_dataset)
 
     def get_train_dataloader(self):
-        return pass_through_shards(super().get_train_dataloader())
+        loader = pass_through_shards(super().get_train_dataloader())
+        resuming = getattr(self, "resuming_from", None)
+        if resuming and getattr(self, "train_sampler", None) is not None:
+            resumed_epoch(self.train_sampler, len(loader), self.args.gradient_accumulation_steps, resuming)
+        return loader
 
     def _eval_loader(self, eval_dataset=None):
         """This process's share of the eval set (:func:`~mmembed.training.evaluation.eval_loader`;
