@@ -391,3 +391,43 @@ def test_two_processes_train_on_homogeneous_global_batches_and_resume_on_the_sam
                    resume_from_checkpoint=str(resumed_dir / "checkpoint-7"))
     again = _steps(resumed, 8, 9)
     assert again == {8: steps[8], 9: steps[9]}
+
+
+@pytest.mark.parametrize("make", [
+    lambda rank: samplers.SwiftOrderSampler(20, True, 42, rank=rank, world=2),
+    lambda rank: HomogeneousSampler(_parts(), "proportional", 2, 1, seed=3, rank=rank, world=2),
+], ids=["mixed", "proportional"])
+def test_a_resumed_epoch_reaches_the_sampler_through_accelerates_skipping_loader(make, tmp_path, monkeypatch):
+    """Two processes, resumed 2 steps into the second epoch: the
+    Trainer skips the epoch's trained batches with accelerate's skip_first_batches and sets the
+    epoch on that loader, which does not reach the sampler; resumed_epoch sets it, and the
+    resumed loader gives the uninterrupted epoch's batches after the skipped ones (without it,
+    epoch 0's)."""
+    from accelerate.data_loader import BatchSamplerShard, DataLoaderShard, skip_first_batches
+    from torch.utils.data import BatchSampler
+
+    monkeypatch.setattr(samplers, "world", lambda: (1, 2))
+
+    def loader():
+        sampler = make(1)
+        shard = BatchSamplerShard(BatchSampler(sampler, 2, drop_last=False), num_processes=2, process_index=1)
+        return sampler, pass_through_shards(DataLoaderShard(list(range(130)), batch_sampler=shard))
+
+    _, full = loader()
+    per_epoch = len(full)
+    epochs = []
+    for epoch in range(2):
+        full.set_epoch(epoch)
+        epochs.append([b.tolist() for b in full])
+    assert epochs[0] != epochs[1]
+    step = per_epoch + 2
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    epoch, skip = divmod(step, per_epoch)
+    for fixed in (True, False):
+        sampler, resumed = loader()
+        if fixed:
+            samplers.resumed_epoch(sampler, len(resumed), 1, str(tmp_path))
+        skipped = skip_first_batches(resumed, skip)
+        skipped.set_epoch(epoch)  # as the Trainer does
+        got = [b.tolist() for b in skipped]
+        assert (got == epochs[epoch][skip:]) == fixed
