@@ -378,7 +378,9 @@ def check_sampling(args, dataset, infos=None) -> None:
     train_sampler(dataset, args, infos, check_only=True)
 
 
-def _log_plan(sampler, infos_named: list[Part], args) -> None:
+def _log_plan(sampler) -> None:
+    """The start-up line of a :class:`HomogeneousSampler`: per dataset, its rows, global batches
+    per pass, the rows sitting each pass out and its steps in the first epoch."""
     if world()[0] != 0:
         return
     if isinstance(sampler, HomogeneousSampler):
@@ -447,7 +449,7 @@ def train_sampler(dataset, args, infos=None, check_only: bool = False) -> Sample
         if sampler.batches_per_epoch == 0:
             raise UsageError(f"{len(dataset)} training rows make no global batch of {sampler.size} rows")
         if not check_only:
-            _log_plan(sampler, parts, args)
+            _log_plan(sampler)
         return sampler
     if rows is not None:
         return MappedSampler(SwiftOrderSampler(len(rows), shuffle, seed, rank, size), rows)

@@ -157,6 +157,24 @@ def test_a_dataset_smaller_than_one_global_batch_is_refused_by_name():
     assert "--per_device_train_batch_size 4 x 2 process(es) x --gradient_accumulation_steps 2" in message
 
 
+def test_the_start_up_check_counts_every_process_before_the_model_loads(caplog):
+    """check_sampling (build_trainer calls it before the model loads, when no process group runs
+    yet) takes the process count from the arguments: 2 x 2 x 2 = 8 rows per global batch refuse
+    a 7-row dataset; when training starts the sampler logs each dataset's plan."""
+    rows = _Rows(range(27))
+    rows.dataset_ids = np.array([0] * 20 + [1] * 7)
+    infos = [types.SimpleNamespace(name="retrieval", weight=1.0), types.SimpleNamespace(name="sts", weight=1.0)]
+    args = _args(multi_dataset_sampler="round_robin", world_size=2)
+    with pytest.raises(UsageError, match="dataset 'sts' has 7 training row"):
+        samplers.check_sampling(args, rows, infos)
+    samplers.check_sampling(_args(multi_dataset_sampler="round_robin"), rows, infos)  # one process: 4 rows
+    with caplog.at_level("INFO", logger="mmembed"):
+        train_sampler(rows, _args(multi_dataset_sampler="round_robin"), infos)
+    assert "retrieval: 20 rows, 5 global batches per pass (0 rows sit each pass out)" in caplog.text
+    assert "sts: 7 rows, 1 global batches per pass (3 rows sit each pass out), 1 of the first epoch's 2 steps" \
+        in caplog.text
+
+
 # ----------------------------------------------------------------------------- no_duplicates
 
 def _item(text, images=()):
