@@ -7,9 +7,16 @@ it and falls back to transformers' own samplers where it returns None.
 - :class:`SwiftOrderSampler`: ms-swift's order, so that the same flags and data train on
   the same rows in the same steps as ``swift sft`` (tests/tools/test_swift_compat.py holds
   it against ms-swift's recorded orders, one and two processes).
+- :class:`HomogeneousSampler`: ``--multi_dataset_sampler proportional | round_robin |
+  weighted`` (every global batch from one dataset) and ``--batch_sampler no_duplicates`` (no
+  text twice in a global batch); :class:`MappedSampler`: ms-swift's order over the rows
+  ``--interleave_prob`` draws (:func:`interleaved_rows`).
 - :func:`pass_through_shards`: such a sampler has split each epoch among the processes
   already, so accelerate's batch-level sharding of the data loader must hand every batch
   through unchanged.
+- resuming: :func:`sampler_state` is what each checkpoint records of the position
+  (``sampler_state.json``), :func:`check_resumed_state` holds a resumed run to it, and
+  :func:`resumed_epoch` sets the resumed epoch where accelerate's skipping loader does not.
 """
 
 from __future__ import annotations

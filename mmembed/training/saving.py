@@ -142,7 +142,7 @@ class CheckpointSaving:
                 else:
                     self.state.stateful_callbacks[name] = cb_state
             self.state.save_to_json(os.path.join(staging, TRAINER_STATE_NAME))
-            position = sampler_state(getattr(self, "train_sampler", None), self.state.global_step)
+            position = sampler_state(getattr(self, "training_sampler", None), self.state.global_step)
             if position is not None:  # where the training rows' order stands (resumed exactly from it)
                 with open(os.path.join(staging, STATE_FILE), "w", encoding="utf-8") as f:
                     json.dump(position, f, indent=1)

@@ -9,7 +9,8 @@ The trainer is the loss call plus wiring; each side concern has a home of its ow
   a row with loss and gradient exactly 0; the last step is always saved
   (:mod:`mmembed.training.guards`); SIGTERM / SIGUSR1 stop it after the current step, saved
   (:mod:`mmembed.training.preemption`);
-- the rows each process trains on, in ms-swift's order (:mod:`mmembed.training.samplers`);
+- the rows each process trains on, in ms-swift's order or one dataset per global batch
+  (:mod:`mmembed.training.samplers`);
 - per-part learning rates as optimizer groups (:mod:`mmembed.training.optimizer`);
 - ``evaluate``: the eval set embedded once, its loss and metrics, and the held-out tasks
   (:mod:`mmembed.training.evaluation`);
@@ -212,11 +213,11 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
     def _get_train_sampler(self, train_dataset=None):
         """mmembed's sampler (:func:`~mmembed.training.samplers.train_sampler`; the datasets'
         names and weights from ``train_datasets``, which ``build_trainer`` sets), kept as
-        ``train_sampler`` for the checkpoints' record of its position; on resuming, that record
+        ``training_sampler`` for the checkpoints' record of its position; on resuming, that record
         must match (:func:`~mmembed.training.samplers.check_resumed_state`)."""
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         sampler = train_sampler(dataset, self.args, getattr(self, "train_datasets", None))
-        self.train_sampler = sampler
+        self.training_sampler = sampler
         resuming = getattr(self, "resuming_from", None)
         if sampler is not None and resuming and not self.args.ignore_data_skip:
             check_resumed_state(sampler, resuming)
@@ -225,8 +226,8 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
     def get_train_dataloader(self):
         loader = pass_through_shards(super().get_train_dataloader())
         resuming = getattr(self, "resuming_from", None)
-        if resuming and getattr(self, "train_sampler", None) is not None:
-            resumed_epoch(self.train_sampler, len(loader), self.args.gradient_accumulation_steps, resuming)
+        if resuming and getattr(self, "training_sampler", None) is not None:
+            resumed_epoch(self.training_sampler, len(loader), self.args.gradient_accumulation_steps, resuming)
         return loader
 
     def _eval_loader(self, eval_dataset=None):

@@ -397,7 +397,11 @@ def test_two_processes_train_on_homogeneous_global_batches_and_resume_on_the_sam
         owners = {r.split()[0] for r in rows}
         assert len(owners) == 1, (s, rows)
         names[s] = owners.pop()
-    # the unit-level sampler, fed the same rows, gives the same datasets in the same steps
+    # the datasets of the steps are the draws of the unit-level sampler (whose shares are
+    # tested above) for these sizes, weights and --data_seed 42: epoch 0's 6 steps, then epoch 1's
+    sizes = [Part(n, WEIGHTS[n], np.arange(ROWS[n])) for n in WEIGHTS]
+    unit = HomogeneousSampler(sizes, "weighted", 2, 2, seed=42, rank=0, world=2)
+    assert [names[s] for s in range(1, 10)] == [list(WEIGHTS)[d] for d in [*unit.draws(0), *unit.draws(1)[:3]]]
     state = json.loads((tmp_path / "full" / "checkpoint-7" / samplers.STATE_FILE).read_text())
     drawn = {d["name"]: d["global_batches_drawn"] for d in state["datasets"]}
     assert drawn == {n: sum(1 for s in range(1, 8) if names[s] == n) for n in WEIGHTS}
