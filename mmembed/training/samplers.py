@@ -397,9 +397,11 @@ def _log_plan(sampler) -> None:
             left = len(part.rows) % sampler.size
             lines.append(f"{part.name}: {len(part.rows)} rows, {len(part.rows) // sampler.size} global batches per pass"
                          f" ({left} rows sit each pass out), {n} of the first epoch's {sampler.batches_per_epoch} steps")
-        logger.info("--multi_dataset_sampler %s%s: every global batch of %d rows from one dataset; %s",
-                    sampler.rule, " --batch_sampler no_duplicates" if sampler.streams[0].keys is not None else "",
-                    sampler.size, "; ".join(lines))
+        no_duplicates = sampler.streams[0].keys is not None
+        what = ("no text twice in a global batch of %d rows" if sampler.rule == "mixed" else
+                "every global batch of %d rows from one dataset" + (", no text twice in it" if no_duplicates else ""))
+        logger.info("--multi_dataset_sampler %s%s: %s; %s", sampler.rule,
+                    " --batch_sampler no_duplicates" if no_duplicates else "", what % sampler.size, "; ".join(lines))
 
 
 def train_sampler(dataset, args, infos=None, check_only: bool = False) -> Sampler | None:
