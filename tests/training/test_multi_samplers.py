@@ -357,13 +357,11 @@ ROWS = {"a": 16, "b": 24, "c": 8}
 
 
 def _run(tmp_path, minilm_path, out, tag, **flags):
-    data = tmp_path / "train.jsonl"
-    if not data.exists():
-        pairs, rows = iter(stsb_pairs(sum(ROWS.values()))), []
-        for name, n in ROWS.items():
-            rows += [{**p, "query": f"{name} {i}: {p['query']}"} for i, p in zip(range(n), pairs)]
-        write_jsonl(data, rows)
-    args = dict(model=minilm_path, dataset=[str(data)], output_dir=str(out), per_device_train_batch_size=2,
+    pairs, files = iter(stsb_pairs(sum(ROWS.values()))), []
+    for name, n in ROWS.items():  # one file per dataset
+        files.append(write_jsonl(tmp_path / f"{name}.jsonl",
+                                 [{**p, "query": f"{name} {i}: {p['query']}"} for i, p in zip(range(n), pairs)]))
+    args = dict(model=minilm_path, dataset=files, output_dir=str(out), per_device_train_batch_size=2,
                 gradient_accumulation_steps=2, gradcache_mini_batch_size=1, max_steps=9, save_steps=7, max_length=32,
                 multi_dataset_sampler="weighted", report_to=[], dataloader_num_workers=0, disable_tqdm=True,
                 logging_steps=1, **flags)
