@@ -245,6 +245,11 @@ class HomogeneousSampler(Sampler):
         self.size = per_device_batch * world * accumulation
         self.epoch = 0
         for part in parts:
+            if len(part.rows) < self.size and rule == "mixed":
+                raise UsageError(f"--batch_sampler no_duplicates takes whole global batches: {len(part.rows)} training "
+                                 f"row(s) are fewer than one global batch of {self.size} rows "
+                                 f"(--per_device_train_batch_size {per_device_batch} x {world} process(es) x "
+                                 f"--gradient_accumulation_steps {accumulation})")
             if len(part.rows) < self.size:
                 raise UsageError(
                     f"dataset {part.name!r} has {len(part.rows)} training row(s), fewer than one global batch of "
@@ -454,6 +459,9 @@ def train_sampler(dataset, args, infos=None, check_only: bool = False) -> Sample
             keys = row_keys(dataset)
         if rule == "mixed":  # no_duplicates over every row (or the interleaved ones): one dataset
             parts = [Part("all rows", 1.0, rows if rows is not None else np.arange(len(dataset)))]
+        elif len(parts) == 1 and not check_only and rank == 0:
+            logger.warning("--multi_dataset_sampler %s: the training rows are one dataset, so every global batch "
+                           "is from it whatever the rule (several datasets: --dataset_config)", rule)
         sampler = HomogeneousSampler(parts, rule, batch, accumulation, seed, rank, size, shuffle, keys)
         if sampler.batches_per_epoch == 0:
             raise UsageError(f"{len(dataset)} training rows make no global batch of {sampler.size} rows")
