@@ -353,7 +353,7 @@ def test_accelerate_sharding_passes_each_processs_share_through(monkeypatch):
 # ----------------------------------------------------------------------------- a real two-process run
 
 WEIGHTS = {"a": 1.0, "b": 2.0, "c": 1.0}
-ROWS = {"a": 16, "b": 24, "c": 8}
+ROWS = {"a": 8, "b": 16, "c": 8}
 
 
 def _run(tmp_path, minilm_path, out, tag, **flags):
@@ -362,7 +362,7 @@ def _run(tmp_path, minilm_path, out, tag, **flags):
         files.append(write_jsonl(tmp_path / f"{name}.jsonl",
                                  [{**p, "query": f"{name} {i}: {p['query']}"} for i, p in zip(range(n), pairs)]))
     args = dict(model=minilm_path, dataset=files, output_dir=str(out), per_device_train_batch_size=2,
-                gradient_accumulation_steps=2, gradcache_mini_batch_size=1, max_steps=9, save_steps=7, max_length=32,
+                gradient_accumulation_steps=2, gradcache_mini_batch_size=1, max_steps=7, save_steps=5, max_length=32,
                 multi_dataset_sampler="weighted", report_to=[], dataloader_num_workers=0, disable_tqdm=True,
                 logging_steps=1, **flags)
     record = tmp_path / tag
@@ -384,11 +384,11 @@ def _steps(recorded, first_step, last_step, accumulation=2):
 def test_two_processes_train_on_homogeneous_global_batches_and_resume_on_the_same_ones(tmp_path, minilm_path):
     """torchrun, 2 processes (gloo), per-device batch 2, gradient cache chunks of 1 row, 2
     accumulation steps: every optimizer step's 8 rows are 8 different rows of one dataset, as the
-    sampler computes them for that step; checkpoint-7 records each dataset's global batches drawn
-    in steps 1-7; resumed from it (a second run, in epoch 2), steps 8 and 9 train on the rows the
-    uninterrupted run trained on."""
+    sampler computes them for that step; checkpoint-5 records each dataset's global batches drawn
+    in steps 1-5; resumed from it (a second run, in epoch 2 of 4 steps each), steps 6 and 7 train
+    on the rows the uninterrupted run trained on."""
     full = _run(tmp_path, minilm_path, tmp_path / "full", "full")
-    steps = _steps(full, 1, 9)
+    steps = _steps(full, 1, 7)
     names = {}
     for s, rows in steps.items():
         assert len(rows) == 8 == len(set(rows)), (s, rows)
@@ -396,21 +396,21 @@ def test_two_processes_train_on_homogeneous_global_batches_and_resume_on_the_sam
         assert len(owners) == 1, (s, rows)
         names[s] = owners.pop()
     # the datasets of the steps are the draws of the unit-level sampler (whose shares are
-    # tested above) for these sizes, weights and --data_seed 42: epoch 0's 6 steps, then epoch 1's
+    # tested above) for these sizes, weights and --data_seed 42: epoch 0's 4 steps, then epoch 1's
     sizes = [Part(n, WEIGHTS[n], np.arange(ROWS[n])) for n in WEIGHTS]
     unit = HomogeneousSampler(sizes, "weighted", 2, 2, seed=42, rank=0, world=2)
-    assert [names[s] for s in range(1, 10)] == [list(WEIGHTS)[d] for d in [*unit.draws(0), *unit.draws(1)[:3]]]
-    state = json.loads((tmp_path / "full" / "checkpoint-7" / samplers.STATE_FILE).read_text())
+    assert [names[s] for s in range(1, 8)] == [list(WEIGHTS)[d] for d in [*unit.draws(0), *unit.draws(1)[:3]]]
+    state = json.loads((tmp_path / "full" / "checkpoint-5" / samplers.STATE_FILE).read_text())
     drawn = {d["name"]: d["global_batches_drawn"] for d in state["datasets"]}
-    assert drawn == {n: sum(1 for s in range(1, 8) if names[s] == n) for n in WEIGHTS}
-    assert (state["epoch"], state["batch_in_epoch"], state["batches_per_epoch"]) == (1, 1, 6)
-    # resumed from checkpoint-7 in a copy of the run
+    assert drawn == {n: sum(1 for s in range(1, 6) if names[s] == n) for n in WEIGHTS}
+    assert (state["epoch"], state["batch_in_epoch"], state["batches_per_epoch"]) == (1, 1, 4)
+    # resumed from checkpoint-5 in a copy of the run
     resumed_dir = tmp_path / "resumed"
-    shutil.copytree(tmp_path / "full", resumed_dir, ignore=shutil.ignore_patterns("checkpoint-9"))
+    shutil.copytree(tmp_path / "full", resumed_dir, ignore=shutil.ignore_patterns("checkpoint-7"))
     resumed = _run(tmp_path, minilm_path, resumed_dir, "resumed",
-                   resume_from_checkpoint=str(resumed_dir / "checkpoint-7"))
-    again = _steps(resumed, 8, 9)
-    assert again == {8: steps[8], 9: steps[9]}
+                   resume_from_checkpoint=str(resumed_dir / "checkpoint-5"))
+    again = _steps(resumed, 6, 7)
+    assert again == {6: steps[6], 7: steps[7]}
 
 
 @pytest.mark.parametrize("make", [
