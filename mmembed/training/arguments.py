@@ -141,6 +141,10 @@ class SftArguments(TrainingArguments):
     data_seed: int | None = field(default=42, metadata={"help": "seed of the split, #N sampling, --dataset_shuffle and the sampler (ms-swift's default 42; not --seed)"})
     streaming: bool = field(default=False, metadata={"help": "read the training rows as training consumes them (no up-front pass, no Arrow copy); needs --max_steps; shuffles with a buffer"})
     shuffle_buffer_size: int = field(default=1000, metadata={"help": "--streaming with --dataset_shuffle: rows held in the shuffle buffer"})
+    multi_dataset_sampler: str = field(default="mixed", metadata={"help": "mixed (ms-swift's: all datasets' rows shuffled together) | proportional | round_robin | weighted: every global batch from one dataset, datasets drawn by size, in turn, or by weight"})
+    batch_sampler: str = field(default="default", metadata={"help": "default | no_duplicates: no text (with its media) twice in one global batch, as anchor, positive or negative"})
+    interleave_prob: list[float] | None = field(default=None, metadata={"help": "with --multi_dataset_sampler mixed: draw the training rows from the datasets with these probabilities, one per dataset (ms-swift's; normalised to sum 1)"})
+    stopping_strategy: str = field(default="first_exhausted", metadata={"help": "with --interleave_prob: first_exhausted (stop when one dataset has given all its rows) | all_exhausted (when all have; the others start over)"})
     strict: bool = field(default=True, metadata={"help": "false: skip broken rows and report them"})
     offline: bool = field(default=False, metadata={"help": "fetch no http(s) media (as MMEMBED_OFFLINE=1 or HF_HUB_OFFLINE=1): a URL not in the media cache is an error"})
     lazy_tokenize: bool = True
@@ -513,6 +517,38 @@ def _check_swift_flags(args: SftArguments) -> None:
         env = os.environ.get("MAX_PIXELS")
         if env is not None and env.strip() and env.strip() != str(args.max_pixels):
             logging.getLogger("mmembed").warning("--max_pixels %d wins over MAX_PIXELS=%s", args.max_pixels, env)
+    # the training rows' sampler (mmembed.training.samplers); its checks against the data come when the data is read
+    from .samplers import BATCH_SAMPLERS, MULTI_DATASET_SAMPLERS
+
+    if args.multi_dataset_sampler not in MULTI_DATASET_SAMPLERS:
+        raise UsageError(f"--multi_dataset_sampler must be one of {', '.join(MULTI_DATASET_SAMPLERS)}, "
+                         f"got {args.multi_dataset_sampler!r}")
+    if args.batch_sampler not in BATCH_SAMPLERS:
+        raise UsageError(f"--batch_sampler must be one of {', '.join(BATCH_SAMPLERS)}, got {args.batch_sampler!r}")
+    if args.stopping_strategy not in ("first_exhausted", "all_exhausted"):
+        raise UsageError(f"--stopping_strategy must be first_exhausted or all_exhausted, got {args.stopping_strategy!r}")
+    if args.interleave_prob is not None:
+        probs = list(args.interleave_prob)
+        if not probs or not all(math.isfinite(p) and p >= 0 for p in probs) or sum(probs) <= 0:
+            raise UsageError(f"--interleave_prob takes one probability >= 0 per dataset, with a positive sum, "
+                             f"got {' '.join(str(p) for p in probs)}")
+        if args.multi_dataset_sampler != "mixed":
+            raise UsageError(f"--interleave_prob draws each row from a dataset (ms-swift's mixed order); with "
+                             f"--multi_dataset_sampler {args.multi_dataset_sampler} each global batch comes from one "
+                             "dataset, drawn by the sampler's rule (weighted: by each dataset's weight): leave out "
+                             "--interleave_prob, or use --multi_dataset_sampler mixed")
+    elif args.stopping_strategy != "first_exhausted":
+        if args.multi_dataset_sampler != "mixed":
+            raise UsageError(f"--stopping_strategy {args.stopping_strategy} applies to --interleave_prob under "
+                             f"--multi_dataset_sampler mixed; --multi_dataset_sampler {args.multi_dataset_sampler} "
+                             "decides itself when an epoch ends (see the README): leave it out")
+        logging.getLogger("mmembed").info("--stopping_strategy %s has no effect without --interleave_prob (the "
+                                          "datasets are concatenated)", args.stopping_strategy)
+    if args.streaming and (args.multi_dataset_sampler != "mixed" or args.batch_sampler != "default"
+                           or args.interleave_prob is not None):
+        raise UsageError("--streaming true reads the rows as training consumes them; --multi_dataset_sampler "
+                         f"{args.multi_dataset_sampler}, --batch_sampler {args.batch_sampler} and --interleave_prob "
+                         "need every dataset's rows up front: leave out --streaming (or these flags)")
 
 
 def _check_loss_args(args: SftArguments) -> None:

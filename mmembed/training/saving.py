@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import json
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -41,6 +42,7 @@ from ..model.io import write_saved_folder
 from ..model.weights import load_backbone_weights
 from . import checkpoints
 from .guards import any_process, merged_dicts
+from .samplers import STATE_FILE, sampler_state
 
 
 class CheckpointSaving:
@@ -156,6 +158,10 @@ class CheckpointSaving:
                 else:
                     self.state.stateful_callbacks[name] = cb_state
             self.state.save_to_json(os.path.join(staging, TRAINER_STATE_NAME))
+            position = sampler_state(getattr(self, "training_sampler", None), self.state.global_step)
+            if position is not None:  # where the training rows' order stands (resumed exactly from it)
+                with open(os.path.join(staging, STATE_FILE), "w", encoding="utf-8") as f:
+                    json.dump(position, f, indent=1)
 
     def _agreed(self, write: Callable[[], Any], final: str) -> None:
         """Run one stage of a checkpoint save on every process, then agree: when it failed

@@ -35,6 +35,7 @@ from .model_assembly import (
 from .preemption import preempted
 from .preflight import check_model_folders, check_settings, media_settings
 from .run_folder import prepare_output_dir, resume_checkpoint, resume_weights_only
+from .samplers import check_sampling
 from .trainer import EmbeddingTrainer
 
 if TYPE_CHECKING:  # the media loader is imported at the first row with media (qwen-vl-utils: about a second)
@@ -96,6 +97,7 @@ def build_trainer(args: SftArguments, media: MediaSettings | None = None) -> Emb
     encoding = Encoding.resolve(args)
     data = TrainingData.load(args, encoding, loss, media)
     check_drop_last(args, data)
+    check_sampling(args, data.train, getattr(data, "datasets", None))  # --multi_dataset_sampler against the data
     eval_tasks = load_eval_tasks(args, encoding)
     side_models = SideModels.load(args, media)
     width = hidden_size(AutoConfig.from_pretrained(args.model))
@@ -126,6 +128,7 @@ def build_trainer(args: SftArguments, media: MediaSettings | None = None) -> Emb
         mmembed_config=saved_config(args, encoding, loss, data),
         param_lrs=part_learning_rates(model, encoding.template, args),
     )
+    trainer.train_datasets = getattr(data, "datasets", None)  # the sampler's dataset names and weights
     trainer.add_callback(TrainingCharts(lambda: eval_similarities(trainer)))
     return trainer
 

@@ -129,8 +129,6 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
     "cached_dataset": ("mmembed caches parsed rows itself (Arrow); pass the data files with --dataset", _EMPTY),
     "cached_val_dataset": ("mmembed caches parsed rows itself (Arrow); pass the data files with --val_dataset", _EMPTY),
     "custom_dataset_info": ("pass local files to --dataset (use --columns to rename their fields)", _EMPTY),
-    "interleave_prob": ("datasets are concatenated; sample each with file#N", _EMPTY),
-    "stopping_strategy": ("datasets are concatenated; sample each with file#N", ("first_exhausted",) + _EMPTY),
     "zero_hpz_partition_size": ("write it in your own --deepspeed JSON file", _EMPTY),
     "deepspeed_autotp_size": ("write it in your own --deepspeed JSON file", _EMPTY),
 }

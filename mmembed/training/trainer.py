@@ -9,7 +9,8 @@ The trainer is the loss call plus wiring; each side concern has a home of its ow
   a row with loss and gradient exactly 0; the last step is always saved
   (:mod:`mmembed.training.guards`); SIGTERM / SIGUSR1 stop it after the current step, saved
   (:mod:`mmembed.training.preemption`);
-- the rows each process trains on, in ms-swift's order (:mod:`mmembed.training.samplers`);
+- the rows each process trains on, in ms-swift's order or one dataset per global batch
+  (:mod:`mmembed.training.samplers`);
 - per-part learning rates as optimizer groups (:mod:`mmembed.training.optimizer`);
 - ``evaluate``: the eval set embedded once, its loss and metrics, and the held-out tasks
   (:mod:`mmembed.training.evaluation`);
@@ -35,7 +36,7 @@ from .gradcache import GradCache, deepspeed_chunk_backward
 from .guards import SaveLastStep, ZeroLossStop, check_grad_norm, check_loss
 from .optimizer import split_by_learning_rate
 from .preemption import PreemptionStop
-from .samplers import pass_through_shards, train_sampler
+from .samplers import check_resumed_state, pass_through_shards, resumed_epoch, train_sampler
 from .saving import CheckpointSaving
 
 
@@ -197,6 +198,7 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         (:mod:`mmembed.training.preemption`).
         """
         liger, self.args.use_liger_kernel = self.args.use_liger_kernel, False
+        self.resuming_from = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
         try:
             with self.guarded_engine_load(resume_from_checkpoint), self.preemption.handling():
                 return super().train(resume_from_checkpoint, *args, **kwargs)
@@ -209,12 +211,24 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         return split_by_learning_rate(super().create_optimizer(model), self.param_lrs)
 
     def _get_train_sampler(self, train_dataset=None):
+        """mmembed's sampler (:func:`~mmembed.training.samplers.train_sampler`; the datasets'
+        names and weights from ``train_datasets``, which ``build_trainer`` sets), kept as
+        ``training_sampler`` for the checkpoints' record of its position; on resuming, that record
+        must match (:func:`~mmembed.training.samplers.check_resumed_state`)."""
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        sampler = train_sampler(dataset, self.args)
+        sampler = train_sampler(dataset, self.args, getattr(self, "train_datasets", None))
+        self.training_sampler = sampler
+        resuming = getattr(self, "resuming_from", None)
+        if sampler is not None and resuming and not self.args.ignore_data_skip:
+            check_resumed_state(sampler, resuming)
         return sampler if sampler is not None else super()._get_train_sampler(train_dataset)
 
     def get_train_dataloader(self):
-        return pass_through_shards(super().get_train_dataloader())
+        loader = pass_through_shards(super().get_train_dataloader())
+        resuming = getattr(self, "resuming_from", None)
+        if resuming and getattr(self, "training_sampler", None) is not None:
+            resumed_epoch(self.training_sampler, len(loader), self.args.gradient_accumulation_steps, resuming)
+        return loader
 
     def _eval_loader(self, eval_dataset=None):
         """This process's share of the eval set (:func:`~mmembed.training.evaluation.eval_loader`;

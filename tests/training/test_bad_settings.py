@@ -125,6 +125,15 @@ SFT_ROWS = [
     row("--streaming", "true", "--loss_type", "distill_kl", "--teacher_scores_file", "t.npy",
         names=("--teacher_scores_file", "--streaming")),
     row("--shuffle_buffer_size", "0"),
+    # the samplers (8 rows, one dataset): checked against the rows before the model loads
+    row("--multi_dataset_sampler", "by_size"),
+    row("--multi_dataset_sampler", "proportional", "--per_device_train_batch_size", "16",
+        names=("--multi_dataset_sampler proportional", "8 training row(s)", "global batch of 16 rows")),
+    row("--batch_sampler", "unique"),
+    row("--interleave_prob", "1", "1", names=("--interleave_prob", "2 probabilities for 1 dataset")),
+    row("--interleave_prob", "1", "--multi_dataset_sampler", "weighted",
+        names=("--interleave_prob", "--multi_dataset_sampler weighted")),
+    row("--stopping_strategy", "never"),
     row("--max_pixels", "0"),
     row("--sequence_parallel_size", "2"),
     row("--strict", "maybe"),  # a boolean that does not parse: argparse's error
