@@ -196,12 +196,14 @@ def eval_similarities(trainer) -> Similarities | None:
             batch = trainer._prepare_inputs(batch)
             labels.append(batch.pop("labels").float())
             batch.pop("side", None)
+            batch.pop("dataset_ids", None)
             embs.append(model(**batch)["last_hidden_state"].float())
         for _ in range(int(rounds.item()) - len(loader)):  # this process's share ran out first
             if batch is None:
                 batch = trainer._prepare_inputs(trainer.data_collator([dataset[0]]))
                 batch.pop("labels")
                 batch.pop("side", None)
+                batch.pop("dataset_ids", None)
             model(**batch)
     model.train(was_training)
     width = embs[0].shape[1] if embs else 0
