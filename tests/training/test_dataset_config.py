@@ -283,12 +283,30 @@ def test_per_dataset_settings_precede_loss_kwargs_and_variables(minilm_path, dat
 # ----------------------------------------------------------------------------- a short real run
 
 
-def test_short_run_logs_loss_per_dataset_and_evaluates_each_datasets_val_rows(minilm_no_dropout, data, tmp_path):
+def write_beir(folder, pairs) -> str:
+    os.makedirs(os.path.join(folder, "qrels"))
+    write_jsonl(os.path.join(folder, "corpus.jsonl"), [{"_id": f"d{i}", "text": p["response"]}
+                                                       for i, p in enumerate(pairs)])
+    write_jsonl(os.path.join(folder, "queries.jsonl"), [{"_id": f"q{i}", "text": p["query"]}
+                                                        for i, p in enumerate(pairs)])
+    with open(os.path.join(folder, "qrels", "test.tsv"), "w") as f:
+        f.write("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(len(pairs))))
+    return str(folder)
+
+
+@pytest.mark.parametrize("gradcache", ["0", "2"], ids=["plain", "gradcache"])
+def test_short_run_logs_loss_per_dataset_and_evaluates_each_datasets_val_rows(minilm_no_dropout, data, tmp_path,
+                                                                              gradcache):
     """Batches in file order (each from one dataset): the log has loss_<name> for the dataset
     each step drew from, equal to the step's loss; the evaluation has eval_<name>_* for each
-    dataset with val rows, equal to evaluating that dataset's val rows alone."""
+    dataset with val rows, equal to evaluating that dataset's val rows alone; --eval_beir
+    name=folder evaluates with that dataset's instructions, as `evaluate_beir` does with the
+    instruction written in front of each query (the MiniLM template's '{system} {content}')."""
+    from mmembed.eval.beir import evaluate_beir
+    from mmembed.model.embedder import Embedder
     from mmembed.training.evaluation import dataset_metrics
 
+    beir = write_beir(tmp_path / "beir", PAIRS[40:56])
     cfg = write_config(data / "run.yaml", [
         {"name": "hn", "path": "hn.jsonl", "val": "hn_val.jsonl", "query_system": "Find a paraphrase"},
         {"name": "pairs", "path": "pairs.jsonl", "val": "pairs_val.jsonl"},
@@ -296,7 +314,9 @@ def test_short_run_logs_loss_per_dataset_and_evaluates_each_datasets_val_rows(mi
     args = parse_sft_args(_argv(minilm_no_dropout, "--dataset_config", cfg, "--output_dir", str(tmp_path / "run"),
                                 "--tuner_type", "full", "--dataset_shuffle", "false", "--train_dataloader_shuffle",
                                 "false", "--max_steps", "4", "--logging_steps", "1", "--eval_steps", "4",
-                                "--save_steps", "4", "--report_to", "none"))
+                                "--save_steps", "4", "--report_to", "none", "--gradcache_mini_batch_size", gradcache,
+                                *(["--eval_beir", f"hn={beir}", f"plain={beir}"] if gradcache == "0" else
+                                  ["--eval_strategy", "no"])))
     trainer = _trainer(args)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
@@ -304,6 +324,8 @@ def test_short_run_logs_loss_per_dataset_and_evaluates_each_datasets_val_rows(mi
     for h in logs:
         (name,) = [k for k in h if k.startswith("loss_")]
         assert h[name] == pytest.approx(h["loss"], rel=1e-4)
+    if gradcache != "0":  # the gradient cache's path of the loss call; its evaluation is the same
+        return
     evals = [h for h in trainer.state.log_history if "eval_loss" in h]
     assert evals, trainer.state.log_history
     got = evals[-1]
@@ -317,5 +339,12 @@ def test_short_run_logs_loss_per_dataset_and_evaluates_each_datasets_val_rows(mi
     assert len(ids) == 8 and got["eval_loss"] != got["eval_hn_loss"]
     charts = os.listdir(tmp_path / "run" / "charts")
     assert "loss_hn.png" in charts and "train_loss_by_dataset.png" in charts
+    embedder = Embedder.from_pretrained(str(tmp_path / "run" / "checkpoint-4"), device="cpu")
+    with_instruction = evaluate_beir(embedder, beir, query_prefix="Find a paraphrase ")
+    without = evaluate_beir(embedder, beir)
+    for key in ("ndcg@10", "mrr@10", "recall@1"):
+        name = key.replace("@", "_at_")
+        assert got[f"eval_beir_hn_{name}"] == pytest.approx(with_instruction[key], abs=1e-5)
+        assert got[f"eval_beir_plain_{name}"] == pytest.approx(without[key], abs=1e-5)
     saved = json.load(open(tmp_path / "run" / "checkpoint-4" / "mmembed.json"))
     assert saved["instructions"]["datasets"]["hn"] == {"query": "Find a paraphrase", "document": None}
