@@ -48,8 +48,6 @@ INFONCE_KEYS: dict[str, str] = {
 
 KEYS = ("name", "path", "sample", "weight", "query_system", "document_system", "infonce", "loss_kwargs", "val")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
-#: names that would read as other metrics (eval_beir_*, eval_sts_*) or as the pooled ones
-RESERVED_NAMES = ("beir", "sts", "eval", "train", "loss")
 
 
 class ConfigError(ValueError):
@@ -214,9 +212,6 @@ def read_dataset_config(path: str) -> list[DatasetEntry]:
         if not isinstance(name, str) or not _NAME_RE.match(name):
             raise ConfigError(file, label, "name", f"must be a name of letters, digits, '_' and '-' (it names the "
                                                    f"dataset's loss_<name> and eval_<name>_* numbers), got {name!r}")
-        if name in RESERVED_NAMES:
-            raise ConfigError(file, label, "name", f"{name!r} is reserved (it would read as another metric); "
-                                                   "pick another name")
         if name in seen:
             raise ConfigError(file, label, "name", "given to two datasets; names must be unique")
         seen.add(name)

@@ -543,6 +543,11 @@ def _check_dataset_config(args: SftArguments) -> None:
         args.dataset_entries = read_dataset_config(args.dataset_config)
     except ConfigError as e:
         raise UsageError(str(e)) from None
+    for flag, task in (("--eval_sts", "sts"), ("--eval_beir", "beir")):  # eval_<task>_* would mean both
+        if getattr(args, flag[2:]) and any(e.name == task for e in args.dataset_entries):
+            raise UsageError(str(ConfigError(os.path.abspath(args.dataset_config), task, "name",
+                                             f"with {flag} the dataset's eval_{task}_* metrics would mix with the "
+                                             f"task's: name the dataset otherwise")))
 
 
 def beir_pairs(values: list[str]) -> list[tuple[str | None, str]]:
