@@ -17,8 +17,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 if [ -z "${MODEL:-}" ]; then
     MODEL=${TMPDIR:-/tmp}/mmembed-tiny-gme
     [ -f "$MODEL/config.json" ] || python "$HERE/tiny_models.py" qwen2_vl "$MODEL" > /dev/null
-    small=(--max_steps 6 --per_device_train_batch_size 4 --per_device_eval_batch_size 4
-           --gradient_accumulation_steps 1 --eval_steps 3 --save_steps 6 --logging_steps 1
+    small=(--max_steps 10 --per_device_train_batch_size 4 --per_device_eval_batch_size 4
+           --gradient_accumulation_steps 1 --eval_steps 5 --save_steps 10 --logging_steps 1
            --dataloader_num_workers 0 --max_length 256)
 else
     small=(--num_train_epochs 1 --per_device_train_batch_size 4 --per_device_eval_batch_size 4
