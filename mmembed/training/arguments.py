@@ -554,7 +554,8 @@ def beir_pairs(values: list[str]) -> list[tuple[str | None, str]]:
     """``--eval_beir``'s values as ``(name, folder)``: ``name=folder`` pairs, or one folder
     alone (name None). A folder whose own name holds '=' is taken whole when it exists."""
     pairs: list[tuple[str | None, str]] = []
-    for value in values or []:
+    values = [values] if isinstance(values, str) else list(values or [])
+    for value in values:
         name, sep, folder = value.partition("=")
         if not sep or os.path.isdir(value):
             pairs.append((None, value))

@@ -126,26 +126,9 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         A dataset with loss settings of its own needs the whole global batch from it: a batch
         of several datasets, or processes whose batches came from different datasets, is then
         an error (the homogeneous ``--multi_dataset_sampler`` modes make no such batch)."""
-        dataset = None
-        if dataset_ids is not None and dataset_ids.numel():
-            first = int(dataset_ids[0])
-            dataset = first if bool((dataset_ids == first).all()) else None
         if not self.dataset_loss_fns:
-            return self.loss_fn, dataset
-        ids = sorted({int(i) for i in dataset_ids.tolist()}) if dataset_ids is not None else []
-        if dataset is None:
-            names = [self.dataset_names[i] if i < len(self.dataset_names) else str(i) for i in ids]
-            raise ValueError(f"a batch holds rows of several datasets ({', '.join(names)}), but datasets with loss "
-                             "settings of their own need every batch from one dataset: use --multi_dataset_sampler "
-                             "proportional, round_robin or weighted")
-        _, w = world()
-        if w > 1:  # the loss's gathers must be the same on every process: the same dataset everywhere
-            both = torch.tensor([dataset, -dataset], device=self.args.device)
-            torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX)
-            if int(both[0]) != -int(both[1]):
-                raise ValueError("the processes' batches of this step came from different datasets, but datasets "
-                                 "with loss settings of their own need the whole global batch from one dataset: use "
-                                 "--multi_dataset_sampler proportional, round_robin or weighted")
+            return self.loss_fn, batch_dataset(dataset_ids)
+        dataset = one_dataset(dataset_ids, self.dataset_names, self.args.device)
         return self.dataset_loss_fns.get(dataset, self.loss_fn), dataset
 
     def _count_dataset_loss(self, dataset: int | None, loss: torch.Tensor) -> None:
@@ -308,3 +291,37 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
+
+
+def batch_dataset(dataset_ids: torch.Tensor | None) -> int | None:
+    """The one dataset a batch's ``dataset_ids`` name, or None (mixed, or not given)."""
+    if dataset_ids is None or not dataset_ids.numel():
+        return None
+    first = int(dataset_ids[0])
+    return first if bool((dataset_ids == first).all()) else None
+
+
+def one_dataset(dataset_ids: torch.Tensor | None, names: list[str], device) -> int:
+    """The one dataset of this step's batch on every process (``dataset_ids``: this process's),
+    or a ValueError on every process when a batch mixes datasets or the processes' batches
+    came from different datasets: a dataset's own loss must be the loss of the whole global
+    batch, and its exchanges the same on every process. Every process takes part in the one
+    exchange before any raises (one left in it would wait)."""
+    advice = ("datasets with loss settings of their own need the whole global batch from one dataset: use "
+              "--multi_dataset_sampler proportional, round_robin or weighted")
+    if dataset_ids is None:
+        raise ValueError(f"the batches carry no dataset_ids (the collator's with_dataset_ids=True); {advice}")
+    dataset = batch_dataset(dataset_ids)
+    local = dataset if dataset is not None else -1
+    agree = True
+    if world()[1] > 1:
+        both = torch.tensor([local, -local], device=device)
+        torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX)
+        agree = int(both[0]) == -int(both[1])
+    if dataset is None:
+        ids = sorted({int(i) for i in dataset_ids.tolist()})
+        named = [names[i] if i < len(names) else str(i) for i in ids]
+        raise ValueError(f"a batch holds rows of several datasets ({', '.join(named)}), but {advice}")
+    if not agree:
+        raise ValueError(f"the processes' batches of this step came from different datasets (or mixed ones), but {advice}")
+    return dataset

@@ -136,9 +136,12 @@ def _load(args):
     return TrainingData.load(args, Encoding.resolve(args), make_loss(args), media_settings(args))
 
 
-def test_rows_ids_instructions_and_sample(minilm_path, data, tmp_path):
+def test_rows_ids_instructions_and_sample(minilm_path, data, tmp_path, caplog):
     """Each dataset's rows carry its index; sample: N over two files draws as #N over their
-    rows together; instructions go on rows without a system of their own; val rows are tagged too."""
+    rows together; instructions go on rows without a system of their own; val rows are tagged
+    too; the start-up report shows each dataset's rows, share and rendered texts."""
+    import logging
+
     from mmembed.data import load_samples
 
     cfg = write_config(data / "rows.yaml", [
@@ -148,7 +151,14 @@ def test_rows_ids_instructions_and_sample(minilm_path, data, tmp_path):
     ])
     args = parse_sft_args(_argv(minilm_path, "--dataset_config", cfg, "--output_dir", str(tmp_path),
                                 "--dataset_shuffle", "false"))
-    got = _load(args)
+    with caplog.at_level(logging.INFO, logger="mmembed"):
+        got = _load(args)
+    report = next(r.getMessage() for r in caplog.records if "training datasets" in r.getMessage())
+    assert "3 training datasets (--multi_dataset_sampler mixed" in report
+    assert "hn: 8 rows (+4 val), weight 1, expected share 47.1%" in report  # 8 of 17 rows
+    assert "one: 3 rows, weight 1, expected share 17.6%" in report
+    # MiniLM's template puts a system prompt in front of the text ('{system} {content}')
+    assert f"query:    'Q-HN {PAIRS[0]['query']}'" in report and f"document: 'D-HN {PAIRS[0]['response']}'" in report
     ids = got.train.dataset_ids
     assert ids.dtype == np.int64 and len(ids) == len(got.train) == 8 + 6 + 3
     assert [(d.name, d.rows, d.val_rows) for d in got.datasets] == [("hn", 8, 4), ("mix", 6, 0), ("one", 3, 0)]
@@ -232,6 +242,8 @@ def test_per_dataset_infonce_equals_the_variables_set_globally_on_that_dataset(m
     with torch.no_grad():
         env_loss = plain.compute_loss(plain.model, plain.data_collator(plain_samples)).item()
     assert own == pytest.approx(env_loss, abs=1e-6)
+    with pytest.raises(ValueError, match=r"a batch holds rows of several datasets \(hn, other\)"):
+        trainer.batch_loss(torch.tensor([0, 1, 0, 0]))
     labels = batch["labels"].tolist()
     # hard_negatives 2: the first two of each row's three negatives
     keep = []
@@ -278,6 +290,28 @@ def test_per_dataset_settings_precede_loss_kwargs_and_variables(minilm_path, dat
     args = parse_sft_args(_argv(minilm_path, "--dataset_config", other, "--output_dir", str(tmp_path)))
     with pytest.raises(UsageError, match=r"dataset z, key 'loss_kwargs.margin'"):
         dataset_loss(args, args.dataset_entries[0])
+
+
+def test_expected_shares_and_metric_names(minilm_path, data, tmp_path):
+    from mmembed.data.dataset_config import DatasetInfo
+    from mmembed.training.data_assembly import expected_shares
+    from mmembed.training.model_assembly import make_loss
+    from mmembed.training.preflight import check_metric_for_best_model
+
+    infos = [DatasetInfo("a", 3.0, 10), DatasetInfo("b", 1.0, 30)]
+    assert expected_shares(infos, "weighted") == [0.75, 0.25]
+    assert expected_shares(infos, "proportional") == expected_shares(infos, "mixed") == [0.25, 0.75]
+    assert expected_shares(infos, "round_robin") == [0.5, 0.5]
+    cfg = write_config(data / "names.yaml", [{"name": "hn", "path": "hn.jsonl", "val": "hn_val.jsonl"},
+                                             {"name": "pairs", "path": "pairs.jsonl"}])
+    for metric in ("eval_hn_recall_at_1", "eval_recall_at_1", "eval_beir_sci_ndcg_at_10"):
+        args = parse_sft_args(_argv(minilm_path, "--dataset_config", cfg, "--output_dir", str(tmp_path),
+                                    "--metric_for_best_model", metric, "--eval_beir", f"sci={data}"))
+        check_metric_for_best_model(args, make_loss(args))
+    args = parse_sft_args(_argv(minilm_path, "--dataset_config", cfg, "--output_dir", str(tmp_path),
+                                "--metric_for_best_model", "eval_pairs_recall_at_1"))  # pairs has no val rows
+    with pytest.raises(UsageError, match="is not a metric this run logs"):
+        check_metric_for_best_model(args, make_loss(args))
 
 
 # ----------------------------------------------------------------------------- a short real run
@@ -348,3 +382,36 @@ def test_short_run_logs_loss_per_dataset_and_evaluates_each_datasets_val_rows(mi
         assert got[f"eval_beir_plain_{name}"] == pytest.approx(without[key], abs=1e-5)
     saved = json.load(open(tmp_path / "run" / "checkpoint-4" / "mmembed.json"))
     assert saved["instructions"]["datasets"]["hn"] == {"query": "Find a paraphrase", "document": None}
+
+
+def _one_dataset_worker(rank: int, init: str, cases: list, out: str) -> None:
+    import torch.distributed as dist
+
+    from mmembed.training.trainer import one_dataset
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    results = []
+    for ids in cases:
+        try:
+            results.append(one_dataset(torch.tensor(ids[rank]), ["a", "b", "c"], torch.device("cpu")))
+        except ValueError as e:
+            results.append(str(e).split(",")[0])
+    dist.destroy_process_group()
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(results, f)
+
+
+def test_a_datasets_own_loss_needs_one_dataset_on_every_process(tmp_path):
+    """Two processes (gloo): the same dataset on both gives it; different datasets, or a mixed
+    batch on one process only, is an error on both (neither is left waiting in the exchange)."""
+    import torch.multiprocessing as mp
+
+    cases = [([1, 1], [1, 1, 1]), ([0, 0], [2, 2]), ([0, 1], [0, 0]), ([0, 1], [1, 2])]
+    out = str(tmp_path / "result")
+    mp.start_processes(_one_dataset_worker, args=(f"file://{tmp_path / 'store'}", cases, out), nprocs=2, join=True,
+                       start_method="fork")
+    r0, r1 = (json.load(open(f"{out}.{r}")) for r in (0, 1))
+    assert r0[0] == r1[0] == 1
+    assert r0[1] == r1[1] == "the processes' batches of this step came from different datasets (or mixed ones)"
+    assert r0[2] == "a batch holds rows of several datasets (a" and r1[2].startswith("the processes' batches")
+    assert r0[3].startswith("a batch holds rows of several datasets (a") and r1[3].startswith("a batch holds")
