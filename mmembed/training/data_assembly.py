@@ -202,8 +202,9 @@ class TrainingData:
             trains.append(with_dataset_id(train, i))
             if val is not None:
                 val = with_instructions(val, entry)
-                if rule is not None and rule.breaks:
-                    val = check_trainable(val, rule, args.strict, f"val ({entry.name})")
+                # scored with the dataset's loss (eval_<name>_*) and, pooled, with the run's (eval_*)
+                for each in {id(r): r for r in (rule, loss.negatives_rule) if r is not None and r.breaks}.values():
+                    val = check_trainable(val, each, args.strict, f"val ({entry.name})")
                 vals.append(with_dataset_id(val, i))
         train = trains[0] if len(trains) == 1 else hf_datasets.concatenate_datasets(trains)
         if len(trains) > 1 and args.dataset_shuffle:
