@@ -39,7 +39,7 @@ def evaluation_metrics(trainer, dataset=None, prefix: str = "eval") -> dict[str,
     dataset = dataset if dataset is not None else trainer.eval_dataset
     if dataset is not None:
         metrics.update(dataset_metrics(trainer, dataset))
-        metrics.update(per_dataset_metrics(trainer, dataset))
+        metrics.update(per_dataset_metrics(trainer, dataset, metrics))
     elif not trainer.eval_tasks:
         raise ValueError("nothing to evaluate: no eval dataset, --eval_beir or --eval_sts")
     metrics.update(task_metrics(trainer))
@@ -61,10 +61,12 @@ def eval_loader(dataset, args, collate_fn) -> DataLoader:
 
 
 @torch.no_grad()
-def per_dataset_metrics(trainer, dataset) -> dict[str, float]:
+def per_dataset_metrics(trainer, dataset, pooled: dict[str, float] | None = None) -> dict[str, float]:
     """``--dataset_config``: the metrics of each dataset's own validation rows (as
     :func:`dataset_metrics`, with the dataset's loss), named ``<name>_<metric>``; nothing
-    when the trainer has no dataset names or the eval set no ``dataset_ids``."""
+    when the trainer has no dataset names or the eval set no ``dataset_ids``. ``pooled``: the
+    whole set's metrics, taken as they are when all its rows are one dataset's that has the
+    run's loss (the same numbers, not embedded again)."""
     names = getattr(trainer, "dataset_names", None)
     ids = getattr(dataset, "dataset_ids", None)
     if not names or ids is None or not hasattr(dataset, "dataset"):
@@ -74,6 +76,9 @@ def per_dataset_metrics(trainer, dataset) -> dict[str, float]:
     for i, name in enumerate(names):
         rows = np.flatnonzero(ids == i)
         if not len(rows):
+            continue
+        if pooled is not None and len(rows) == len(ids) and i not in losses:
+            out.update({f"{name}_{k}": v for k, v in pooled.items()})
             continue
         subset = type(dataset)(dataset.dataset.select(rows), dataset.teacher)
         out.update({f"{name}_{k}": v for k, v in dataset_metrics(trainer, subset, losses.get(i)).items()})
