@@ -17,7 +17,7 @@ The file (YAML or JSON) is a list of datasets, or an object whose ``datasets`` k
 Keys of ``infonce`` are the fields of :class:`~mmembed.losses.InfoNCEConfig` or the names of
 the ``INFONCE_*`` variables (``temperature`` or ``INFONCE_TEMPERATURE``); a value is read as
 the variable's text would be, over the variables of the run. A relative path is taken from
-the configuration file's folder. A file that breaks these rules is one :class:`ConfigError`
+the configuration file's folder, else from the working directory. A file that breaks these rules is one :class:`ConfigError`
 naming the file, the dataset and the key; unknown keys are refused.
 
 This module reads and checks the file only (no rows are read): :mod:`mmembed.training.data_assembly`
@@ -134,15 +134,18 @@ def _paths(file: str, name: str, key: str, value: Any, base: str) -> list[str]:
     values = [value] if isinstance(value, str) else value
     if not isinstance(values, list) or not values or not all(isinstance(v, str) and v.strip() for v in values):
         raise ConfigError(file, name, key, f"must be a file or folder, or a list of them, got {value!r}")
+    def exists(p: str) -> bool:
+        return os.path.exists(p) or os.path.exists(re.sub(r"#\d+$", "", p))
+
     out = []
     for v in values:
         v = os.path.expanduser(v.strip())
-        p = v if os.path.isabs(v) else os.path.join(base, v)
-        bare = re.sub(r"#\d+$", "", p)
-        if not os.path.exists(p) and not os.path.exists(bare):
-            raise ConfigError(file, name, key, f"no such file or folder: {v!r} (relative paths are taken from the "
-                                               f"configuration file's folder, {base})")
-        out.append(os.path.normpath(p) if os.path.exists(p) else p)
+        tried = [v] if os.path.isabs(v) else [os.path.join(base, v), os.path.abspath(v)]
+        found = next((p for p in tried if exists(p)), None)
+        if found is None:
+            raise ConfigError(file, name, key, f"no such file or folder: {v!r} (a relative path is taken from the "
+                                               f"configuration file's folder, {base}, then from the working directory)")
+        out.append(os.path.normpath(found) if os.path.exists(found) else found)
     return out
 
 

@@ -104,6 +104,15 @@ def test_entries_read_as_written_relative_to_the_file(data):
     assert not pairs.has_loss_settings and hn.has_loss_settings
 
 
+def test_a_relative_path_falls_back_to_the_working_directory(data, monkeypatch):
+    (data / "sub").mkdir(exist_ok=True)
+    cfg = write_config(data / "sub" / "cwd.yaml", [{"name": "hn", "path": "hn.jsonl"}])
+    with pytest.raises(ConfigError, match="no such file or folder: 'hn.jsonl'"):
+        read_dataset_config(cfg)
+    monkeypatch.chdir(data)
+    assert read_dataset_config(cfg)[0].paths == [str(data / "hn.jsonl")]
+
+
 def _argv(model, *extra):
     return ["--model", model, "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "4",
             "--gradient_accumulation_steps", "1", "--max_length", "64", "--disable_tqdm", "true",
