@@ -472,9 +472,14 @@ def split_dataset(ds, ratio: float, seed: int):
     return parts["train"], parts["test"]
 
 
+#: the Arrow column holding each row's dataset index (``--dataset_config``)
+DATASET_ID = "dataset_id"
+
+
 class EmbeddingDataset(torch.utils.data.Dataset):
     """A torch Dataset over the Arrow samples; ``ds[i]`` decodes row ``i`` into a Sample,
-    with its teacher signals from ``teacher`` (``.npy`` files aligned with the data files)."""
+    with its teacher signals from ``teacher`` (``.npy`` files aligned with the data files)
+    and its dataset index (:attr:`dataset_ids`)."""
 
     def __init__(self, dataset: Any, teacher: Any = None):
         if isinstance(dataset, LoadResult):
@@ -485,9 +490,21 @@ class EmbeddingDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
+    @property
+    def dataset_ids(self) -> np.ndarray:
+        """Each row's dataset index (int64, in row order): the ``dataset_id`` column written
+        for ``--dataset_config`` (an index into ``TrainingData.datasets``), all zeros without it."""
+        names = getattr(self.dataset, "column_names", None) or []
+        if DATASET_ID not in names:
+            return np.zeros(len(self), dtype=np.int64)
+        column = self.dataset.select_columns([DATASET_ID]).with_format("numpy")[DATASET_ID]
+        return np.asarray(column, dtype=np.int64)
+
     def __getitem__(self, index: int) -> Sample:
         row = self.dataset[int(index)]
         sample = Sample.from_json(row["sample"])
+        if DATASET_ID in row:
+            sample.dataset_id = int(row[DATASET_ID])
         if self.teacher is not None:
             self.teacher.attach(sample, int(row["row"]))
         return sample

@@ -58,6 +58,9 @@ class Sample:
     # one embedding per member (anchor, positive, negatives in order)
     teacher_scores: list[float] | None = None
     teacher_embeddings: list[list[float]] | None = None
+    # the index of the training dataset the row came from (--dataset_config; 0 otherwise);
+    # the dataset's ``dataset_id`` column sets it when a row is read from there
+    dataset_id: int = 0
 
     def to_json(self) -> str:
         """The JSON text :meth:`from_json` reads (what the Arrow cache stores). Built from
@@ -80,6 +83,7 @@ class Sample:
             line=d.get("line", 0),
             teacher_scores=d.get("teacher_scores"),
             teacher_embeddings=d.get("teacher_embeddings"),
+            dataset_id=d.get("dataset_id", 0),
         )
 
 

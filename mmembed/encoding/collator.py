@@ -44,6 +44,9 @@ if TYPE_CHECKING:  # the media loader is imported at the first row with media
 #: holding a traceback; pickled inside the batch it arrives whole.
 DATA_ERROR = "data_error"
 
+#: the batch key of each sample's dataset index (:attr:`EmbeddingCollator.with_dataset_ids`)
+DATASET_IDS = "dataset_ids"
+
 
 def raise_batch_error(batch: Any) -> None:
     """Raise the DataError a data-loader worker returned in place of ``batch``, if it did."""
@@ -135,6 +138,9 @@ class EmbeddingCollator:
     # how media are loaded (pixel and frame budgets, downloads; None: the environment's, read
     # at the first row with media); kept on the builder, so it travels to data-loader workers
     media: MediaSettings | None = None
+    # add ``dataset_ids``: a LongTensor [B], each sample's dataset index (``Sample.dataset_id``;
+    # ``--dataset_config``), which the trainer pops before the model's call
+    with_dataset_ids: bool = False
 
     def __post_init__(self):
         try:
@@ -174,6 +180,8 @@ class EmbeddingCollator:
         if any(getattr(side, f.name) is not None for f in fields(side)):
             batch["side"] = side
         batch["labels"] = torch.tensor(labels, dtype=torch.float32)
+        if self.with_dataset_ids:
+            batch[DATASET_IDS] = torch.tensor([s.dataset_id for s in samples], dtype=torch.long)
         return batch
 
 

@@ -142,6 +142,8 @@ def evaluate_beir(
     doc_prefix: str = "",
     ks: Sequence[int] = (1, 10, 100),
     cutoff: int = 10,
+    query_system: str | None = None,
+    doc_system: str | None = None,
 ) -> dict[str, float]:
     """Evaluate a model on one split of a BEIR folder.
 
@@ -150,6 +152,10 @@ def evaluate_beir(
     already-loaded :class:`~mmembed.model.embedder.Embedder` (the trainer's evaluation hook).
     ``folder``: the BEIR folder, or a :class:`BeirData` already loaded (``split`` is then
     ignored), so that repeated evaluations read the files once.
+
+    ``query_system`` / ``doc_system``: the task instruction of each side, put where the
+    model's template puts a system prompt (in place of its default), as training put a
+    dataset's ``query_system`` / ``document_system``.
 
     Returns ``ndcg@10``, ``mrr@10``, ``recall@k`` for ``ks`` (floats) and ``num_queries``,
     ``num_docs`` (ints).
@@ -160,8 +166,17 @@ def evaluate_beir(
         from ..model.embedder import Embedder
 
         embedder = Embedder.from_pretrained(embedder)
-    q_emb = np.asarray(embedder.encode([query_prefix + t for t in data.query_texts], batch_size=batch_size), dtype=np.float32)
-    d_emb = np.asarray(embedder.encode([doc_prefix + t for t in data.doc_texts], batch_size=batch_size), dtype=np.float32)
+    def inputs(texts: list[str], prefix: str, system: str | None) -> list[Any]:
+        if system is None:
+            return [prefix + t for t in texts]
+        from ..data.sample import Item
+
+        return [Item(text=prefix + t, system=system) for t in texts]
+
+    q_emb = np.asarray(embedder.encode(inputs(data.query_texts, query_prefix, query_system), batch_size=batch_size),
+                       dtype=np.float32)
+    d_emb = np.asarray(embedder.encode(inputs(data.doc_texts, doc_prefix, doc_system), batch_size=batch_size),
+                       dtype=np.float32)
     depth = max(*ks, cutoff)
     doc_pos = {d: i for i, d in enumerate(data.doc_ids)}
     missing = sum(1 for q in data.query_ids for d, g in data.qrels[q].items() if g > 0 and d not in doc_pos)

@@ -7,7 +7,7 @@ evaluation); run on the model as it is at each evaluation, through the same
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..encoding.templates import Template
@@ -22,24 +22,37 @@ class HeldOutTasks:
     max_length: int
     beir: Any = None
     sts: tuple[list[str], list[str], list[float]] | None = None
+    # named BEIR folders (--eval_beir name=folder): name -> BeirData, and the (query,
+    # document) instructions each is embedded with
+    beir_named: dict[str, Any] = field(default_factory=dict)
+    instructions: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, template: Template, max_length: int, beir: str | None = None, beir_split: str = "test",
-             sts: str | None = None) -> HeldOutTasks:
-        """Read the files now.
+    def load(cls, template: Template, max_length: int, beir: str | list | None = None, beir_split: str = "test",
+             sts: str | None = None, instructions: dict[str, tuple[str | None, str | None]] | None = None,
+             ) -> HeldOutTasks:
+        """Read the files now. ``beir``: a folder, or ``(name, folder)`` pairs (name None: the
+        unnamed folder, whose metrics are ``beir_*``; a named one's are ``beir_<name>_*``);
+        ``instructions``: ``name -> (query instruction, document instruction)`` for named ones.
 
         Raises:
             ValueError: a BEIR folder that cannot be used (the message names it).
             DataError: a bad STS row (file, line and field).
         """
-        tasks = cls(template, max_length)
-        if beir:
+        tasks = cls(template, max_length, instructions=dict(instructions or {}))
+        pairs = [(None, beir)] if isinstance(beir, str) else list(beir or [])
+        if pairs:
             from .beir import load_beir
 
-            try:
-                tasks.beir = load_beir(beir, beir_split)
-            except ValueError as e:
-                raise ValueError(f"--eval_beir: {e}") from None
+            for name, folder in pairs:
+                try:
+                    data = load_beir(folder, beir_split)
+                except ValueError as e:
+                    raise ValueError(f"--eval_beir {folder if name is None else f'{name}={folder}'}: {e}") from None
+                if name is None:
+                    tasks.beir = data
+                else:
+                    tasks.beir_named[name] = data
         if sts:
             from .sts import read_pairs
 
@@ -47,7 +60,7 @@ class HeldOutTasks:
         return tasks
 
     def __bool__(self) -> bool:
-        return self.beir is not None or self.sts is not None
+        return self.beir is not None or self.sts is not None or bool(self.beir_named)
 
     def evaluate(self, model, processing, device: str, batch_size: int) -> dict[str, float]:
         """``beir_*`` and ``sts_*`` metrics of ``model`` (an ``EmbeddingModel``, left in eval mode)."""
@@ -59,6 +72,10 @@ class HeldOutTasks:
         out: dict[str, float] = {}
         if self.beir is not None:
             out.update({f"beir_{k}": v for k, v in evaluate_beir(embedder, self.beir, batch_size=batch_size).items()})
+        for name, data in self.beir_named.items():
+            query, document = self.instructions.get(name, (None, None))
+            found = evaluate_beir(embedder, data, batch_size=batch_size, query_system=query, doc_system=document)
+            out.update({f"beir_{name}_{k}": v for k, v in found.items()})
         if self.sts is not None:
             sts = evaluate_pairs(lambda texts: embedder.encode(texts, batch_size=batch_size), *self.sts)
             out.update({f"sts_{k}": v for k, v in sts.items()})

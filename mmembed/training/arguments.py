@@ -132,6 +132,7 @@ class SftArguments(TrainingArguments):
     length_buckets: bool | None = field(default=None, metadata={"help": "pad text batches to a bounded set of widths (default: on a GPU, off on a CPU)"})
     # data
     dataset: list[str] = field(default_factory=list, metadata={"help": "data files / folders, path#N samples N rows"})
+    dataset_config: str | None = field(default=None, metadata={"help": "several datasets in a YAML or JSON file, each with its name, path, weight, query_system / document_system, loss settings and val rows (instead of --dataset; README: Several datasets and instructions)"})
     columns: str | None = field(default=None, metadata={"help": "rename row fields before reading, as JSON: '{\"text1\": \"query\", \"text2\": \"response\"}'"})
     val_dataset: list[str] = field(default_factory=list)
     split_dataset_ratio: float = 0.0
@@ -153,7 +154,7 @@ class SftArguments(TrainingArguments):
     loss_type: str = "infonce"
     loss_kwargs: str | None = field(default=None, metadata={"help": "options of the loss as JSON, e.g. '{\"margin\": 0.05}'"})
     mrl_dims: str | None = field(default=None, metadata={"help": "Matryoshka: '{\"64\": 1.0, \"128\": 1.0}' (width: weight)"})
-    eval_beir: str | None = field(default=None, metadata={"help": "also evaluate retrieval on this BEIR folder at every evaluation"})
+    eval_beir: list[str] = field(default_factory=list, metadata={"help": "also evaluate retrieval on this BEIR folder at every evaluation; several as name=folder pairs (with --dataset_config, a dataset's name gives its instructions)"})
     eval_beir_split: str = field(default="test", metadata={"help": "the qrels split of --eval_beir"})
     eval_sts: str | None = field(default=None, metadata={"help": "also evaluate STS (Spearman, Pearson) and pair retrieval on these scored pairs at every evaluation"})
     guide_model: str | None = field(default=None, metadata={"help": "gist: the guide model (checkpoint, exported or base folder)"})
@@ -202,6 +203,7 @@ class SftArguments(TrainingArguments):
         _check_streaming(self)
         _check_loss_args(self)
         _check_swift_flags(self)
+        _check_dataset_config(self)
         if self.learning_rate is None:
             self.learning_rate = 1e-4 if self.tuner_type == "lora" else 1e-5
         if self.gradient_accumulation_steps is None:
@@ -211,7 +213,8 @@ class SftArguments(TrainingArguments):
             if self.warmup_steps:
                 raise UsageError("pass --warmup_ratio or --warmup_steps, not both")
             self.warmup_steps = self.warmup_ratio
-        has_val = bool(self.val_dataset) or self.split_dataset_ratio > 0 or bool(self.eval_beir) or bool(self.eval_sts)
+        has_val = bool(self.val_dataset) or self.split_dataset_ratio > 0 or bool(self.eval_beir) or bool(self.eval_sts) \
+            or any(entry.val for entry in self.dataset_entries)
         if self.eval_strategy is None:
             self.eval_strategy = "steps" if has_val else "no"
         elif str(self.eval_strategy) != "no" and not has_val:
@@ -551,6 +554,61 @@ def _check_swift_flags(args: SftArguments) -> None:
                          "need every dataset's rows up front: leave out --streaming (or these flags)")
 
 
+def _check_dataset_config(args: SftArguments) -> None:
+    """``--dataset_config``: read and checked now (:func:`~mmembed.data.dataset_config.read_dataset_config`),
+    its datasets kept as ``args.dataset_entries`` (empty without it); the flags it replaces
+    are refused beside it. ``--eval_beir`` is checked here too (its ``name=folder`` pairs)."""
+    from ..data.dataset_config import ConfigError, read_dataset_config
+
+    args.dataset_entries = []
+    beir_pairs(args.eval_beir)
+    if not args.dataset_config:
+        return
+    if args.dataset:
+        raise UsageError(f"--dataset and --dataset_config {args.dataset_config} both give training data: use one. "
+                         "With --dataset_config every dataset is listed in the file (its 'path'); leave out --dataset")
+    if args.val_dataset:
+        raise UsageError("--val_dataset cannot be used with --dataset_config: give each dataset its validation rows "
+                         "in the file ('val'), which also makes its eval_<name>_* metrics")
+    if args.streaming:
+        raise UsageError("--streaming true cannot be used with --dataset_config: its datasets are read whole "
+                         "(their sizes set the samplers' shares); leave out --streaming")
+    files = [f"--{f}" for f in ("teacher_scores_file", "teacher_embeddings_file") if getattr(args, f)]
+    if files:
+        raise UsageError(f"{' '.join(files)} cannot be used with --dataset_config (they align with --dataset's "
+                         "files); give the teacher's signals in the rows, or use --dataset")
+    try:
+        args.dataset_entries = read_dataset_config(args.dataset_config)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    for flag, task in (("--eval_sts", "sts"), ("--eval_beir", "beir")):  # eval_<task>_* would mean both
+        if getattr(args, flag[2:]) and any(e.name == task for e in args.dataset_entries):
+            raise UsageError(str(ConfigError(os.path.abspath(args.dataset_config), task, "name",
+                                             f"with {flag} the dataset's eval_{task}_* metrics would mix with the "
+                                             f"task's: name the dataset otherwise")))
+
+
+def beir_pairs(values: list[str]) -> list[tuple[str | None, str]]:
+    """``--eval_beir``'s values as ``(name, folder)``: ``name=folder`` pairs, or one folder
+    alone (name None). A folder whose own name holds '=' is taken whole when it exists."""
+    pairs: list[tuple[str | None, str]] = []
+    values = [values] if isinstance(values, str) else list(values or [])
+    for value in values:
+        name, sep, folder = value.partition("=")
+        if not sep or os.path.isdir(value):
+            pairs.append((None, value))
+        elif not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", name) or not folder:
+            raise UsageError(f"--eval_beir {value!r}: expected name=folder (a name of letters, digits, '_' and '-')")
+        else:
+            pairs.append((name, folder))
+    names = [n for n, _ in pairs]
+    if len(pairs) > 1 and None in names:
+        raise UsageError(f"--eval_beir {' '.join(values)}: with several folders name each one (name=folder)")
+    if len(set(names)) < len(names):
+        raise UsageError(f"--eval_beir {' '.join(values)}: a name is given twice")
+    return pairs
+
+
 def _check_loss_args(args: SftArguments) -> None:
     """What can be checked of the loss flags before anything loads; what depends on the
     loss's declarations is checked by :func:`check_side_flags` once it is built."""
@@ -756,6 +814,6 @@ def parse_sft_args(argv: list[str]) -> SftArguments:
     if rest:
         unknown = [r for r in rest if r.startswith("-")] or rest
         raise UsageError(f"unknown flag(s): {' '.join(unknown)} (see `mmembed sft --help`)")
-    if not args.dataset:
-        raise UsageError("--dataset is required (data files or folders)")
+    if not args.dataset and not args.dataset_config:
+        raise UsageError("--dataset is required (data files or folders), or --dataset_config FILE")
     return args

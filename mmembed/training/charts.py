@@ -116,14 +116,46 @@ def draw_series(log_history: Sequence[dict[str, Any]], folder: str,
     has not changed since and whose file is there is not drawn again (the end of training
     usually follows a save at the same step)."""
     paths = []
-    for name, series in chart_series(log_history).items():
+    all_series = chart_series(log_history)
+    for name, series in all_series.items():
         path = os.path.join(folder, f"{name}.png")
         if drawn is None or drawn.get(name) != series or not os.path.isfile(path):
             save_figure(plot_series(name, *series), path)
             if drawn is not None:
                 drawn[name] = series
         paths.append(path)
+    # --dataset_config: the training loss of each dataset (loss_<name>) in one chart
+    by_dataset = {name[len("loss_"):]: series for name, series in all_series.items() if name.startswith("loss_")}
+    if by_dataset:
+        path = os.path.join(folder, f"{BY_DATASET}.png")
+        key = f"{BY_DATASET} {sorted(by_dataset.items())}"
+        if drawn is None or drawn.get(BY_DATASET) != key or not os.path.isfile(path):
+            save_figure(plot_lines("train loss by dataset", by_dataset), path)
+            if drawn is not None:
+                drawn[BY_DATASET] = key
+        paths.append(path)
     return paths
+
+
+#: the chart of every dataset's training loss (``loss_<name>``), one line each
+BY_DATASET = "train_loss_by_dataset"
+
+
+def plot_lines(title: str, lines: dict[str, tuple[list[int], list[float]]]):
+    """A matplotlib ``Figure``: one line per entry of ``lines`` (label -> steps, values)."""
+    from matplotlib.ticker import MaxNLocator
+
+    fig = _figure(margins={"left": 0.13, "right": 0.97, "bottom": 0.12, "top": 0.9})
+    ax = fig.subplots()
+    for label, (steps, values) in lines.items():
+        ax.plot(steps, values, marker="o" if len(steps) <= 30 else None, markersize=3, linewidth=1.5, label=label)
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
 
 
 Similarities = dict[str, np.ndarray]  # kind ("positive", "hard negative", ...) -> cosines
@@ -200,12 +232,14 @@ def eval_similarities(trainer) -> Similarities | None:
             batch = trainer._prepare_inputs(batch)
             labels.append(batch.pop("labels").float())
             batch.pop("side", None)
+            batch.pop("dataset_ids", None)
             embs.append(model(**batch)["last_hidden_state"].float())
         for _ in range(int(rounds.item()) - len(loader)):  # this process's share ran out first
             if batch is None:
                 batch = trainer._prepare_inputs(trainer.data_collator([dataset[0]]))
                 batch.pop("labels")
                 batch.pop("side", None)
+                batch.pop("dataset_ids", None)
             model(**batch)
     model.train(was_training)
     width = embs[0].shape[1] if embs else 0

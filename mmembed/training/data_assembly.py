@@ -22,9 +22,12 @@ import dataclasses
 import json
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ..data import EmbeddingDataset, SpecError, load_samples
+from ..data.dataset_config import DatasetEntry, DatasetInfo
 from ..data.sample import DataError, Sample
 from ..data.streaming import StreamingSamples, stream_samples
 from ..data.teacher import TeacherFiles, teacher_signal
@@ -33,7 +36,7 @@ from ..encoding.collator import token_lengths
 from ..encoding.inputs import InputBuilder
 from ..eval.tasks import HeldOutTasks
 from ..losses import EmbeddingLoss
-from .arguments import SftArguments, UsageError
+from .arguments import SftArguments, UsageError, beir_pairs
 from .model_assembly import Encoding
 
 if TYPE_CHECKING:  # the media loader is imported at the first row with media (qwen-vl-utils: about a second)
@@ -53,6 +56,15 @@ class TrainingData:
     teacher_width: int | None = None
     # rows read per data file (bad ones included), for the model card
     files: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    # the training datasets, indexed by EmbeddingDataset.dataset_ids (one for --dataset)
+    datasets: list[DatasetInfo] = dataclasses.field(default_factory=list)
+    # --dataset_config: the loss of each dataset with its own loss settings, by its index
+    losses: dict[int, EmbeddingLoss] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.datasets:
+            rows = len(self.train) if hasattr(self.train, "__len__") else 0  # a stream: unknown
+            self.datasets = [DatasetInfo("default", 1.0, rows, val_rows=len(self.val) if self.val is not None else 0)]
 
     @classmethod
     def load(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, media: MediaSettings) -> TrainingData:
@@ -66,6 +78,8 @@ class TrainingData:
                          load_from_cache_file=args.load_from_cache_file,
                          columns=json.loads(args.columns) if args.columns else None,
                          label_rule=loss.label_rule, media_kinds=frozenset(encoding.template.media))
+        if getattr(args, "dataset_config", None):
+            return cls.load_config(args, encoding, loss, media, load_opts)
         if args.streaming:
             return cls.stream(args, encoding, loss, media, load_opts)
         loaded = load_samples(args.dataset, split_ratio=0.0 if args.val_dataset else args.split_dataset_ratio,
@@ -143,6 +157,84 @@ class TrainingData:
             val = drop_overlong(val, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "val", args.strict)
         return cls(train, EmbeddingDataset(val) if val is not None else None, files=files)
 
+    # ------------------------------------------------------------------ --dataset_config
+    @classmethod
+    def load_config(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, media: MediaSettings,
+                    load_opts: dict) -> TrainingData:
+        """``--dataset_config``: each dataset's rows read (``sample: N`` as ``#N``), its
+        instructions put on the rows that give no system of their own (``query_system`` on the
+        anchors, ``document_system`` on the positives and negatives), checked against its own
+        loss, and tagged with its index (the ``dataset_id`` column); the validation rows
+        likewise (its ``val`` files, or its ``--split_dataset_ratio`` share). Then the datasets
+        are concatenated (and shuffled together, ``--dataset_shuffle``), their remote media
+        fetched and their lengths checked as for ``--dataset``. Logs the start-up report
+        (:func:`dataset_report`)."""
+        import datasets as hf_datasets
+
+        entries: list[DatasetEntry] = args.dataset_entries
+        losses = {i: own for i, e in enumerate(entries) if (own := dataset_loss(args, e)) is not None}
+        sampler = getattr(args, "multi_dataset_sampler", None) or "mixed"  # (mixed: ms-swift's order)
+        if losses and sampler == "mixed":
+            named = ", ".join(entries[i].name for i in losses)
+            raise UsageError(f"--dataset_config {args.dataset_config}: dataset(s) {named} have loss settings of their "
+                             "own, which need every batch from one dataset; --multi_dataset_sampler mixed puts rows of "
+                             "all datasets in a batch: use --multi_dataset_sampler proportional, round_robin or "
+                             "weighted, or move the settings to the INFONCE_* variables / --loss_kwargs")
+        trains, vals, files = [], [], {"train": {}, "val": {}}
+        for i, entry in enumerate(entries):
+            opts = dict(load_opts, seed=(args.data_seed or 0) + i)  # data_seed for the first: one dataset = --dataset
+            rule = (losses.get(i) or loss).negatives_rule
+            ratio = 0.0 if entry.val else args.split_dataset_ratio
+            try:
+                loaded = load_samples(entry.specs(), split_ratio=ratio, shuffle=args.dataset_shuffle, **opts)
+            except SpecError as e:
+                raise SpecError(f"--dataset_config {args.dataset_config}: dataset {entry.name}: {e}") from None
+            train, val = loaded.dataset, loaded.val
+            if entry.sample is not None and len(entry.paths) > 1:  # #N over the dataset's files together
+                train = sample_rows(train, entry.sample, opts["seed"], args.dataset_shuffle, entry.name)
+            files["train"].update(loaded.records)
+            if entry.val:
+                val_loaded = load_samples(entry.val, split_ratio=1.0, shuffle=args.val_dataset_shuffle, **opts)
+                val = val_loaded.dataset
+                files["val"].update(val_loaded.records)
+            train = with_instructions(train, entry)
+            train = check_trainable(train, rule, args.strict, f"train ({entry.name})")
+            trains.append(with_dataset_id(train, i))
+            if val is not None:
+                val = with_instructions(val, entry)
+                # scored with the dataset's loss (eval_<name>_*) and, pooled, with the run's (eval_*)
+                for each in {id(r): r for r in (rule, loss.negatives_rule) if r is not None and r.breaks}.values():
+                    val = check_trainable(val, each, args.strict, f"val ({entry.name})")
+                vals.append(with_dataset_id(val, i))
+        train = trains[0] if len(trains) == 1 else hf_datasets.concatenate_datasets(trains)
+        if len(trains) > 1 and args.dataset_shuffle:
+            train = train.shuffle(seed=args.data_seed)
+        val = None if not vals else vals[0] if len(vals) == 1 else hf_datasets.concatenate_datasets(vals)
+        train, val = fetch_remote_media(train, val, args.strict, media.downloads)
+        if args.truncation_strategy == "delete" or encoding.template.media:
+            truncate = args.truncation_strategy != "delete"
+            builder = length_builder(encoding, media)
+            train = drop_overlong(train, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "train",
+                                  args.strict, truncate)
+            if val is not None:
+                val = drop_overlong(val, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "val",
+                                    args.strict, truncate)
+        train_set = EmbeddingDataset(train)
+        val_set = EmbeddingDataset(val) if val is not None else None
+        rows = np.bincount(train_set.dataset_ids, minlength=len(entries))
+        val_rows = np.bincount(val_set.dataset_ids, minlength=len(entries)) if val_set is not None else rows * 0
+        infos = [DatasetInfo(e.name, e.weight, int(rows[i]), e, int(val_rows[i])) for i, e in enumerate(entries)]
+        empty = [info.name for info in infos if info.rows == 0]
+        if empty:
+            raise SpecError(f"--dataset_config {args.dataset_config}: no training rows left in dataset(s) "
+                            f"{', '.join(empty)}: every row is longer than --max_length {encoding.max_length} or has "
+                            "media that cannot be loaded (listed above); raise --max_length or use "
+                            "--truncation_strategy right")
+        data = cls(train_set, val_set, files={k: v for k, v in files.items() if v}, datasets=infos, losses=losses)
+        data.teacher_key, data.teacher_width = data_teacher(args, loss, data.train)
+        logger.info("%s", dataset_report(infos, data.train, encoding, losses, loss, sampler))
+        return data
+
 
 def data_teacher(args: SftArguments, loss: EmbeddingLoss, train: EmbeddingDataset) -> tuple[str | None, int | None]:
     """Distillation without ``--teacher_model``: the teacher signal every training row must
@@ -183,13 +275,147 @@ def load_eval_tasks(args: SftArguments, encoding: Encoding) -> HeldOutTasks | No
     """``--eval_beir`` and ``--eval_sts``, read and checked before training."""
     if not (args.eval_beir or args.eval_sts):
         return None
+    # a named folder takes the instructions of the --dataset_config dataset of its name
+    instructions = {e.name: (e.query_system, e.document_system) for e in getattr(args, "dataset_entries", [])}
     try:
-        return HeldOutTasks.load(encoding.template, encoding.max_length or 512, beir=args.eval_beir,
-                                 beir_split=args.eval_beir_split, sts=args.eval_sts)
+        return HeldOutTasks.load(encoding.template, encoding.max_length or 512, beir=beir_pairs(args.eval_beir),
+                                 beir_split=args.eval_beir_split, sts=args.eval_sts, instructions=instructions)
     except ValueError as e:
         if isinstance(e, DataError):
             raise
         raise UsageError(str(e)) from None
+
+
+# ----------------------------------------------------------------------------- --dataset_config
+
+
+def infonce_overrides(entry: DatasetEntry, file: str) -> dict[str, Any]:
+    """A dataset's ``infonce`` settings as :class:`~mmembed.losses.InfoNCEConfig` fields, each
+    read as its ``INFONCE_*`` variable's text would be (a null: the variable unset)."""
+    from ..data.dataset_config import INFONCE_KEYS, ConfigError
+    from ..losses import InfoNCEConfig
+
+    by_var = {v: k for k, v in INFONCE_KEYS.items()}
+    out: dict[str, Any] = {}
+    for var, text in entry.infonce.items():
+        name = by_var[var]
+        try:
+            out[name] = getattr(InfoNCEConfig.from_env({var: text}), name)
+        except ValueError as e:
+            raise UsageError(str(ConfigError(file, entry.name, f"infonce.{name}", str(e)))) from None
+    return out
+
+
+def dataset_loss(args: SftArguments, entry: DatasetEntry) -> EmbeddingLoss | None:
+    """The loss of a dataset with loss settings of its own (None without): ``--loss_type``
+    built as :func:`~mmembed.training.model_assembly.make_loss` builds it, with the
+    dataset's ``loss_kwargs`` over ``--loss_kwargs`` and its ``infonce`` settings over both
+    (and over the ``INFONCE_*`` variables, which the loss reads for the settings not given)."""
+    from ..data.dataset_config import ConfigError
+    from ..errors import one_line
+    from ..losses import build_loss
+
+    if not entry.has_loss_settings:
+        return None
+    file = os.path.abspath(args.dataset_config)
+    infonce = infonce_overrides(entry, file)
+    options = {**(json.loads(args.loss_kwargs) if args.loss_kwargs else {}), **entry.loss_kwargs, **infonce}
+    try:
+        if args.mrl_dims:
+            return build_loss("matryoshka", dims=args.mrl_dims, inner=args.loss_type, **options)
+        return build_loss(args.loss_type, **options)
+    except ValueError as e:
+        text = one_line(e)
+        key = next((f"infonce.{k}" for k in infonce if repr(k) in text), None)
+        key = key or next((f"loss_kwargs.{k}" for k in entry.loss_kwargs if repr(k) in text), "loss_kwargs")
+        raise UsageError(str(ConfigError(file, entry.name, key, f"--loss_type {args.loss_type}: {text}"))) from None
+
+
+def sample_rows(ds, n: int, seed: int, shuffle: bool, name: str):
+    """``sample: N`` over a dataset of several files: N of their rows together, drawn as
+    ms-swift's ``#N`` draws them from one file (:func:`~mmembed.data.dataset.sample_indices`)."""
+    from ..data.dataset import sample_indices
+
+    if n > len(ds):
+        logger.warning("dataset %s: sample %d is more than its %d rows, so rows repeat", name, n, len(ds))
+    return ds.select(sample_indices(len(ds), n, np.random.RandomState(seed), shuffle))
+
+
+def with_instructions(ds, entry: DatasetEntry):
+    """``ds`` with the dataset's ``query_system`` on every anchor and ``document_system`` on
+    every positive and negative whose row gives no system of its own (a row's own wins)."""
+    if entry.query_system is None and entry.document_system is None:
+        return ds
+    import hashlib
+
+    query, document = entry.query_system, entry.document_system
+
+    def apply(batch: dict[str, list]) -> dict[str, list]:
+        out = []
+        for text in batch["sample"]:
+            sample = Sample.from_json(text)
+            if query is not None and sample.anchor.system is None:
+                sample.anchor.system = query
+            if document is not None:
+                for item in (*sample.positives, *sample.negatives):
+                    if item.system is None:
+                        item.system = document
+            out.append(sample.to_json())
+        return {"sample": out}
+
+    key = hashlib.sha256(json.dumps([ds._fingerprint, query, document]).encode()).hexdigest()[:32]
+    return ds.map(apply, batched=True, new_fingerprint=key, desc=f"instructions ({entry.name})")
+
+
+def with_dataset_id(ds, index: int):
+    """``ds`` with its ``dataset_id`` column (:data:`~mmembed.data.dataset.DATASET_ID`) set to ``index``."""
+    from ..data.dataset import DATASET_ID
+
+    if DATASET_ID in ds.column_names:
+        ds = ds.remove_columns(DATASET_ID)
+    return ds.add_column(DATASET_ID, np.full(len(ds), index, dtype=np.int64))
+
+
+#: how each --multi_dataset_sampler shares the steps among the datasets
+SHARES = {"proportional": "by size", "mixed": "by size (rows of all datasets in every batch)",
+          "weighted": "by weight", "round_robin": "equal"}
+
+
+def expected_shares(infos: list[DatasetInfo], sampler: str | None) -> list[float]:
+    """Each dataset's expected share of the training steps (``mixed``: of the rows) under
+    ``sampler``: ``weighted`` by weight, ``round_robin`` equal, otherwise by size."""
+    if sampler == "weighted":
+        values = [info.weight for info in infos]
+    elif sampler == "round_robin":
+        values = [1.0 for _ in infos]
+    else:
+        values = [float(info.rows) for info in infos]
+    total = sum(values) or 1.0
+    return [v / total for v in values]
+
+
+def dataset_report(infos: list[DatasetInfo], train: EmbeddingDataset, encoding: Encoding,
+                   losses: dict[int, EmbeddingLoss], loss: EmbeddingLoss, sampler: str | None) -> str:
+    """The start-up report of a ``--dataset_config`` run: per dataset its rows, weight,
+    expected share of the steps, one query and one document as the model reads them
+    (instructions applied, template rendered) and the loss settings in force."""
+    sampler_name = sampler or "mixed"
+    shares = expected_shares(infos, sampler_name)
+    ids = train.dataset_ids
+    lines = [f"{len(infos)} training datasets (--multi_dataset_sampler {sampler_name}: shares "
+             f"{SHARES.get(sampler_name, 'by size')}):"]
+    for i, (info, share) in enumerate(zip(infos, shares)):
+        first = np.flatnonzero(ids == i)
+        sample = train[int(first[0])] if len(first) else None
+        lines.append(f"  {info.name}: {info.rows} rows" + (f" (+{info.val_rows} val)" if info.val_rows else "")
+                     + f", weight {info.weight:g}, expected share {share:.1%}")
+        if sample is not None:
+            lines.append(f"    query:    {encoding.template.render(sample.anchor)!r}")
+            if sample.positives:
+                lines.append(f"    document: {encoding.template.render(sample.positives[0])!r}")
+        settings = " ".join(repr(losses.get(i, loss)).split())
+        lines.append(f"    loss: {settings}" + ("" if i in losses else " (the run's)"))
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- rows that cannot train

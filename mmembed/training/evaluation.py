@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 
-from ..encoding.collator import raise_batch_error
+from ..encoding.collator import DATASET_IDS, raise_batch_error
 from ..eval.metrics import layout_metrics
 from ..losses import Layout
 from ..model.embedding import hidden_size
@@ -38,6 +39,7 @@ def evaluation_metrics(trainer, dataset=None, prefix: str = "eval") -> dict[str,
     dataset = dataset if dataset is not None else trainer.eval_dataset
     if dataset is not None:
         metrics.update(dataset_metrics(trainer, dataset))
+        metrics.update(per_dataset_metrics(trainer, dataset, metrics))
     elif not trainer.eval_tasks:
         raise ValueError("nothing to evaluate: no eval dataset, --eval_beir or --eval_sts")
     metrics.update(task_metrics(trainer))
@@ -59,14 +61,41 @@ def eval_loader(dataset, args, collate_fn) -> DataLoader:
 
 
 @torch.no_grad()
-def dataset_metrics(trainer, dataset) -> dict[str, float]:
+def per_dataset_metrics(trainer, dataset, pooled: dict[str, float] | None = None) -> dict[str, float]:
+    """``--dataset_config``: the metrics of each dataset's own validation rows (as
+    :func:`dataset_metrics`, with the dataset's loss), named ``<name>_<metric>``; nothing
+    when the trainer has no dataset names or the eval set no ``dataset_ids``. ``pooled``: the
+    whole set's metrics, taken as they are when all its rows are one dataset's that has the
+    run's loss (the same numbers, not embedded again)."""
+    names = getattr(trainer, "dataset_names", None)
+    ids = getattr(dataset, "dataset_ids", None)
+    if not names or ids is None or not hasattr(dataset, "dataset"):
+        return {}
+    losses = {i: f.loss for i, f in getattr(trainer, "dataset_loss_fns", {}).items()}
+    out: dict[str, float] = {}
+    for i, name in enumerate(names):
+        rows = np.flatnonzero(ids == i)
+        if not len(rows):
+            continue
+        if pooled is not None and len(rows) == len(ids) and i not in losses:
+            out.update({f"{name}_{k}": v for k, v in pooled.items()})
+            continue
+        subset = type(dataset)(dataset.dataset.select(rows), dataset.teacher)
+        out.update({f"{name}_{k}": v for k, v in dataset_metrics(trainer, subset, losses.get(i)).items()})
+    return out
+
+
+@torch.no_grad()
+def dataset_metrics(trainer, dataset, loss=None) -> dict[str, float]:
     """Embed the eval set once: its loss (when the batches carry what the loss needs)
-    and ms-swift's metrics plus retrieval within the set."""
+    and ms-swift's metrics plus retrieval within the set. ``loss``: the loss to score it with
+    (default the trainer's)."""
     model = trainer.model
     was_training = model.training
     model.eval()
     device = trainer.args.device
-    loss_fn, needs = trainer.loss, trainer.loss.side  # per-batch loss, no cross-process scaling
+    loss = loss if loss is not None else trainer.loss
+    loss_fn, needs = loss, loss.side  # per-batch loss, no cross-process scaling
     embs, labels = [], []
     # (sum of batch loss * its terms, terms): the terms the loss averages (groups, pairs, rows)
     loss_sum = torch.zeros(2, dtype=torch.float64, device=device)
@@ -81,6 +110,7 @@ def dataset_metrics(trainer, dataset) -> dict[str, float]:
         raise_batch_error(batch)
         batch = trainer._prepare_inputs(batch)
         lab = batch.pop("labels")
+        batch.pop(DATASET_IDS, None)
         side = trainer.side_inputs(batch.pop("side", None))
         out = {**model(**batch), **side.outputs()}
         # eval rows may lack the data's teacher: then no eval loss, the metrics still
@@ -97,6 +127,7 @@ def dataset_metrics(trainer, dataset) -> dict[str, float]:
             batch = trainer._prepare_inputs(trainer.data_collator([dataset[0]]))
             batch.pop("labels")
             batch.pop("side", None)
+            batch.pop(DATASET_IDS, None)
         model(**batch)
     if was_training:
         model.train()
@@ -118,11 +149,11 @@ def dataset_metrics(trainer, dataset) -> dict[str, float]:
     # a group loss's margin / mean_neg come from what it weighs (its INFONCE_* settings), with
     # the hard-negative padding drawn from a generator of its own (same every evaluation); a
     # pair loss has no candidates (None)
-    view = getattr(trainer.loss, "candidate_scores", None)
+    view = getattr(loss, "candidate_scores", None)
     candidates = None if view is None else view(
         {"last_hidden_state": torch.from_numpy(emb)}, torch.from_numpy(lab),
         generator=torch.Generator().manual_seed(trainer.args.seed))
-    metrics.update(layout_metrics(trainer.loss.layout, emb, lab, candidates=candidates))
+    metrics.update(layout_metrics(loss.layout, emb, lab, candidates=candidates))
     return metrics
 
 
@@ -148,10 +179,13 @@ def logged_metric_name(name: str, prefix: str = "eval") -> str:
     return f"{prefix}_{name.replace('@', '_at_')}"
 
 
-def eval_metric_names(layout: Layout, dataset: bool, beir: bool, sts: bool) -> set[str]:
+def eval_metric_names(layout: Layout, dataset: bool, beir, sts: bool, datasets=()) -> set[str]:
     """Every metric name :meth:`EmbeddingTrainer.evaluate` logs for a run with an eval set
     (``dataset``) of the loss's ``layout`` and the ``--eval_beir`` / ``--eval_sts`` tasks: the
-    metric functions run on a few random vectors, so the names are theirs, not a copy."""
+    metric functions run on a few random vectors, so the names are theirs, not a copy.
+    ``beir``: whether there is one BEIR folder, or the names of the ``--eval_beir`` folders
+    (None for an unnamed one); ``datasets``: the ``--dataset_config`` datasets with
+    validation rows (their ``<name>_*`` metrics)."""
     import numpy as np
 
     from ..eval.beir import BeirData, evaluate_beir
@@ -168,14 +202,17 @@ def eval_metric_names(layout: Layout, dataset: bool, beir: bool, sts: bool) -> s
             return unit(len(texts))
 
     names: set[str] = set()
-    if dataset:
-        names.add("loss")
+    if dataset or datasets:
         # pairs: s1_0 s2_0 s1_1 s2_1 s1_2 s2_2; groups: a0 p0 n0, a1 p1
         rows, labels = (6, [0.0, 1.0, 0.5]) if Layout(layout) is Layout.PAIR else (5, [1.0, 0.0, 1.0])
-        names |= set(layout_metrics(layout, unit(rows), np.array(labels)))
-    if beir:
+        of_a_set = {"loss", *layout_metrics(layout, unit(rows), np.array(labels))}
+        names |= of_a_set
+        names |= {f"{name}_{k}" for name in datasets for k in of_a_set}
+    beir_names = ([None] if beir else []) if isinstance(beir, bool) else list(beir)
+    if beir_names:
         data = BeirData(["d0", "d1"], ["x", "y"], ["q0"], ["q"], {"q0": {"d0": 1.0}})
-        names |= {f"beir_{k}" for k in evaluate_beir(Vectors(), data)}
+        found = list(evaluate_beir(Vectors(), data))
+        names |= {f"beir_{name}_{k}" if name else f"beir_{k}" for name in beir_names for k in found}
     if sts:
         names |= {f"sts_{k}" for k in evaluate_pairs(Vectors().encode, ["a", "b"], ["c", "d"], [1.0, 0.0])}
     return {logged_metric_name(k) for k in names}

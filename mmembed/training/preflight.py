@@ -20,7 +20,7 @@ from ..data.dataset import parse_spec
 from ..encoding.templates import Template
 from ..losses import EmbeddingLoss, Setup
 from ..model.embedding import check_model_folder, hidden_size
-from .arguments import SftArguments, UsageError, check_side_flags
+from .arguments import SftArguments, UsageError, beir_pairs, check_side_flags
 from .model_assembly import lora_target_modules, make_loss, parts_to_freeze, read_model_config, resolve_template
 from .trainer import eval_metric_names
 
@@ -63,7 +63,8 @@ def check_settings(args: SftArguments) -> MediaSettings:
                 parse_spec(spec)  # a path that is not there, a hub id, a bad #N: the user's data (exit status 1)
             except SpecError as e:
                 raise SpecError(f"--{flag}: {e}") from None
-    files = [("--eval_sts", args.eval_sts, os.path.isfile), ("--eval_beir", args.eval_beir, os.path.isdir)]
+    files = [("--eval_sts", args.eval_sts, os.path.isfile)]
+    files += [("--eval_beir", folder, os.path.isdir) for _, folder in beir_pairs(args.eval_beir)]
     files += [(f"--{flag}", path, os.path.isfile) for flag in ("teacher_scores_file", "teacher_embeddings_file")
               for path in getattr(args, flag)]
     for flag, path, exists in files:
@@ -126,10 +127,13 @@ def check_metric_for_best_model(args: SftArguments, loss: EmbeddingLoss) -> None
     the ``eval_`` prefix, as transformers reads it), so a typo is refused now rather than a
     KeyError at the first evaluation. A run that evaluates nothing never reads it."""
     name = args.metric_for_best_model
-    dataset = bool(args.val_dataset) or args.split_dataset_ratio > 0
+    entries = getattr(args, "dataset_entries", [])  # --dataset_config: each dataset's own val metrics
+    with_val = [e.name for e in entries if e.val or args.split_dataset_ratio > 0]
+    dataset = bool(args.val_dataset) or args.split_dataset_ratio > 0 or bool(with_val)
     if not name or str(getattr(args.eval_strategy, "value", args.eval_strategy)) == "no":
         return
-    logged = eval_metric_names(loss.layout, dataset, bool(args.eval_beir), bool(args.eval_sts))
+    logged = eval_metric_names(loss.layout, dataset, [n for n, _ in beir_pairs(args.eval_beir)], bool(args.eval_sts),
+                               with_val)
     if (name if name.startswith("eval_") else f"eval_{name}") not in logged:
         raise UsageError(f"--metric_for_best_model {name!r} is not a metric this run logs; it logs "
                          f"{', '.join(sorted(logged))}")

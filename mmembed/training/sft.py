@@ -102,6 +102,8 @@ def build_trainer(args: SftArguments, media: MediaSettings | None = None) -> Emb
     side_models = SideModels.load(args, media)
     width = hidden_size(AutoConfig.from_pretrained(args.model))
     check_loss_setup(args, loss, width, side_models, data.teacher_key, data.teacher_width)
+    for own in data.losses.values():  # --dataset_config: the datasets' own losses
+        check_loss_setup(args, own, width, side_models, data.teacher_key, data.teacher_width)
     if args.deepspeed:
         init_deepspeed_comm()
     model = build_model(args, encoding.template, encoding.pooling)
@@ -114,6 +116,7 @@ def build_trainer(args: SftArguments, media: MediaSettings | None = None) -> Emb
         teacher_signal=data.teacher_key,
         bucket=bool(args.length_buckets),
         media=media,
+        with_dataset_ids=True,
     )
     trainer = EmbeddingTrainer(
         model=model,
@@ -127,6 +130,8 @@ def build_trainer(args: SftArguments, media: MediaSettings | None = None) -> Emb
         eval_tasks=eval_tasks,
         mmembed_config=saved_config(args, encoding, loss, data),
         param_lrs=part_learning_rates(model, encoding.template, args),
+        dataset_names=[d.name for d in data.datasets] if args.dataset_config else None,
+        dataset_losses=data.losses,
     )
     trainer.train_datasets = getattr(data, "datasets", None)  # the sampler's dataset names and weights
     trainer.add_callback(TrainingCharts(lambda: eval_similarities(trainer)))
@@ -136,7 +141,7 @@ def build_trainer(args: SftArguments, media: MediaSettings | None = None) -> Emb
 def saved_config(args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, data: TrainingData) -> dict[str, Any]:
     """What each saved model's ``mmembed.json`` records: how the model embeds (base model,
     template, pooling, media, length), how it was trained, and :func:`training_facts`."""
-    return {
+    config = {
         "base_model": os.path.abspath(args.model),
         "template": template_config(encoding.template),
         "default_system": encoding.template.default_system,
@@ -151,6 +156,11 @@ def saved_config(args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, da
         "loss_type": args.loss_type,
         **training_facts(args, loss, data),
     }
+    if args.dataset_config:  # each dataset's instructions, for the export's <name>_query prompts
+        config.setdefault("instructions", {})["datasets"] = {
+            d.name: {"query": d.entry.query_system, "document": d.entry.document_system}
+            for d in data.datasets if d.entry is not None}
+    return config
 
 
 def training_facts(args: SftArguments, loss: EmbeddingLoss, data: TrainingData) -> dict[str, Any]:
@@ -163,6 +173,8 @@ def training_facts(args: SftArguments, loss: EmbeddingLoss, data: TrainingData) 
             **{kind: [{"file": f, "rows": n} for f, n in records.items()] for kind, records in data.files.items()},
             "train_rows": len(data.train) if hasattr(data.train, "__len__") else None,  # a stream: unknown
             "val_rows": len(data.val) if data.val is not None else None,
+            **({"datasets": [{"name": d.name, "weight": d.weight, "rows": d.rows, "val_rows": d.val_rows}
+                             for d in data.datasets]} if args.dataset_config else {}),
         },
         "learning_rate": args.learning_rate,
         "per_device_train_batch_size": args.per_device_train_batch_size,

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from transformers import Trainer
 
-from ..encoding.collator import raise_batch_error
+from ..encoding.collator import DATASET_IDS, raise_batch_error
 from ..encoding.inputs import select_rows, split_rows
 from ..losses import Side, build_loss
 from ..model.embedding import EmbeddingModel
@@ -52,13 +52,20 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         mmembed_config: What ``mmembed.json`` in each checkpoint holds (template, pooling,
             ...); default: the model's pooling.
         param_lrs: ``id(parameter) -> learning rate`` (``--vit_lr`` / ``--aligner_lr``).
+        dataset_names: ``--dataset_config``'s datasets in index order (a batch's
+            ``dataset_ids`` index them): the training log gets ``loss_<name>``, the mean loss
+            of the batches drawn from each dataset since the last log (batches of one dataset).
+        dataset_losses: ``{dataset index: loss}`` for the datasets with loss settings of their
+            own; a batch from such a dataset is scored with its loss (every batch must then
+            come from one dataset, on every process).
 
     ``args`` may be plain ``TrainingArguments``; ``args.gradcache_mini_batch_size`` (mmembed's
     ``SftArguments``) turns the gradient cache on.
     """
 
     def __init__(self, *args, loss=None, side_models: dict[str, EmbeddingModel] | None = None, eval_tasks=None,
-                 mmembed_config: dict[str, Any] | None = None, param_lrs: dict[int, float] | None = None, **kwargs):
+                 mmembed_config: dict[str, Any] | None = None, param_lrs: dict[int, float] | None = None,
+                 dataset_names: list[str] | None = None, dataset_losses: dict[int, Any] | None = None, **kwargs):
         # the Trainer refuses an eval strategy without an eval set; --eval_beir / --eval_sts
         # are something to evaluate too, so it gets a stand-in that evaluate() never reads
         tasks_only = kwargs.get("eval_dataset") is None and bool(eval_tasks)
@@ -88,6 +95,14 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         self.add_callback(SaveLastStep())
         self.preemption = PreemptionStop()  # SIGTERM / SIGUSR1: save the step, then stop (run_sft reports it)
         self.add_callback(self.preemption)
+        self.dataset_names = list(dataset_names or [])
+        self.dataset_loss_fns = {int(i): (f if isinstance(f, GlobalBatchLoss) else GlobalBatchLoss(f))
+                                 for i, f in (dataset_losses or {}).items()}
+        for f in self.dataset_loss_fns.values():
+            if f.loss.layout != self.loss.layout:
+                raise ValueError("a dataset's loss lays batches out as the run's loss must: "
+                                 f"{f.loss.layout.value!r} against {self.loss.layout.value!r}")
+        self._dataset_loss_sums: torch.Tensor | None = None  # [datasets, 2]: sum of batch losses, batches
 
     @property
     def loss(self):
@@ -97,10 +112,53 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
     # ---- the loss call --------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         labels = inputs.pop("labels")
+        loss_fn, dataset = self.batch_loss(inputs.pop(DATASET_IDS, None))
         side = self.side_inputs(inputs.pop("side", None))
         outputs = {**model(**inputs), **side.outputs()}
-        loss = self._checked(self.loss_fn(outputs, labels))
+        loss = self._checked(loss_fn(outputs, labels))
+        self._count_dataset_loss(dataset, loss)
         return (loss, outputs) if return_outputs else loss
+
+    # ---- several datasets (--dataset_config) -----------------------------------------
+    def batch_loss(self, dataset_ids: torch.Tensor | None) -> tuple[GlobalBatchLoss, int | None]:
+        """The loss for a batch whose samples came from ``dataset_ids`` (the collator's
+        ``dataset_ids``; None: not given) and the one dataset it came from (None when mixed).
+
+        A dataset with loss settings of its own needs the whole global batch from it: a batch
+        of several datasets, or processes whose batches came from different datasets, is then
+        an error (the homogeneous ``--multi_dataset_sampler`` modes make no such batch)."""
+        if not self.dataset_loss_fns:
+            return self.loss_fn, batch_dataset(dataset_ids)
+        dataset = one_dataset(dataset_ids, self.dataset_names, self.args.device)
+        return self.dataset_loss_fns.get(dataset, self.loss_fn), dataset
+
+    def _count_dataset_loss(self, dataset: int | None, loss: torch.Tensor) -> None:
+        """Add a training batch's loss to its dataset's sum for the next log's ``loss_<name>``."""
+        if dataset is None or not self.dataset_names or not self.model.training:
+            return
+        if self._dataset_loss_sums is None:
+            self._dataset_loss_sums = torch.zeros(len(self.dataset_names), 2, dtype=torch.float64,
+                                                  device=loss.device)
+        self._dataset_loss_sums[dataset, 0] += loss.detach().double()
+        self._dataset_loss_sums[dataset, 1] += 1
+
+    def log(self, logs: dict[str, float], *args, **kwargs) -> None:
+        """The Trainer's log; a training log (``loss``) gets ``loss_<name>`` for each dataset
+        the batches since the last log drew from: the mean of their losses over all processes
+        (every process logs together, as the Trainer's own loss is gathered)."""
+        if "loss" in logs and self.dataset_names:
+            sums = self._dataset_loss_sums
+            if sums is None:
+                sums = torch.zeros(len(self.dataset_names), 2, dtype=torch.float64, device=self.args.device)
+            if world()[1] > 1:
+                sums = sums.clone()
+                torch.distributed.all_reduce(sums)
+            for name, (total, count) in zip(self.dataset_names, sums.tolist()):
+                if count:
+                    logs[f"loss_{name}"] = total / count
+            if self._dataset_loss_sums is not None:
+                self._dataset_loss_sums.zero_()
+        super().log(logs, *args, **kwargs)
 
     @torch.no_grad()
     def side_inputs(self, batch) -> Side:
@@ -156,6 +214,7 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         model.train()
         inputs = self._prepare_inputs(inputs)
         labels = inputs.pop("labels")
+        loss_fn, dataset = self.batch_loss(inputs.pop(DATASET_IDS, None))
         side = self.side_inputs(inputs.pop("side", None)).outputs()  # whole batch, no gradient
         scale = 1.0 / self.current_gradient_accumulation_steps
         # mini-batches of rows of similar length carry little padding; the loss sees the
@@ -166,7 +225,7 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         inputs = select_rows(inputs, order)
 
         def loss_in_batch_order(outputs, lab):
-            return self.loss_fn({"last_hidden_state": outputs["last_hidden_state"][restore], **side}, lab)
+            return loss_fn({"last_hidden_state": outputs["last_hidden_state"][restore], **side}, lab)
 
         if self.is_deepspeed_enabled:
             # every process runs as many chunk passes (see deepspeed_chunk_backward)
@@ -178,6 +237,7 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         cache = GradCache(model, loss_in_batch_order, self.gradcache_mini_batch_size, split_fn=split_rows)
         loss = cache.step(inputs, labels, loss_backward_fn=lambda value: (self._checked(value) * scale).backward(),
                           backward_fn=backward_fn, no_sync=no_sync, num_chunks_fn=num_chunks_fn)
+        self._count_dataset_loss(dataset, loss)
         return loss.detach() * scale
 
     def _max_over_processes(self, n: int) -> int:
@@ -245,3 +305,37 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
+
+
+def batch_dataset(dataset_ids: torch.Tensor | None) -> int | None:
+    """The one dataset a batch's ``dataset_ids`` name, or None (mixed, or not given)."""
+    if dataset_ids is None or not dataset_ids.numel():
+        return None
+    first = int(dataset_ids[0])
+    return first if bool((dataset_ids == first).all()) else None
+
+
+def one_dataset(dataset_ids: torch.Tensor | None, names: list[str], device) -> int:
+    """The one dataset of this step's batch on every process (``dataset_ids``: this process's),
+    or a ValueError on every process when a batch mixes datasets or the processes' batches
+    came from different datasets: a dataset's own loss must be the loss of the whole global
+    batch, and its exchanges the same on every process. Every process takes part in the one
+    exchange before any raises (one left in it would wait)."""
+    advice = ("datasets with loss settings of their own need the whole global batch from one dataset: use "
+              "--multi_dataset_sampler proportional, round_robin or weighted")
+    if dataset_ids is None:
+        raise ValueError(f"the batches carry no dataset_ids (the collator's with_dataset_ids=True); {advice}")
+    dataset = batch_dataset(dataset_ids)
+    local = dataset if dataset is not None else -1
+    agree = True
+    if world()[1] > 1:
+        both = torch.tensor([local, -local], device=device)
+        torch.distributed.all_reduce(both, op=torch.distributed.ReduceOp.MAX)
+        agree = int(both[0]) == -int(both[1])
+    if dataset is None:
+        ids = sorted({int(i) for i in dataset_ids.tolist()})
+        named = [names[i] if i < len(names) else str(i) for i in ids]
+        raise ValueError(f"a batch holds rows of several datasets ({', '.join(named)}), but {advice}")
+    if not agree:
+        raise ValueError(f"the processes' batches of this step came from different datasets (or mixed ones), but {advice}")
+    return dataset
