@@ -3,10 +3,9 @@
 its collator was handed (in order), so the test can put each optimizer step's global batch
 together from all processes.
 
-The rows' texts start with ``<dataset> <row>:`` (one file per dataset). The datasets' indices
-(``dataset_ids``) and names / weights (``train_datasets``) are set on the trainer from those
-texts, standing for what the multi-dataset loading gives, so the run does not depend on how
-the data was read."""
+The rows' texts start with ``<dataset> <row>:`` (one file per dataset). With
+``--dataset_config`` the loading's dataset indices (``dataset_ids``) and names / weights
+(``train_datasets``) are checked against those texts; without it they are set from them."""
 
 import argparse
 import json
@@ -42,12 +41,14 @@ def main():
         trainer = build(args, media)
         dataset = trainer.train_dataset
         ids = [names.index(row_id(dataset[i]).split()[0]) for i in range(len(dataset))]
-        try:
-            dataset.dataset_ids = np.array(ids)
-        except AttributeError:  # the loading's own, read-only: each --dataset file is one dataset
+        if args.dataset_config:  # the loading's own ids, names and weights: they must be these
             assert np.array_equal(np.asarray(dataset.dataset_ids), ids)
-        trainer.train_datasets = [types.SimpleNamespace(name=n, weight=w, rows=ids.count(d))
-                                  for d, (n, w) in enumerate(weights.items())]
+            assert [(d.name, d.weight, d.rows) for d in trainer.train_datasets] == [
+                (n, w, ids.count(k)) for k, (n, w) in enumerate(weights.items())]
+        else:
+            dataset.dataset_ids = np.array(ids)
+            trainer.train_datasets = [types.SimpleNamespace(name=n, weight=w, rows=ids.count(d))
+                                      for d, (n, w) in enumerate(weights.items())]
         collate = trainer.data_collator
 
         def recording(samples):

@@ -221,6 +221,8 @@ SFT_ROWS = [
 # shows), each with the reason
 NO_BAD_VALUE = {
     "system": "free text: any system prompt",
+    "query_system": "free text: any instruction (an empty one means none on that side)",
+    "document_system": "free text: any instruction (an empty one means none on that side)",
     "offline": "a boolean (see the --strict row); with it, a URL outside the media cache is a data error (exit 1)",
     "eval_beir_split": "a split name; its qrels file is read as data with --eval_beir (exit status 1)",
     **{flag: "a boolean: a value that does not parse is argparse's error (the --strict row)" for flag in (

@@ -361,7 +361,9 @@ def _run(tmp_path, minilm_path, out, tag, **flags):
     for name, n in ROWS.items():  # one file per dataset
         files.append(write_jsonl(tmp_path / f"{name}.jsonl",
                                  [{**p, "query": f"{name} {i}: {p['query']}"} for i, p in zip(range(n), pairs)]))
-    args = dict(model=minilm_path, dataset=files, output_dir=str(out), per_device_train_batch_size=2,
+    config = tmp_path / "datasets.json"  # one dataset per file, weighted
+    config.write_text(json.dumps([{"name": n, "path": f, "weight": WEIGHTS[n]} for n, f in zip(ROWS, files)]))
+    args = dict(model=minilm_path, dataset_config=str(config), output_dir=str(out), per_device_train_batch_size=2,
                 gradient_accumulation_steps=2, gradcache_mini_batch_size=1, max_steps=7, save_steps=5, max_length=32,
                 multi_dataset_sampler="weighted", report_to=[], dataloader_num_workers=0, disable_tqdm=True,
                 logging_steps=1, **flags)
