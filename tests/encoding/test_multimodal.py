@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import DATA, REPO, launch, write_wav
+from forked_cli import run_cli
 
 from mmembed.data import read_file
 from mmembed.data.sample import DataError, Item
@@ -336,9 +337,10 @@ def test_checkpointing_keeps_a_frozen_vision_tower_out_of_autograd(tiny_model, f
         torch.testing.assert_close(checkpointed[name], plain[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def sft(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
-    e = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"), **(env or {}))
-    return subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "sft", *args], capture_output=True, text=True, env=e, cwd=REPO)
+def sft(args: list[str], env: dict | None = None):
+    """``mmembed sft ARGS`` in a child forked from a process that imported torch, transformers
+    and mmembed once (tests/forked_cli.py): the run pays its own work, not the imports."""
+    return run_cli(["sft", *args], env=env)
 
 
 def test_full_training_keeps_frozen_parts_and_moves_the_rest(tiny_model, tmp_path):
@@ -398,8 +400,7 @@ def test_a_users_template_file_trains_and_loads_like_the_shipped_one(tiny_model,
     np.testing.assert_allclose(user.encode(inputs), shipped.encode(inputs), atol=1e-6)
     # `mmembed export` merges the user's checkpoint without the file: the export keeps the template and
     # embeds as the checkpoint does, in mmembed and through its card's transformers snippet
-    r = subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "export", "--adapters", ckpts["user"], "--merge_lora", "true"],
-                       capture_output=True, text=True)
+    r = run_cli(["export", "--adapters", ckpts["user"], "--merge_lora", "true"])
     assert r.returncode == 0, r.stderr[-2000:]
     merged = ckpts["user"] + "-merged"
     exported = Embedder.from_pretrained(merged)
@@ -520,8 +521,7 @@ def _lora_export(folder: str, template: str, data: str, out) -> tuple[str, str]:
              "--output_dir", str(out), "--report_to", "none"])
     assert r.returncode == 0, r.stderr[-3000:]
     ckpt = str(out / "checkpoint-2")
-    r = subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "export", "--adapters", ckpt, "--merge_lora", "true"],
-                       capture_output=True, text=True)
+    r = run_cli(["export", "--adapters", ckpt, "--merge_lora", "true"])
     assert r.returncode == 0, r.stderr[-2000:]
     return ckpt, ckpt + "-merged"
 
@@ -570,8 +570,7 @@ def test_vl_export_loads_in_transformers_with_the_same_embeddings(tiny_model, tm
 
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"query": "a green circle"}) + "\n" + json.dumps({"query": "<image>", "images": [image]}) + "\n")
-    r = subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "embed", "--model", merged, "--input", str(rows),
-                        "--output", str(tmp_path / "e.npy")], capture_output=True, text=True)
+    r = run_cli(["embed", "--model", merged, "--input", str(rows), "--output", str(tmp_path / "e.npy")])
     assert r.returncode == 0, r.stderr[-2000:]
     np.testing.assert_allclose(np.load(tmp_path / "e.npy"), ours, atol=1e-5)
 
@@ -606,8 +605,7 @@ def test_audio_export_loads_in_transformers_with_the_same_embeddings(tiny_model,
 def test_embed_names_the_input_line_of_a_broken_media_row(tiny_model, tmp_path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"query": "fine"}) + "\n" + json.dumps({"query": "<image>", "images": ["missing.png"]}) + "\n")
-    r = subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "embed", "--model", tiny_model("qwen2_vl"), "--input", str(rows),
-                        "--output", str(tmp_path / "e.npy")], capture_output=True, text=True)
+    r = run_cli(["embed", "--model", tiny_model("qwen2_vl"), "--input", str(rows), "--output", str(tmp_path / "e.npy")])
     assert r.returncode == 1
     assert f"{rows}:2" in r.stderr and "missing.png" in r.stderr and "Traceback" not in r.stderr
 

@@ -9,12 +9,11 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from conftest import stsb_pairs
+from forked_cli import run_cli
 
 from mmembed.training.arguments import parse_sft_args
 from mmembed.training.sft import run_sft
@@ -208,8 +207,7 @@ def test_export_command_writes_sentence_transformers_files(runs, tmp_path):
 
     lora = runs("gte_qwen2")["lora"]
     out = str(tmp_path / "exported")
-    r = subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "export", "--adapters", lora, "--merge_lora", "true",
-                        "--output_dir", out], capture_output=True, text=True)
+    r = run_cli(["export", "--adapters", lora, "--merge_lora", "true", "--output_dir", out])
     assert r.returncode == 0, r.stderr[-2000:]
     np.testing.assert_allclose(SentenceTransformer(out, device="cpu").encode(TEXTS), _embedder(lora).encode(TEXTS), atol=1e-5)
 

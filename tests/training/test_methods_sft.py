@@ -3,23 +3,21 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import DATA, REPO
+from conftest import DATA
+from forked_cli import run_cli
 
 TRAIN = os.path.join(DATA, "stsb_train_hardneg.jsonl")
 
 
 def sft(args, tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
-    return subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "sft", "--dataset", f"{TRAIN}#16", "--max_steps", "2",
-                           "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
-                           "--output_dir", str(tmp_path / "out"), "--report_to", "none", *args],
-                          capture_output=True, text=True, env=env, cwd=REPO)
+    """``mmembed sft`` in a child forked from a process that imported everything once (tests/forked_cli.py)."""
+    return run_cli(["sft", "--dataset", f"{TRAIN}#16", "--max_steps", "2", "--per_device_train_batch_size", "4",
+                    "--gradient_accumulation_steps", "1", "--output_dir", str(tmp_path / "out"), "--report_to", "none",
+                    *args])
 
 
 def test_guide_and_teacher_embed_the_same_rows_as_the_student(minilm_path, tiny_model):
