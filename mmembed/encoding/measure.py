@@ -93,12 +93,14 @@ class TextCounter:
     def __call__(self, texts: Sequence[str]) -> list[int]:
         cache = self.cache
         todo = list(dict.fromkeys(t for t in texts if t not in cache))
-        if todo:
-            if len(cache) + len(todo) > TEXT_CACHE_SIZE:
-                cache.clear()
-            for text, n in zip(todo, self._count(todo)):
-                cache[text] = n
-        return [cache[t] for t in texts]
+        if not todo:
+            return [cache[t] for t in texts]
+        new = dict(zip(todo, self._count(todo)))
+        out = [cache[t] if t in cache else new[t] for t in texts]
+        if len(cache) + len(new) > TEXT_CACHE_SIZE:
+            cache.clear()
+        cache.update(new)
+        return out
 
     def _count(self, texts: list[str]) -> list[int]:
         if self.backend is None:  # a slow tokenizer: its own call

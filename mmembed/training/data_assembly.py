@@ -307,8 +307,8 @@ def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_p
     when the data was read.
 
     With ``truncate`` (``--truncation_strategy left|right``) only the rows with media are
-    measured, for the same reason: their media are decoded here rather than first in the
-    middle of training (with ``full``), and since a row with media is never truncated, one over
+    measured, for the same reason: their media are opened here (decoded with ``full``) rather
+    than first in the middle of training, and since a row with media is never truncated, one over
     ``max_length`` is a data error naming it (or, with ``strict=False``, skipped and listed).
     Text rows are left to be truncated.
     """
@@ -373,9 +373,10 @@ def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_p
 
 def length_check_fingerprint(ds, builder: InputBuilder, layout: str, strict: bool) -> str:
     """The name of the length check's result among ``datasets``' cache files: the rows (their
-    fingerprint), the template, the tokenizer's files, ``max_length``, the batch layout and
-    the builder's media budget and how it counts media (``--check_media``). Given explicitly, because ``datasets`` would otherwise name it by
-    pickling the measuring function with everything it holds, the tokenizer included: about
+    fingerprint), the template, the tokenizer's files, ``max_length``, the batch layout, the
+    builder's media budget and how it counts media (``--check_media``). Given explicitly,
+    because ``datasets`` would otherwise name it by pickling the measuring function with
+    everything it holds, the tokenizer included: about
     10 seconds for a Qwen tokenizer of 151k tokens, on every run."""
     import hashlib
 

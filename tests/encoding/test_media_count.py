@@ -291,7 +291,7 @@ def test_a_processor_without_a_known_rule_is_measured_the_old_way(processors, tm
 # ----------------------------------------------------------------------------- text
 
 
-def test_text_lengths_equal_one_call_per_text(minilm_path, processors):
+def test_text_lengths_equal_one_call_per_text(minilm_path, processors, monkeypatch):
     """A batch counted in one backend call (with repeats, served from the cache) equals the
     tokenizer called on each text alone, for WordPiece (MiniLM, special tokens added) and
     Qwen's byte-level BPE (none added), even after a call that truncated and padded."""
@@ -311,6 +311,15 @@ def test_text_lengths_equal_one_call_per_text(minilm_path, processors):
         assert b.lengths(items) == want
         assert b.lengths(items[::-1]) == want[::-1]
         assert max(want) > 8  # untruncated
+    # a cache that fills up starts again, and a batch is counted whole across that
+    monkeypatch.setattr(measure, "TEXT_CACHE_SIZE", 60)
+    b = InputBuilder(get_template("bert"), AutoTokenizer.from_pretrained(minilm_path), None, truncate=False,
+                     check_media="header")
+    items = [Item(text=t) for t in texts]
+    want = [len(b.tokenizer(t)["input_ids"]) for t in texts]
+    for start in range(0, len(items), 40):
+        assert b.lengths(items[start:start + 80]) == want[start:start + 80]
+    assert len(b._text_counter.cache) <= 80  # (of some 300 distinct texts)
 
 
 # ----------------------------------------------------------------------------- the length check
