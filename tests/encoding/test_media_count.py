@@ -393,10 +393,14 @@ def test_corrupt_pixels_pass_header_but_not_full(processors, tmp_path):
     assert length_check_fingerprint(ds, header, "group", True) != length_check_fingerprint(ds, full, "group", True)
 
 
-def test_check_media_flag(tmp_path):
-    from mmembed.training.arguments import SftArguments
+def test_check_media_flag(tmp_path, minilm_path):
+    from mmembed.training.arguments import SftArguments, UsageError, parse_sft_args
 
     assert SftArguments(model="m", dataset=["d"], output_dir=str(tmp_path)).check_media == "header"
+    common = ["--model", minilm_path, "--dataset", "d.jsonl", "--output_dir", str(tmp_path)]
+    assert parse_sft_args([*common, "--check_media", "full"]).check_media == "full"
+    with pytest.raises((UsageError, SystemExit)):
+        parse_sft_args([*common, "--check_media", "pixels"])
     with pytest.raises(ValueError, match="check_media"):
         InputBuilder(get_template("bert"), object(), check_media="pixels")
     assert measure.CHECK_MEDIA == ("header", "full")
