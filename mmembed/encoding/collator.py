@@ -207,17 +207,21 @@ def teacher_tensor(samples: Sequence[Sample], key: str) -> torch.Tensor | None:
 
 
 def token_lengths(samples: Sequence[Sample], builder: InputBuilder, layout: Layout | str) -> list[int]:
-    """The longest encoded row of each sample, media expanded (what ``--truncation_strategy delete`` checks)."""
+    """The longest encoded row of each sample, media expanded (what ``--truncation_strategy delete``
+    checks): every row of the samples measured in one ``builder.lengths`` call (one tokenizer
+    call for their text; media counted as the builder's ``check_media`` says)."""
     layout = Layout(layout)
     flat: list[Item] = []
-    origins: list[tuple[str, int, str]] = []
     owner: list[int] = []
+    origins: list[tuple[str, int, str]] | None = [] if builder.multimodal else None  # only media rows name theirs
     for i, s in enumerate(samples):
         its = sided_items(s, layout, builder.template)
         flat.extend(its)
-        origins.extend(item_origins(s, layout))
+        if origins is not None:
+            origins.extend(item_origins(s, layout))
         owner.extend([i] * len(its))
     lengths = [0] * len(samples)
     for i, n in zip(owner, builder.lengths(flat, origins) if flat else []):
-        lengths[i] = max(lengths[i], n)
+        if n > lengths[i]:
+            lengths[i] = n
     return lengths

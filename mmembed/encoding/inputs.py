@@ -87,11 +87,15 @@ class InputBuilder:
             settings, parsed once where it started). None: the environment's, parsed at the
             first row with media and kept. Stored on the builder, the settings travel with it
             to data-loader workers.
+        check_media: how :meth:`lengths` counts media tokens: ``full`` decodes every medium
+            and runs the processor; ``header`` reads the files' headers and applies the
+            processor's rules (:mod:`mmembed.encoding.measure`: the same counts, a medium the
+            header cannot decide decoded as with ``full``).
     """
 
     def __init__(self, template: Template, processing: Any, max_length: int | None = None,
                  truncation_side: str = "right", truncate: bool = True, bucket: bool = False,
-                 media: MediaSettings | None = None):
+                 media: MediaSettings | None = None, check_media: str = "full"):
         self.template = template
         self.tokenizer = tokenizer_of(processing)
         self.processor = processing if template.media and is_multimodal_processor(processing) else None
@@ -103,6 +107,13 @@ class InputBuilder:
         self.truncation_side = "left" if truncation_side == "left" else "right"
         self.bucket = bucket
         self.media = media
+        if check_media not in ("header", "full"):
+            raise ValueError(f"check_media must be 'header' or 'full', got {check_media!r}")
+        self.check_media = check_media
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the length counters' caches (mmembed.encoding.measure) stay in the process that filled them
+        return {k: v for k, v in self.__dict__.items() if k not in ("_text_counter", "_media_counter")}
 
     @property
     def multimodal(self) -> bool:
@@ -141,20 +152,31 @@ class InputBuilder:
         return out
 
     def lengths(self, items: Sequence[Item], origins: Sequence[Origin] | None = None) -> list[int]:
-        """Tokens per item as the model would see them (media expanded), untruncated."""
-        texts = [self.template.render(it) for it in items]
+        """Tokens per item as the model would see them (media expanded), untruncated. Media
+        are counted as ``check_media`` says (the counts agree); text in one tokenizer call.
+        A medium that cannot be read is a ``DataError`` naming file, line and field."""
+        from .measure import _counter, header_lengths
+
+        if self.check_media == "header":
+            return header_lengths(self, items, origins)
         out: list[int] = [0] * len(items)
         text_rows = [i for i, it in enumerate(items) if not (self.multimodal and it.has_media)]
         if text_rows:
-            enc = self.tokenizer([texts[i] for i in text_rows], add_special_tokens=self.template.add_special_tokens)["input_ids"]
-            for i, ids in zip(text_rows, enc):
-                out[i] = len(ids)
+            for i, n in zip(text_rows, _counter(self)([self.template.render(items[i]) for i in text_rows])):
+                out[i] = n
         for i, it in enumerate(items):
             if self.multimodal and it.has_media:  # one at a time: the media of one row in memory
-                one = [origins[i]] if origins else None
-                enc = self._process([texts[i]], self._load_media([it], one), truncate=False)
-                out[i] = int(enc["attention_mask"].sum())
+                out[i] = self.full_length(it, origins[i] if origins else None)
         return out
+
+    def full_length(self, item: Item, origin: Origin | None = None) -> int:
+        """The tokens of one item counted by loading its media and running the processor."""
+        if not (self.multimodal and item.has_media):
+            return len(self.tokenizer(self.template.render(item), add_special_tokens=self.template.add_special_tokens)
+                       ["input_ids"])
+        enc = self._process([self.template.render(item)], self._load_media([item], [origin] if origin else None),
+                            truncate=False)
+        return int(enc["attention_mask"].sum())
 
     def _tokenize(self, texts: list[str], truncate: bool):
         with sides(self.tokenizer, self.padding_side, self.truncation_side):
@@ -197,11 +219,7 @@ class InputBuilder:
         images, videos, audios = [], [], []
         for i, it in enumerate(items):
             base = origins[i] if origins else ("<input>", 0, "")
-            for kind in ("image", "video", "audio"):
-                refs = it.media(kind)
-                if refs and kind not in self.template.media:
-                    raise DataError(base[0], base[1], base[2] or None,
-                                    f"template '{self.template.name}' takes no {kind} inputs, but the row has {len(refs)}")
+            self.check_kinds(it, base)
             for j, ref in enumerate(it.images):
                 images.append(M.load_image(ref, budget, where=_where(base, "images", j), patch_size=patch,
                                            downloads=downloads))
@@ -222,6 +240,14 @@ class InputBuilder:
         if audios:
             kwargs.update(audio=audios, sampling_rate=self.sampling_rate)
         return kwargs
+
+    def check_kinds(self, item: Item, base: Origin) -> None:
+        """A medium the template has no placeholder for is an error naming the row."""
+        for kind in ("image", "video", "audio"):
+            refs = item.media(kind)
+            if refs and kind not in self.template.media:
+                raise DataError(base[0], base[1], base[2] or None,
+                                f"template '{self.template.name}' takes no {kind} inputs, but the row has {len(refs)}")
 
     def _patch_size(self) -> int:
         for name in ("image_processor", "video_processor"):

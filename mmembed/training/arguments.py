@@ -103,6 +103,7 @@ class SftArguments(TrainingArguments):
     document_system: str | None = field(default=None, metadata={"help": "the instruction of the document side (positives, negatives), for rows that give no system; over --system"})
     max_length: int | None = field(default=None, metadata={"help": "maximum tokens per input (default: the model's)"})
     truncation_strategy: str = field(default="delete", metadata={"help": "delete | left | right"})
+    check_media: str = field(default="header", metadata={"choices": ["header", "full"], "help": "how the length check counts media tokens: header (the default) reads each file's header (image size, video frames, audio length) and applies the processor's rules, the same counts as decoding; full decodes every image, video and audio and runs the processor, so pixels that do not decode are found before training rather than when their batch is built"})
     # tuning
     tuner_type: str | None = field(default=None, metadata={"help": "lora | full (ms-swift >= 3.9 spelling)"})
     train_type: str | None = field(default=None, metadata={"help": "lora | full (older ms-swift spelling)"})

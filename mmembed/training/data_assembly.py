@@ -11,9 +11,16 @@ The length check
 ----------------
 ``--truncation_strategy delete`` drops the rows with an input over ``--max_length``
 tokens, measured as the model sees them (media expanded); with ``left`` / ``right`` only the
-rows with media are measured (they are never truncated). Measuring decodes every medium,
-so a file that opens but does not decode is found before training. The result is cached by
-``datasets`` under :func:`length_check_fingerprint`.
+rows with media are measured (they are never truncated). Text is tokenized a batch of rows
+at a time. Media are counted as ``--check_media`` says: ``header`` (the default) reads each
+file's header (an image's size, a video's frame count, rate and size, an audio file's
+length) and applies the loader's budget and the processor's own rules, which gives the
+same counts as decoding (:mod:`mmembed.encoding.measure`; a medium the header cannot decide
+is decoded); a missing file or one whose header does not open is an error naming its row
+before training, and pixels that do not decode are found when their batch is built.
+``full`` decodes every medium and runs the processor, so a file that opens but does not
+decode is found before training too. The result is cached by ``datasets`` under
+:func:`length_check_fingerprint`.
 """
 
 from __future__ import annotations
@@ -103,7 +110,7 @@ class TrainingData:
         if args.truncation_strategy == "delete" or encoding.template.media:
             # delete: the over-long rows go; left / right: the media rows are decoded and measured now
             truncate = args.truncation_strategy != "delete"
-            builder = length_builder(encoding, media)
+            builder = length_builder(encoding, media, args.check_media)
             train = drop_overlong(train, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "train",
                                   args.strict, truncate)
             if val is not None:
@@ -144,7 +151,7 @@ class TrainingData:
         # a row the loss would fail on is met as it is read: a data error naming it, or skipped
         # and logged with --strict false (a row that merely learns nothing is kept)
         rule = loss.negatives_rule if loss.negatives_rule is not None and loss.negatives_rule.breaks else None
-        builder = length_builder(encoding, media) if args.truncation_strategy == "delete" else None
+        builder = length_builder(encoding, media, args.check_media) if args.truncation_strategy == "delete" else None
 
         def keep(sample: Sample) -> bool:
             if rule is not None and rule.falls_short(len(sample.negatives)):
@@ -506,10 +513,12 @@ def fetch_remote_media(train, val, strict: bool = True, downloads: DownloadSetti
 # ----------------------------------------------------------------------------- the length check
 
 
-def length_builder(encoding: Encoding, media: MediaSettings | None = None) -> InputBuilder:
+def length_builder(encoding: Encoding, media: MediaSettings | None = None, check_media: str = "header") -> InputBuilder:
     """The builder the length check measures with: the student's, encoding rows whole, loading
-    media with ``media`` (the run's settings, as the collator's builder)."""
-    return InputBuilder(encoding.template, encoding.processing, encoding.max_length, truncate=False, media=media)
+    media with ``media`` (the run's settings, as the collator's builder) and counting their
+    tokens as ``check_media`` (``--check_media``) says: from headers, or by decoding them."""
+    return InputBuilder(encoding.template, encoding.processing, encoding.max_length, truncate=False, media=media,
+                        check_media=check_media)
 
 
 def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_proc: int, what: str,
@@ -517,13 +526,15 @@ def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_p
     """``--truncation_strategy delete``: remove rows with any input over ``max_length`` tokens
     (media expanded, as the model sees them), and say how many.
 
-    Measuring loads every row's media, so a media file that opens but does not decode is
-    found here, before training: an error naming its row, or with ``strict=False`` the row
-    is skipped and listed like the rows skipped when the data was read.
+    Measuring opens every row's media (their headers, or with the builder's
+    ``check_media="full"`` their pixels too), so a media file that is missing or does not
+    open (or with ``full``, does not decode) is found here, before training: an error naming
+    its row, or with ``strict=False`` the row is skipped and listed like the rows skipped
+    when the data was read.
 
     With ``truncate`` (``--truncation_strategy left|right``) only the rows with media are
-    measured, for the same reason: their media are decoded here rather than first in the
-    middle of training, and since a row with media is never truncated, one over
+    measured, for the same reason: their media are opened here (decoded with ``full``) rather
+    than first in the middle of training, and since a row with media is never truncated, one over
     ``max_length`` is a data error naming it (or, with ``strict=False``, skipped and listed).
     Text rows are left to be truncated.
     """
@@ -569,7 +580,8 @@ def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_p
                       remove_columns=ds.column_names, desc=f"length check ({what})",
                       new_fingerprint=length_check_fingerprint(ds, builder, layout, strict) + ("-media" if truncate else ""),
                       load_from_cache_file=strict)
-    lengths, errors = measured["n_tokens"], measured["load_error"]
+    columns = measured[:]  # both columns as lists at once (a column of `datasets` 5 is read row by row)
+    lengths, errors = columns["n_tokens"], columns["load_error"]
     skipped = [DataError(*json.loads(e)) for e in errors if e]
     if skipped:
         listed = "\n".join(f"  {e}" for e in skipped)
@@ -587,9 +599,10 @@ def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_p
 
 def length_check_fingerprint(ds, builder: InputBuilder, layout: str, strict: bool) -> str:
     """The name of the length check's result among ``datasets``' cache files: the rows (their
-    fingerprint), the template, the tokenizer's files, ``max_length``, the batch layout and
-    the builder's media budget. Given explicitly, because ``datasets`` would otherwise name it by
-    pickling the measuring function with everything it holds, the tokenizer included: about
+    fingerprint), the template, the tokenizer's files, ``max_length``, the batch layout, the
+    builder's media budget and how it counts media (``--check_media``). Given explicitly,
+    because ``datasets`` would otherwise name it by pickling the measuring function with
+    everything it holds, the tokenizer included: about
     10 seconds for a Qwen tokenizer of 151k tokens, on every run."""
     import hashlib
 
@@ -598,7 +611,8 @@ def length_check_fingerprint(ds, builder: InputBuilder, layout: str, strict: boo
     folder = getattr(tokenizer, "name_or_path", "") or ""
     for part in (ds._fingerprint, repr(builder.template), type(tokenizer).__name__, folder, len(tokenizer),
                  builder.max_length, builder.truncate, builder.truncation_side, layout, strict,
-                 repr(builder.media_settings().budget), type(builder.processor).__name__):
+                 repr(builder.media_settings().budget), type(builder.processor).__name__,
+                 getattr(builder, "check_media", "full")):
         h.update(repr(part).encode("utf-8") + b"\0")
     if os.path.isdir(folder):  # the files the tokenizer and processor were read from
         for name in sorted(os.listdir(folder)):
