@@ -220,7 +220,7 @@ class TrainingData:
         train, val = fetch_remote_media(train, val, args.strict, media.downloads)
         if args.truncation_strategy == "delete" or encoding.template.media:
             truncate = args.truncation_strategy != "delete"
-            builder = length_builder(encoding, media)
+            builder = length_builder(encoding, media, args.check_media)
             train = drop_overlong(train, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "train",
                                   args.strict, truncate)
             if val is not None:

@@ -130,6 +130,7 @@ SFT_ROWS = [
     row("--multi_dataset_sampler", "proportional", "--per_device_train_batch_size", "16",
         names=("--multi_dataset_sampler proportional", "8 training row(s)", "global batch of 16 rows")),
     row("--batch_sampler", "unique"),
+    row("--check_media", "pixels"),
     row("--interleave_prob", "1", "1", names=("--interleave_prob", "2 probabilities for 1 dataset")),
     row("--interleave_prob", "1", "--multi_dataset_sampler", "weighted",
         names=("--interleave_prob", "--multi_dataset_sampler weighted")),
