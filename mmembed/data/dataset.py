@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 # Bump when the reader's output for the same file changes, so old caches are not reused.
 _CACHE_VERSION = "mmembed-samples-3"
 _REPORT_LIMIT = 50
+#: the least a process parses of a .jsonl file (about 10k rows of the usual text shape)
+_MIN_SHARD_BYTES = 4 << 20
 
 
 class SpecError(ValueError):
@@ -124,6 +126,8 @@ class LoadResult:
     records: dict[str, int] = field(default_factory=dict)  # rows read per file (bad ones included)
     files: list[list[str]] = field(default_factory=list)  # the data files of each spec, in order
     val: Any = None  # the rows split off for validation (split_ratio > 0)
+    parsed: bool = False  # whether any file was parsed now (False: every file came from the Arrow cache)
+    seconds: float = 0.0  # the time the files took to parse (or to open from the cache)
 
     def report(self, limit: int = _REPORT_LIMIT) -> str:
         """A human-readable list of skipped rows (``file:line field: reason``); "" if none."""
@@ -319,32 +323,36 @@ def _from_cache(ds, started: float) -> bool:
 def _load_files(
     files: list[str], *, strict: bool, verify_images: bool, cache_dir: str | None, num_proc: int, force: bool,
     columns: dict[str, str] | None = None, label_rule: LabelRule | None = None, media_kinds: frozenset[str] | None = None,
+    reuse: bool = False,
 ):
     """Arrow dataset of the files' good rows (with their ``row`` in their file), the bad rows
-    as DataErrors, and the rows read per file."""
+    as DataErrors, the rows read per file, and whether the files were parsed now (False: the
+    cache). ``reuse``: take the cache as it is (another process of the run has just written it)."""
     shards = []
     for path in files:
         st = os.stat(path)
-        n = num_proc if num_proc > 1 and path.lower().endswith(".jsonl") else 1
+        # byte ranges of a .jsonl file for several processes, each worth starting (a pool costs ~0.5 s)
+        n = min(num_proc, max(1, st.st_size // _MIN_SHARD_BYTES)) if path.lower().endswith(".jsonl") else 1
         shards += [(path, st.st_mtime_ns, st.st_size, i, n) for i in range(n)]
     gen_kwargs = {"shards": shards, "strict": strict, "verify_images": verify_images, "version": _CACHE_VERSION,
                   "work_dir": os.getcwd(), "root_image_dir": os.environ.get(ROOT_IMAGE_DIR, ""), "columns": columns,
                   "label_rule": label_rule.as_dict() if label_rule else None,
                   "media_kinds": tuple(sorted(media_kinds)) if media_kinds is not None else None}
     started = time.time()
-    ds = _build(gen_kwargs, cache_dir, num_proc, force)
+    ds = _build(gen_kwargs, cache_dir, num_proc, force and not reuse)
+    parsed = not _from_cache(ds, started)
     errors = _errors(ds)
-    if not force and any(isinstance(e, MediaFileError) for _, e in errors) and _from_cache(ds, started):
+    if not force and not reuse and not parsed and any(isinstance(e, MediaFileError) for _, e in errors):
         # The cache is keyed by the data files only; media may have been added or fixed since.
         ds = _build(gen_kwargs, cache_dir, num_proc, force=True)
-        errors = _errors(ds)
+        errors, parsed = _errors(ds), True
     if strict and errors:
         raise errors[0][1]
     ds, records = _with_row_numbers(ds)
     if not errors:
-        return ds.remove_columns("error"), [], records
+        return ds.remove_columns("error"), [], records, parsed
     good = np.setdiff1d(np.arange(len(ds)), [i for i, _ in errors], assume_unique=True)
-    return ds.select(good).remove_columns("error"), [e for _, e in errors], records
+    return ds.select(good).remove_columns("error"), [e for _, e in errors], records, parsed
 
 
 def _with_row_numbers(ds):
@@ -418,6 +426,7 @@ def load_samples(
     columns: dict[str, str] | None = None,
     label_rule: LabelRule | None = None,
     media_kinds: frozenset[str] | None = None,
+    reuse: bool = False,
 ) -> LoadResult:
     """Read dataset specs into one Arrow-backed ``datasets.Dataset`` of samples.
 
@@ -447,7 +456,9 @@ def load_samples(
     ``verify_images=False`` skips reading each local media file's header (PIL for images,
     PyAV for videos and audio; existence is still checked). ``columns`` renames row fields
     before they are read (``--columns``, ms-swift's mapping: ``{"text1": "query", "text2":
-    "response"}``).
+    "response"}``). ``reuse=True`` takes what the Arrow cache holds as it is, whatever
+    ``load_from_cache_file`` says (the other processes of a run do, once its main process
+    has read the files; see :func:`mmembed.training.data_assembly.read_once`).
     """
     import datasets
 
@@ -461,9 +472,10 @@ def load_samples(
         raise ValueError(f"split_dataset_ratio must be in [0, 1], got {split_ratio}")
     rng = np.random.RandomState(seed)
     parts, vals, skipped, records = [], [], [], {}
+    started, parsed_any = time.perf_counter(), False
     for (path, n), files in zip(parsed, file_lists):
         _draw_seed(rng)  # ms-swift draws a seed per spec before reading it (for its decision-task augmentation)
-        ds, bad, read = _load_files(
+        ds, bad, read, parsed_now = _load_files(
             files,
             strict=strict,
             verify_images=verify_images,
@@ -473,7 +485,9 @@ def load_samples(
             columns=columns,
             label_rule=label_rule,
             media_kinds=media_kinds,
+            reuse=reuse,
         )
+        parsed_any = parsed_any or parsed_now
         skipped += bad
         records.update(read)
         if len(ds) == 0:
@@ -498,7 +512,8 @@ def load_samples(
             val_set = val_set.shuffle(seed=_draw_seed(rng))
     result = LoadResult(dataset=dataset if dataset is not None else val_set, skipped=skipped,
                         rows_read=sum(records.values()), records=records, files=file_lists,
-                        val=val_set if dataset is not None else None)
+                        val=val_set if dataset is not None else None, parsed=parsed_any,
+                        seconds=time.perf_counter() - started)
     if skipped:
         logger.warning("%s", result.report())
     return result

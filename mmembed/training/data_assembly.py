@@ -22,6 +22,7 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from typing import TYPE_CHECKING
 
 from ..data import EmbeddingDataset, SpecError, load_samples
@@ -53,23 +54,29 @@ class TrainingData:
     teacher_width: int | None = None
     # rows read per data file (bad ones included), for the model card
     files: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    parsed: bool = False  # whether a data file was parsed now (False: all came from the Arrow cache)
 
     @classmethod
-    def load(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, media: MediaSettings) -> TrainingData:
+    def load(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, media: MediaSettings,
+             reuse: bool = False) -> TrainingData:
         """The rows of ``--dataset`` and ``--val_dataset`` (or ``--split_dataset_ratio``'s
         share), checked, their URLs downloaded and measured with ``media`` (the run's media
-        settings), with the teacher's arrays and the teacher signal the rows carry."""
+        settings), with the teacher's arrays and the teacher signal the rows carry.
+        ``reuse``: the rows were just read and checked by another process of the run
+        (:func:`read_once`): take the Arrow cache as it is. Each phase logs its rows and time."""
         # ms-swift's order: --data_seed (not --seed) drives the split, #N sampling and --dataset_shuffle.
         # Every row is checked now against what the loss takes as a label and the media the
         # model takes, so a row training could not use is an error (or skipped) before training.
         load_opts = dict(strict=args.strict, seed=args.data_seed, num_proc=args.dataset_num_proc,
                          load_from_cache_file=args.load_from_cache_file,
                          columns=json.loads(args.columns) if args.columns else None,
-                         label_rule=loss.label_rule, media_kinds=frozenset(encoding.template.media))
+                         label_rule=loss.label_rule, media_kinds=frozenset(encoding.template.media), reuse=reuse)
         if args.streaming:
             return cls.stream(args, encoding, loss, media, load_opts)
         loaded = load_samples(args.dataset, split_ratio=0.0 if args.val_dataset else args.split_dataset_ratio,
                               shuffle=args.dataset_shuffle, **load_opts)
+        _log_phase("parse", loaded.rows_read, loaded.seconds, f"{len(loaded.skipped)} bad row(s) skipped, " if
+                   loaded.skipped else "", "parsed" if loaded.parsed else "from the Arrow cache")
         train = loaded.dataset
         try:
             teacher_files = TeacherFiles.open(loaded.files, loaded.records, args.teacher_scores_file,
@@ -82,25 +89,31 @@ class TrainingData:
             val, files["val"] = val_loaded.dataset, val_loaded.records
         else:
             val = loaded.val
-        train = check_trainable(train, loss.negatives_rule, args.strict, "train")
-        if val is not None and loss.negatives_rule is not None and loss.negatives_rule.breaks:
-            val = check_trainable(val, loss.negatives_rule, args.strict, "val")  # the eval loss would fail on them
-        train, val = fetch_remote_media(train, val, args.strict, media.downloads)
+        with _Phase("trainable check", train, val) as phase:
+            train = check_trainable(train, loss.negatives_rule, args.strict, "train")
+            if val is not None and loss.negatives_rule is not None and loss.negatives_rule.breaks:
+                val = check_trainable(val, loss.negatives_rule, args.strict, "val")  # the eval loss would fail on them
+            phase.done(train, val, skip=loss.negatives_rule is None)
+        with _Phase("remote media", train, val) as phase:
+            train, val = fetch_remote_media(train, val, args.strict, media.downloads)
+            phase.done(train, val)
+        phase = _Phase("length check", train, val)
         if args.truncation_strategy == "delete" or encoding.template.media:
             # delete: the over-long rows go; left / right: the media rows are decoded and measured now
             truncate = args.truncation_strategy != "delete"
             builder = length_builder(encoding, media)
-            train = drop_overlong(train, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "train",
-                                  args.strict, truncate)
+            train = drop_overlong(train, builder, loss.layout, encoding.max_length,
+                                  check_processes(args.dataset_num_proc, len(train)), "train", args.strict, truncate)
             if val is not None:
-                val = drop_overlong(val, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "val",
-                                    args.strict, truncate)
+                val = drop_overlong(val, builder, loss.layout, encoding.max_length,
+                                    check_processes(args.dataset_num_proc, len(val)), "val", args.strict, truncate)
+            phase.done(train, val)
         if len(train) == 0:  # all deleted by the length check (loading itself refuses empty data): a data error
             raise SpecError(f"no training rows left: every row of {', '.join(args.dataset)} is longer than "
                             f"--max_length {encoding.max_length} or has media that cannot be loaded (listed above; "
                             "--truncation_strategy delete); raise --max_length or use --truncation_strategy right")
         data = cls(EmbeddingDataset(train, teacher_files), EmbeddingDataset(val, teacher_files) if val is not None else None,
-                   files=files)
+                   files=files, parsed=bool(loaded.parsed or (args.val_dataset and val_loaded.parsed)))
         data.teacher_key, data.teacher_width = data_teacher(args, loss, data.train)
         if val is not None:  # data_teacher read the training rows with their arrays; the eval rows' must fit too
             teacher_files.check_rows(val)
@@ -142,6 +155,89 @@ class TrainingData:
         if builder is not None and val is not None:
             val = drop_overlong(val, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "val", args.strict)
         return cls(train, EmbeddingDataset(val) if val is not None else None, files=files)
+
+
+#: the fewest rows per process of a parallel length check (a pool of processes costs about a second)
+_MIN_ROWS_PER_PROCESS = 5000
+
+
+def check_processes(num_proc: int, rows: int) -> int:
+    """The processes the length check runs in: ``--dataset_num_proc``, fewer for few rows."""
+    return max(1, min(num_proc, rows // _MIN_ROWS_PER_PROCESS))
+
+
+class _Phase:
+    """One phase of reading the data (the trainable check, the remote media, the length check),
+    timed: ``done(train, val)`` logs the rows it took in, those it removed, and its time."""
+
+    def __init__(self, name: str, train, val):
+        self.name, self.rows = name, len(train) + (len(val) if val is not None else 0)
+        self.started = time.perf_counter()
+
+    def __enter__(self) -> _Phase:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def done(self, train, val, skip: bool = False) -> None:
+        if skip:
+            return
+        left = len(train) + (len(val) if val is not None else 0)
+        removed = f"{self.rows - left} removed (listed above), " if left < self.rows else ""
+        _log_phase(self.name, self.rows, time.perf_counter() - self.started, removed)
+
+
+def _log_phase(name: str, rows: int, seconds: float, removed: str = "", how: str = "") -> None:
+    rate = f", {rows / seconds:,.0f} rows/s" if seconds > 0 and rows else ""
+    logger.info("data: %s: %s rows, %s%.1f s%s%s", name, f"{rows:,}", removed, seconds, rate, f" ({how})" if how else "")
+
+
+def read_once(args: SftArguments, read):
+    """``read(reuse)``'s result (:meth:`TrainingData.load`), the data read and checked by one
+    process while the others of the run wait, then reuse what it wrote to the ``datasets`` cache
+    (``reuse=True``: parse, trainable check, length check and remote media come from its files,
+    memory-mapped; no process holds another copy of the rows).
+
+    The process that reads: the run's main process (rank 0), which on one node is the local
+    main process; with ``--save_on_each_node true`` (the nodes share no filesystem) the main
+    process of each node. A node that does not see the reader's cache reads the files itself
+    after the wait (the same rows, read again). The others wait in a collective of the process
+    group (``--ddp_timeout``, 30 minutes by default, bounds the wait: raise it for data that
+    takes longer to read). When the reader fails (a bad row), the others stop too, with an error
+    that points at its message rather than reading the data themselves."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+        return read(False)
+    reader = args.local_process_index == 0 if args.save_on_each_node else args.process_index == 0
+    failure = None
+    if reader:
+        logger.info("data: read and checked by process %d; the other %d process(es) wait and reuse its cache",
+                    args.process_index, dist.get_world_size() - 1)
+        try:
+            data = read(False)
+        except BaseException as e:  # noqa: BLE001 (the others must learn of any failure, then it is raised)
+            failure = e
+    status: list = [None] * dist.get_world_size()
+    dist.all_gather_object(status, None if failure is None else f"{type(failure).__name__}: {failure}"[:2000])
+    if failure is not None:
+        raise failure
+    failed = next((s for s in status if s is not None), None)
+    if failed is not None:
+        raise SpecError(f"the process that read the data failed ({failed.splitlines()[0]})")
+    if reader:
+        return data
+    quiet = logging.getLogger("mmembed")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # the reader has said it all (skipped rows, deletions)
+    try:
+        data = read(True)
+    finally:
+        quiet.setLevel(level)
+    logger.info("data: process %d reused the data of the reading process (%s)", args.process_index,
+                "its cache was not there: the files were parsed again" if data.parsed else "nothing parsed again")
+    return data
 
 
 def data_teacher(args: SftArguments, loss: EmbeddingLoss, train: EmbeddingDataset) -> tuple[str | None, int | None]:
