@@ -553,7 +553,12 @@ def split_dataset(ds, ratio: float, seed: int):
 
 class EmbeddingDataset(torch.utils.data.Dataset):
     """A torch Dataset over the Arrow samples; ``ds[i]`` decodes row ``i`` into a Sample,
-    with its teacher signals from ``teacher`` (``.npy`` files aligned with the data files)."""
+    with its teacher signals from ``teacher`` (``.npy`` files aligned with the data files).
+
+    Each sample it gives knows where it came from (``sample.drawn_from``: this dataset and
+    the index), so that a row whose media fail to load when its batch is built can be
+    replaced by another row of the same dataset (:meth:`replacement`, with ``--strict false``).
+    """
 
     def __init__(self, dataset: Any, teacher: Any = None):
         if isinstance(dataset, LoadResult):
@@ -569,4 +574,13 @@ class EmbeddingDataset(torch.utils.data.Dataset):
         sample = Sample.from_json(row["sample"])
         if self.teacher is not None:
             self.teacher.attach(sample, int(row["row"]))
+        sample.drawn_from = (self, int(index))  # not a field: not compared, not stored
         return sample
+
+    def replacement(self, index: int, attempt: int) -> Sample:
+        """The row that stands in for row ``index`` (``attempt`` 0, 1, ... when the ones before
+        are unusable too): a row drawn from this dataset by a generator seeded with ``index``
+        and ``attempt`` only, so the same bad row has the same stand-in in every epoch, run,
+        process and data-loader worker."""
+        rng = np.random.default_rng([int(index), int(attempt), 0x6D6D])
+        return self[int(rng.integers(len(self)))]

@@ -112,6 +112,7 @@ def build_trainer(args: SftArguments, media: MediaSettings | None = None) -> Emb
         teacher_signal=data.teacher_key,
         bucket=bool(args.length_buckets),
         media=media,
+        strict=args.strict,
     )
     trainer = EmbeddingTrainer(
         model=model,

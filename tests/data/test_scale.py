@@ -141,3 +141,89 @@ def test_two_processes_read_the_data_once_and_train_on_the_rows_of_one(tmp_path,
     assert any(line.startswith("[rank1]") and "process 1 reused" in line and "nothing parsed again" in line
                for line in mine), mine
     assert not any(line.startswith("[rank1]") and "parse:" in line for line in mine), mine
+
+
+def _jpeg(path, size, seed, truncate=False) -> str:
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path, format="JPEG", quality=90)
+    if truncate:  # the header (and size) intact, the pixels cut short
+        data = open(path, "rb").read()
+        open(path, "wb").write(data[: len(data) // 2])
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def corrupt_rows(tmp_path_factory):
+    """Six image rows whose third image is a real JPEG truncated halfway (its header opens)."""
+    d = tmp_path_factory.mktemp("corrupt")
+    rows = []
+    for i in range(6):
+        img = _jpeg(d / f"img{i}.jpg", (56 + 28 * (i % 2), 56), i, truncate=i == 2)
+        rows.append({"query": f"<image>picture {i}", "response": f"caption {i}", "images": [img]})
+    return write_jsonl(d / "rows.jsonl", rows), str(d / "cache")
+
+
+def test_corrupt_pixels_are_found_when_the_batch_is_built(corrupt_rows, tiny_model):
+    from PIL import Image
+
+    from mmembed.data import EmbeddingDataset
+    from mmembed.encoding.collator import EmbeddingCollator
+    from mmembed.encoding.templates import get_template
+
+    path, cache = corrupt_rows
+    with Image.open(path.replace("rows.jsonl", "img2.jpg")) as im:  # what the reader checks: the header opens
+        assert im.size == (56, 56)
+    ds = EmbeddingDataset(load_samples(path, cache_dir=cache))  # read: the header is fine
+    assert len(ds) == 6
+    collator = EmbeddingCollator(get_template("qwen2_gme"), processing(tiny_model("qwen2_vl")), "group")
+    with pytest.raises(DataError) as e:
+        collator([ds[i] for i in range(4)])
+    assert (e.value.source, e.value.line) == (path, 3) and e.value.field == "query images[0]"
+    assert "img2.jpg" in str(e.value) and "truncated" in str(e.value)
+
+
+def test_strict_false_skips_a_corrupt_row_and_keeps_the_batch_size(corrupt_rows, tiny_model, caplog):
+    from mmembed.data import EmbeddingDataset
+    from mmembed.encoding.collator import EmbeddingCollator
+    from mmembed.encoding.templates import get_template
+
+    path, cache = corrupt_rows
+    ds = EmbeddingDataset(load_samples(path, cache_dir=cache))
+    proc = processing(tiny_model("qwen2_vl"))
+    lenient = EmbeddingCollator(get_template("qwen2_gme"), proc, "group", strict=False)
+    strict = EmbeddingCollator(get_template("qwen2_gme"), proc, "group")
+    batch_rows = [ds[i] for i in range(4)]
+    with caplog.at_level("INFO", logger="mmembed"):
+        batch = lenient(batch_rows)
+    skipped = [r.getMessage() for r in caplog.records if "skipped a row" in r.getMessage()]
+    assert len(skipped) == 1 and f"{path}:3" in skipped[0] and "img2.jpg" in skipped[0]
+    (stand_in,) = [r.getMessage().split(" by ")[1] for r in caplog.records if "replaced in its batch" in r.getMessage()]
+    line = int(stand_in.rsplit(":", 1)[1])
+    assert line in (5, 6)  # another good row, not one already in the batch
+    reference = strict([ds[0], ds[1], ds[line - 1], ds[3]])  # the batch built by hand with the stand-in in place
+    assert batch["labels"].shape == reference["labels"].shape == (4,) and batch["input_ids"].shape[0] == 8
+    for key in ("input_ids", "attention_mask", "pixel_values", "image_grid_thw"):
+        assert torch_equal(batch[key], reference[key]), key
+    # the same stand-in again: in another epoch, and in another process's collator
+    again = EmbeddingCollator(get_template("qwen2_gme"), proc, "group", strict=False)([ds[i] for i in range(4)])
+    assert torch_equal(again["input_ids"], batch["input_ids"])
+    # a row that is not from an EmbeddingDataset has no stand-in: its error is raised
+    from mmembed.data.reader import read_file
+
+    with pytest.raises(DataError):
+        lenient(read_file(path)[:4])
+
+
+def processing(folder: str):
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(folder)
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return a.shape == b.shape and bool(torch.equal(a, b))
