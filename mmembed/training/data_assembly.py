@@ -152,6 +152,7 @@ class TrainingData:
 
         if rule is not None or builder is not None:
             train.keep = keep
+        train.min_rows = args.per_device_train_batch_size * args.world_size
         if builder is not None and val is not None:
             val = drop_overlong(val, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "val", args.strict)
         return cls(train, EmbeddingDataset(val) if val is not None else None, files=files)

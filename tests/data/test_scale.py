@@ -227,3 +227,19 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return a.shape == b.shape and bool(torch.equal(a, b))
+
+
+def test_stream_with_fewer_usable_rows_than_a_batch_is_an_error_not_an_endless_loop(tmp_path, minilm_path):
+    import subprocess
+    import sys
+
+    rows = [{"query": "a", "response": "b"}, {"query": "c", "response": "d"}, {"bad": 1}, {"bad": 2}]
+    data = write_jsonl(tmp_path / "few.jsonl", rows)
+    cmd = [sys.executable, "-m", "mmembed", "sft", "--model", minilm_path, "--dataset", data, "--streaming", "true",
+           "--strict", "false", "--max_steps", "2", "--per_device_train_batch_size", "4", "--output_dir",
+           str(tmp_path / "out"), "--report_to", "none", "--save_strategy", "no"]
+    env = dict(os.environ, HF_DATASETS_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO, env=env)  # it looped forever
+    assert proc.returncode != 0
+    assert "only 2 usable row(s) in a whole pass over the stream (2 bad, 0 over --max_length)" in proc.stderr
+    assert "fewer than one batch of every process (4)" in proc.stderr
