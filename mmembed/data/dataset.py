@@ -1,8 +1,9 @@
 """Dataset specs (``--dataset``) and Arrow storage of the parsed samples.
 
 ``load_samples(["train.jsonl#1000", "more_data/"])`` reads every file through
-:func:`~mmembed.data.rows.parse_row` inside ``datasets.Dataset.from_generator``, so rows go
-straight to a memory-mapped Arrow file in the ``datasets`` cache and are never held as a
+:func:`~mmembed.data.rows.parse_row` inside a ``datasets`` builder that writes tables of
+:data:`_TABLE_ROWS` rows (``num_proc`` processes parse byte ranges of a ``.jsonl`` file), so
+rows go straight to a memory-mapped Arrow file in the ``datasets`` cache and are never held as a
 Python list. Each Arrow row holds one sample as JSON (``Sample.to_json``) plus its
 ``source``, ``line`` and ``row`` (its index among its file's rows, which a teacher ``.npy``
 is aligned with); :class:`EmbeddingDataset` decodes them one at a time.

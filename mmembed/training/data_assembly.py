@@ -6,6 +6,8 @@ counts the rows the loss cannot learn from under its settings (:func:`check_trai
 runs the length check (:func:`drop_overlong`), opens the teacher's arrays and finds the
 teacher signal the rows carry (:func:`data_teacher`). :func:`check_drop_last` and
 :func:`load_eval_tasks` check the rest of what training will read before the model loads.
+:func:`read_once` has one process of a run read and check the data while the others wait and
+reuse its ``datasets`` cache; each phase logs its rows, removals and time.
 
 The length check
 ----------------
