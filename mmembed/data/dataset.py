@@ -284,6 +284,7 @@ def _build(gen_kwargs: dict, cache_dir: str | None, num_proc: int, force: bool):
     import datasets
 
     fingerprint = hashlib.sha256(json.dumps(gen_kwargs, sort_keys=True).encode()).hexdigest()[:32]
+    num_proc = min(num_proc, len(gen_kwargs["shards"]))  # one process per shard at most (datasets warns otherwise)
     builder = _rows_builder_class()(cache_dir=cache_dir, features=_features(), generator=_generate,
                                     gen_kwargs=gen_kwargs, config_id="mmembed-rows-fingerprint=" + fingerprint)
     try:
