@@ -91,14 +91,14 @@ class TrainingData:
             val, files["val"] = val_loaded.dataset, val_loaded.records
         else:
             val = loaded.val
-        with _Phase("trainable check", train, val) as phase:
-            train = check_trainable(train, loss.negatives_rule, args.strict, "train")
-            if val is not None and loss.negatives_rule is not None and loss.negatives_rule.breaks:
-                val = check_trainable(val, loss.negatives_rule, args.strict, "val")  # the eval loss would fail on them
-            phase.done(train, val, skip=loss.negatives_rule is None)
-        with _Phase("remote media", train, val) as phase:
-            train, val = fetch_remote_media(train, val, args.strict, media.downloads)
-            phase.done(train, val)
+        phase = _Phase("trainable check", train, val)
+        train = check_trainable(train, loss.negatives_rule, args.strict, "train")
+        if val is not None and loss.negatives_rule is not None and loss.negatives_rule.breaks:
+            val = check_trainable(val, loss.negatives_rule, args.strict, "val")  # the eval loss would fail on them
+        phase.done(train, val, skip=loss.negatives_rule is None)
+        phase = _Phase("remote media", train, val)
+        train, val = fetch_remote_media(train, val, args.strict, media.downloads)
+        phase.done(train, val)
         phase = _Phase("length check", train, val)
         if args.truncation_strategy == "delete" or encoding.template.media:
             # delete: the over-long rows go; left / right: the media rows are decoded and measured now
@@ -171,17 +171,12 @@ def check_processes(num_proc: int, rows: int) -> int:
 
 class _Phase:
     """One phase of reading the data (the trainable check, the remote media, the length check),
-    timed: ``done(train, val)`` logs the rows it took in, those it removed, and its time."""
+    timed from its creation: ``done(train, val)`` logs the rows it took in, those it removed,
+    and its time (``skip``: the phase had nothing to do)."""
 
     def __init__(self, name: str, train, val):
         self.name, self.rows = name, len(train) + (len(val) if val is not None else 0)
         self.started = time.perf_counter()
-
-    def __enter__(self) -> _Phase:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        return None
 
     def done(self, train, val, skip: bool = False) -> None:
         if skip:
