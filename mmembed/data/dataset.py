@@ -39,7 +39,7 @@ __all__ = ["EmbeddingDataset", "LoadResult", "SpecError", "load_samples", "parse
 logger = logging.getLogger(__name__)
 
 # Bump when the reader's output for the same file changes, so old caches are not reused.
-_CACHE_VERSION = "mmembed-samples-3"
+_CACHE_VERSION = "mmembed-samples-4"
 _REPORT_LIMIT = 50
 #: the least a process parses of a .jsonl file (about 10k rows of the usual text shape)
 _MIN_SHARD_BYTES = 4 << 20
@@ -121,7 +121,7 @@ def _data_files(path: str) -> list[str]:
 class LoadResult:
     """What :func:`load_samples` returns: the dataset and the rows it skipped (strict=False)."""
 
-    dataset: Any  # datasets.Dataset with columns sample (JSON), source, line, row
+    dataset: Any  # datasets.Dataset with columns sample (JSON), source, line, remote, row
     skipped: list[DataError] = field(default_factory=list)
     rows_read: int = 0
     records: dict[str, int] = field(default_factory=dict)  # rows read per file (bad ones included)
@@ -154,6 +154,7 @@ def _features():
             "source": datasets.Value("string"),
             "line": datasets.Value("int64"),
             "error": datasets.Value("string"),
+            "remote": datasets.Value("bool"),  # the sample names a URL (the remote media phase reads only these)
         }
     )
 
@@ -189,10 +190,12 @@ def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: s
                 except RecursionError:  # raised inside datasets' generator it would become its own error
                     err = DataError(path, line, None, "row nested too deeply to read")
                 else:
-                    yield {"sample": sample.to_json(), "source": path, "line": line, "error": None}
+                    text = sample.to_json()
+                    yield {"sample": text, "source": path, "line": line, "error": None, "remote": "://" in text}
                     continue
             yield {
                 "sample": None,
+                "remote": False,
                 "source": err.source,
                 "line": err.line,
                 "error": json.dumps(
@@ -360,11 +363,16 @@ def _load_files(
 def _with_row_numbers(ds):
     """Add ``row``, each row's index among its file's rows (what a ``.npy`` aligned with the
     file is indexed by), and count the rows of each file. Rows arrive file by file, in order."""
-    source = np.asarray(ds.data.column("source").to_numpy(zero_copy_only=False), dtype=object)
-    n = len(source)
+    import pyarrow.compute as pc
+
+    column = ds.data.column("source")
+    n = len(column)
     if n == 0:
         return ds.add_column("row", np.zeros(0, dtype=np.int64)), {}
-    starts = np.concatenate([[0], np.flatnonzero(source[1:] != source[:-1]) + 1])
+    # where the file changes, found in Arrow (no Python string per row)
+    changes = pc.not_equal(column.slice(1), column.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    starts = np.concatenate([[0], np.flatnonzero(changes) + 1])
+    source = {int(i): column[int(i)].as_py() for i in starts}
     sizes = np.diff(np.concatenate([starts, [n]]))
     row = np.arange(n) - np.repeat(starts, sizes)
     records: dict[str, int] = {}
@@ -433,7 +441,8 @@ def load_samples(
     """Read dataset specs into one Arrow-backed ``datasets.Dataset`` of samples.
 
     Columns: ``sample`` (``Sample.to_json()``), ``source`` (absolute file path), ``line``,
-    ``row`` (the index among the file's rows, bad rows included).
+    ``remote`` (whether the sample names a URL), ``row`` (the index among the file's rows, bad
+    rows included).
     Rows come in ms-swift's order for the same seed (its ``--data_seed``), with one
     ``numpy.random.RandomState(seed)`` drawn from spec by spec: each spec (see
     :func:`parse_spec`) first gives up ``split_ratio`` of its rows to the validation set

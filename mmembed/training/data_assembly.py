@@ -350,8 +350,11 @@ def fetch_remote_media(train, val, strict: bool = True, downloads: DownloadSetti
         import numpy as np
         import pyarrow.compute as pc
 
-        stored = np.flatnonzero(pc.fill_null(pc.match_substring(ds.data.column("sample"), "://"), False)
-                                .to_numpy(zero_copy_only=False))
+        if "remote" in ds.column_names:  # marked when the rows were parsed
+            stored = np.flatnonzero(ds.data.column("remote").to_numpy(zero_copy_only=False))
+        else:
+            stored = np.flatnonzero(pc.fill_null(pc.match_substring(ds.data.column("sample"), "://"), False)
+                                    .to_numpy(zero_copy_only=False))
         if not len(stored):
             return
         indices = getattr(ds, "_indices", None)
