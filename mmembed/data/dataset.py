@@ -1,8 +1,9 @@
 """Dataset specs (``--dataset``) and Arrow storage of the parsed samples.
 
 ``load_samples(["train.jsonl#1000", "more_data/"])`` reads every file through
-:func:`~mmembed.data.rows.parse_row` inside ``datasets.Dataset.from_generator``, so rows go
-straight to a memory-mapped Arrow file in the ``datasets`` cache and are never held as a
+:func:`~mmembed.data.rows.parse_row` inside a ``datasets`` builder that writes tables of
+:data:`_TABLE_ROWS` rows (``num_proc`` processes parse byte ranges of a ``.jsonl`` file), so
+rows go straight to a memory-mapped Arrow file in the ``datasets`` cache and are never held as a
 Python list. Each Arrow row holds one sample as JSON (``Sample.to_json``) plus its
 ``source``, ``line`` and ``row`` (its index among its file's rows, which a teacher ``.npy``
 is aligned with); :class:`EmbeddingDataset` decodes them one at a time.
@@ -16,7 +17,6 @@ dataset is returned), so that they survive worker processes and cache hits alike
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import logging
 import os
@@ -39,8 +39,10 @@ __all__ = ["EmbeddingDataset", "LoadResult", "SpecError", "load_samples", "parse
 logger = logging.getLogger(__name__)
 
 # Bump when the reader's output for the same file changes, so old caches are not reused.
-_CACHE_VERSION = "mmembed-samples-3"
+_CACHE_VERSION = "mmembed-samples-4"
 _REPORT_LIMIT = 50
+#: the least a process parses of a .jsonl file (about 10k rows of the usual text shape)
+_MIN_SHARD_BYTES = 4 << 20
 
 
 class SpecError(ValueError):
@@ -119,12 +121,14 @@ def _data_files(path: str) -> list[str]:
 class LoadResult:
     """What :func:`load_samples` returns: the dataset and the rows it skipped (strict=False)."""
 
-    dataset: Any  # datasets.Dataset with columns sample (JSON), source, line, row
+    dataset: Any  # datasets.Dataset with columns sample (JSON), source, line, remote, row
     skipped: list[DataError] = field(default_factory=list)
     rows_read: int = 0
     records: dict[str, int] = field(default_factory=dict)  # rows read per file (bad ones included)
     files: list[list[str]] = field(default_factory=list)  # the data files of each spec, in order
     val: Any = None  # the rows split off for validation (split_ratio > 0)
+    parsed: bool = False  # whether any file was parsed now (False: every file came from the Arrow cache)
+    seconds: float = 0.0  # the time the files took to parse (or to open from the cache)
 
     def report(self, limit: int = _REPORT_LIMIT) -> str:
         """A human-readable list of skipped rows (``file:line field: reason``); "" if none."""
@@ -150,6 +154,7 @@ def _features():
             "source": datasets.Value("string"),
             "line": datasets.Value("int64"),
             "error": datasets.Value("string"),
+            "remote": datasets.Value("bool"),  # the sample names a URL (the remote media phase reads only these)
         }
     )
 
@@ -185,10 +190,12 @@ def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: s
                 except RecursionError:  # raised inside datasets' generator it would become its own error
                     err = DataError(path, line, None, "row nested too deeply to read")
                 else:
-                    yield {"sample": sample.to_json(), "source": path, "line": line, "error": None}
+                    text = sample.to_json()
+                    yield {"sample": text, "source": path, "line": line, "error": None, "remote": "://" in text}
                     continue
             yield {
                 "sample": None,
+                "remote": False,
                 "source": err.source,
                 "line": err.line,
                 "error": json.dumps(
@@ -200,34 +207,100 @@ def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: s
                 return
 
 
+#: rows per Arrow table the parse writes (one table per batch, not one encoded example per row)
+_TABLE_ROWS = 2048
+
+
+def _rows_builder_class():
+    """A ``datasets`` builder that writes :func:`_generate`'s rows as Arrow tables of
+    :data:`_TABLE_ROWS` rows: ``datasets``' own ``Generator`` builder encodes every row as
+    one example (a quarter of the parse's time); the cache, the sharding of ``shards``
+    over ``num_proc`` processes and the progress bar are ``datasets``' as before."""
+    import datasets
+    import pyarrow as pa
+    from datasets.builder import Key
+    from datasets.packaged_modules.generator.generator import GeneratorConfig
+    from datasets.utils.sharding import _number_of_shards_in_gen_kwargs, _split_gen_kwargs
+
+    class MmembedRows(datasets.ArrowBasedBuilder):
+        BUILDER_CONFIG_CLASS = GeneratorConfig
+
+        def _info(self):
+            info = datasets.DatasetInfo(features=self.config.features)
+            expected = _expected_rows(self.config.gen_kwargs["shards"])
+            if expected:  # the progress bar's total (hence its ETA); the split's real size replaces it
+                info.splits = datasets.SplitDict()
+                info.splits.add(datasets.SplitInfo(name=str(self.config.split), num_examples=expected))
+            return info
+
+        def _split_generators(self, dl_manager):
+            return [datasets.SplitGenerator(name=self.config.split, gen_kwargs=self.config.gen_kwargs)]
+
+        def _generate_tables(self, **gen_kwargs):
+            schema = self.config.features.arrow_schema
+            num_shards = _number_of_shards_in_gen_kwargs(gen_kwargs)
+            for shard_idx, shard_kwargs in enumerate(_split_gen_kwargs(gen_kwargs, max_num_jobs=num_shards)):
+                columns: dict[str, list] = {k: [] for k in schema.names}
+                table_idx = 0
+                for row in _generate(**shard_kwargs):
+                    for k, column in columns.items():
+                        column.append(row[k])
+                    if len(columns["line"]) >= _TABLE_ROWS:
+                        yield Key(shard_idx, table_idx), pa.Table.from_pydict(columns, schema=schema)
+                        columns, table_idx = {k: [] for k in schema.names}, table_idx + 1
+                if columns["line"]:
+                    yield Key(shard_idx, table_idx), pa.Table.from_pydict(columns, schema=schema)
+
+    return MmembedRows
+
+
+def _expected_rows(shards: list[tuple]) -> int:
+    """About how many rows the shards hold, for the parse's progress bar: the lines of the
+    ``.jsonl`` files (a blank line is counted but yields no row) and the rows of the
+    ``.parquet`` files; 0 (no total) when a file of another format is among them."""
+    total = 0
+    for path, _mtime, size, shard, _n in shards:
+        if shard:
+            continue
+        ext = os.path.splitext(path)[1].lower()
+        if ext == ".parquet":
+            import pyarrow.parquet as pq
+
+            total += pq.ParquetFile(path).metadata.num_rows
+        elif ext == ".jsonl":
+            with open(path, "rb") as f:
+                total += _count_lines(f, size)
+        else:
+            return 0
+    return total
+
+
+def _count_lines(f, size: int) -> int:
+    count, last = 0, b"\n"
+    while chunk := f.read(1 << 24):
+        count += chunk.count(b"\n")
+        last = chunk[-1:]
+    return count + (last != b"\n" and size > 0)
+
+
 def _build(gen_kwargs: dict, cache_dir: str | None, num_proc: int, force: bool):
     import datasets
-    from datasets.io.generator import GeneratorDatasetInputStream
 
     fingerprint = hashlib.sha256(json.dumps(gen_kwargs, sort_keys=True).encode()).hexdigest()[:32]
-    kwargs: dict[str, Any] = dict(
-        generator=_generate,
-        features=_features(),
-        cache_dir=cache_dir,
-        gen_kwargs=gen_kwargs,
-        num_proc=num_proc if num_proc > 1 else None,
-    )
-    if "fingerprint" in inspect.signature(datasets.Dataset.from_generator).parameters:
-        kwargs["fingerprint"] = fingerprint  # else datasets hashes gen_kwargs, which hold the same facts
+    num_proc = min(num_proc, len(gen_kwargs["shards"]))  # one process per shard at most (datasets warns otherwise)
+    builder = _rows_builder_class()(cache_dir=cache_dir, features=_features(), generator=_generate,
+                                    gen_kwargs=gen_kwargs, config_id="mmembed-rows-fingerprint=" + fingerprint)
     try:
-        if not force:
-            return datasets.Dataset.from_generator(**kwargs)
-        # load_from_cache_file=False: the same stream from_generator uses, forced to regenerate.
-        stream = GeneratorDatasetInputStream(**kwargs)
-        stream.builder.download_and_prepare(download_mode="force_redownload", num_proc=kwargs["num_proc"])
-        ds = stream.builder.as_dataset(split=stream.builder.config.split)
+        # no_checks: the split's size recorded before the parse is an estimate (the bar's total)
+        builder.download_and_prepare(download_mode="force_redownload" if force else None,
+                                     verification_mode="no_checks", num_proc=num_proc if num_proc > 1 else None)
+        ds = builder.as_dataset(split=builder.config.split)
     except ValueError as e:
         if "corresponds to no data" not in str(e):
             raise
         # The files hold no rows at all; datasets cannot build a split from nothing.
         return datasets.Dataset.from_dict({k: [] for k in _features()}, features=_features())
-    if kwargs.get("fingerprint"):
-        ds._fingerprint = fingerprint
+    ds._fingerprint = fingerprint
     return ds
 
 
@@ -255,42 +328,51 @@ def _from_cache(ds, started: float) -> bool:
 def _load_files(
     files: list[str], *, strict: bool, verify_images: bool, cache_dir: str | None, num_proc: int, force: bool,
     columns: dict[str, str] | None = None, label_rule: LabelRule | None = None, media_kinds: frozenset[str] | None = None,
+    reuse: bool = False,
 ):
     """Arrow dataset of the files' good rows (with their ``row`` in their file), the bad rows
-    as DataErrors, and the rows read per file."""
+    as DataErrors, the rows read per file, and whether the files were parsed now (False: the
+    cache). ``reuse``: take the cache as it is (another process of the run has just written it)."""
     shards = []
     for path in files:
         st = os.stat(path)
-        n = num_proc if num_proc > 1 and path.lower().endswith(".jsonl") else 1
+        # byte ranges of a .jsonl file for several processes, each worth starting (a pool costs ~0.5 s)
+        n = min(num_proc, max(1, st.st_size // _MIN_SHARD_BYTES)) if path.lower().endswith(".jsonl") else 1
         shards += [(path, st.st_mtime_ns, st.st_size, i, n) for i in range(n)]
     gen_kwargs = {"shards": shards, "strict": strict, "verify_images": verify_images, "version": _CACHE_VERSION,
                   "work_dir": os.getcwd(), "root_image_dir": os.environ.get(ROOT_IMAGE_DIR, ""), "columns": columns,
                   "label_rule": label_rule.as_dict() if label_rule else None,
                   "media_kinds": tuple(sorted(media_kinds)) if media_kinds is not None else None}
     started = time.time()
-    ds = _build(gen_kwargs, cache_dir, num_proc, force)
+    ds = _build(gen_kwargs, cache_dir, num_proc, force and not reuse)
+    parsed = not _from_cache(ds, started)
     errors = _errors(ds)
-    if not force and any(isinstance(e, MediaFileError) for _, e in errors) and _from_cache(ds, started):
+    if not force and not reuse and not parsed and any(isinstance(e, MediaFileError) for _, e in errors):
         # The cache is keyed by the data files only; media may have been added or fixed since.
         ds = _build(gen_kwargs, cache_dir, num_proc, force=True)
-        errors = _errors(ds)
+        errors, parsed = _errors(ds), True
     if strict and errors:
         raise errors[0][1]
     ds, records = _with_row_numbers(ds)
     if not errors:
-        return ds.remove_columns("error"), [], records
+        return ds.remove_columns("error"), [], records, parsed
     good = np.setdiff1d(np.arange(len(ds)), [i for i, _ in errors], assume_unique=True)
-    return ds.select(good).remove_columns("error"), [e for _, e in errors], records
+    return ds.select(good).remove_columns("error"), [e for _, e in errors], records, parsed
 
 
 def _with_row_numbers(ds):
     """Add ``row``, each row's index among its file's rows (what a ``.npy`` aligned with the
     file is indexed by), and count the rows of each file. Rows arrive file by file, in order."""
-    source = np.asarray(ds.data.column("source").to_numpy(zero_copy_only=False), dtype=object)
-    n = len(source)
+    import pyarrow.compute as pc
+
+    column = ds.data.column("source")
+    n = len(column)
     if n == 0:
         return ds.add_column("row", np.zeros(0, dtype=np.int64)), {}
-    starts = np.concatenate([[0], np.flatnonzero(source[1:] != source[:-1]) + 1])
+    # where the file changes, found in Arrow (no Python string per row)
+    changes = pc.not_equal(column.slice(1), column.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    starts = np.concatenate([[0], np.flatnonzero(changes) + 1])
+    source = {int(i): column[int(i)].as_py() for i in starts}
     sizes = np.diff(np.concatenate([starts, [n]]))
     row = np.arange(n) - np.repeat(starts, sizes)
     records: dict[str, int] = {}
@@ -354,11 +436,13 @@ def load_samples(
     columns: dict[str, str] | None = None,
     label_rule: LabelRule | None = None,
     media_kinds: frozenset[str] | None = None,
+    reuse: bool = False,
 ) -> LoadResult:
     """Read dataset specs into one Arrow-backed ``datasets.Dataset`` of samples.
 
     Columns: ``sample`` (``Sample.to_json()``), ``source`` (absolute file path), ``line``,
-    ``row`` (the index among the file's rows, bad rows included).
+    ``remote`` (whether the sample names a URL), ``row`` (the index among the file's rows, bad
+    rows included).
     Rows come in ms-swift's order for the same seed (its ``--data_seed``), with one
     ``numpy.random.RandomState(seed)`` drawn from spec by spec: each spec (see
     :func:`parse_spec`) first gives up ``split_ratio`` of its rows to the validation set
@@ -383,7 +467,9 @@ def load_samples(
     ``verify_images=False`` skips reading each local media file's header (PIL for images,
     PyAV for videos and audio; existence is still checked). ``columns`` renames row fields
     before they are read (``--columns``, ms-swift's mapping: ``{"text1": "query", "text2":
-    "response"}``).
+    "response"}``). ``reuse=True`` takes what the Arrow cache holds as it is, whatever
+    ``load_from_cache_file`` says (the other processes of a run do, once its main process
+    has read the files; see :func:`mmembed.training.data_assembly.read_once`).
     """
     import datasets
 
@@ -397,9 +483,10 @@ def load_samples(
         raise ValueError(f"split_dataset_ratio must be in [0, 1], got {split_ratio}")
     rng = np.random.RandomState(seed)
     parts, vals, skipped, records = [], [], [], {}
+    started, parsed_any = time.perf_counter(), False
     for (path, n), files in zip(parsed, file_lists):
         _draw_seed(rng)  # ms-swift draws a seed per spec before reading it (for its decision-task augmentation)
-        ds, bad, read = _load_files(
+        ds, bad, read, parsed_now = _load_files(
             files,
             strict=strict,
             verify_images=verify_images,
@@ -409,7 +496,9 @@ def load_samples(
             columns=columns,
             label_rule=label_rule,
             media_kinds=media_kinds,
+            reuse=reuse,
         )
+        parsed_any = parsed_any or parsed_now
         skipped += bad
         records.update(read)
         if len(ds) == 0:
@@ -434,7 +523,8 @@ def load_samples(
             val_set = val_set.shuffle(seed=_draw_seed(rng))
     result = LoadResult(dataset=dataset if dataset is not None else val_set, skipped=skipped,
                         rows_read=sum(records.values()), records=records, files=file_lists,
-                        val=val_set if dataset is not None else None)
+                        val=val_set if dataset is not None else None, parsed=parsed_any,
+                        seconds=time.perf_counter() - started)
     if skipped:
         logger.warning("%s", result.report())
     return result
@@ -479,7 +569,12 @@ DATASET_ID = "dataset_id"
 class EmbeddingDataset(torch.utils.data.Dataset):
     """A torch Dataset over the Arrow samples; ``ds[i]`` decodes row ``i`` into a Sample,
     with its teacher signals from ``teacher`` (``.npy`` files aligned with the data files)
-    and its dataset index (:attr:`dataset_ids`)."""
+    and its dataset index (:attr:`dataset_ids`).
+
+    Each sample it gives knows where it came from (``sample.drawn_from``: this dataset and
+    the index), so that a row whose media fail to load when its batch is built can be
+    replaced by another row of the same dataset (:meth:`replacement`, with ``--strict false`).
+    """
 
     def __init__(self, dataset: Any, teacher: Any = None):
         if isinstance(dataset, LoadResult):
@@ -507,4 +602,13 @@ class EmbeddingDataset(torch.utils.data.Dataset):
             sample.dataset_id = int(row[DATASET_ID])
         if self.teacher is not None:
             self.teacher.attach(sample, int(row["row"]))
+        sample.drawn_from = (self, int(index))  # not a field: not compared, not stored
         return sample
+
+    def replacement(self, index: int, attempt: int) -> Sample:
+        """The row that stands in for row ``index`` (``attempt`` 0, 1, ... when the ones before
+        are unusable too): a row drawn from this dataset by a generator seeded with ``index``
+        and ``attempt`` only, so the same bad row has the same stand-in in every epoch, run,
+        process and data-loader worker."""
+        rng = np.random.default_rng([int(index), int(attempt), 0x6D6D])
+        return self[int(rng.integers(len(self)))]

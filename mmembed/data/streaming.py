@@ -71,8 +71,12 @@ class StreamingSamples(torch.utils.data.IterableDataset):
     :class:`DataError` for a row whose media cannot be loaded (raised under ``strict``, else
     the row is skipped like a bad row)."""
 
-    def __init__(self, stream: Any, strict: bool, specs: list[str], keep: Callable[[Sample], bool] | None = None):
+    def __init__(self, stream: Any, strict: bool, specs: list[str], keep: Callable[[Sample], bool] | None = None,
+                 min_rows: int = 1):
         self.stream, self.strict, self.specs, self.keep = stream, strict, specs, keep
+        # the rows one batch of every process takes: a pass over the stream that gives fewer
+        # completes no batch, and training would read the stream again and again without a step
+        self.min_rows = min_rows
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -103,9 +107,15 @@ class StreamingSamples(torch.utils.data.IterableDataset):
                 continue
             served += 1
             yield sample
-        if served == 0 and not in_worker:
+        if served < self.min_rows and not in_worker:
+            if served == 0:
+                raise DataError(", ".join(self.specs), 0, None,
+                                f"no usable rows in the stream ({skipped} bad, {dropped} over --max_length)")
             raise DataError(", ".join(self.specs), 0, None,
-                            f"no usable rows in the stream ({skipped} bad, {dropped} over --max_length)")
+                            f"only {served} usable row(s) in a whole pass over the stream ({skipped} bad, {dropped} over "
+                            f"--max_length), fewer than one batch of every process ({self.min_rows}): no batch would be "
+                            "complete and training would read the stream again and again without a step; give more "
+                            "rows or lower --per_device_train_batch_size")
         if dropped:
             logger.warning("epoch %d: %d row(s) longer than --max_length were deleted (--truncation_strategy delete)",
                            self.epoch, dropped)

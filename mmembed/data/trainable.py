@@ -51,10 +51,15 @@ def rows_without_negatives(ds, rule: NegativesRule, batch_size: int = 1024) -> l
     """The rows of ``ds`` (a ``datasets.Dataset`` with :func:`~mmembed.data.load_samples`'
     columns ``sample``, ``source``, ``line``) with fewer negatives than ``rule`` asks for, as
     ``(index, source, line)`` in the dataset's order. Reads only the negatives of each row."""
+    from datasets.utils import tqdm  # datasets' progress bar (rows/s, ETA; off with datasets' switch)
+
     short = []
     columns = ds.select_columns(["sample", "source", "line"])
+    bar = tqdm(total=len(ds), unit=" rows", desc="trainable check")
     for b, batch in enumerate(columns.iter(batch_size=batch_size)):
+        bar.update(len(batch["line"]))
         for j, (text, source, line) in enumerate(zip(batch["sample"], batch["source"], batch["line"])):
             if rule.falls_short(len(json.loads(text)["negatives"])):
                 short.append((b * batch_size + j, source, line))
+    bar.close()
     return short

@@ -22,6 +22,7 @@ for the same rows, or the teacher signals the data carries.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,10 @@ if TYPE_CHECKING:  # the media loader is imported at the first row with media
 #: DataError (file, line, field, reason) does not take, so it would arrive as a RuntimeError
 #: holding a traceback; pickled inside the batch it arrives whole.
 DATA_ERROR = "data_error"
+#: the stand-ins tried for a row skipped at batch time (--strict false) before giving up
+STAND_IN_TRIES = 20
+
+logger = logging.getLogger("mmembed")
 
 #: the batch key of each sample's dataset index (:attr:`EmbeddingCollator.with_dataset_ids`)
 DATASET_IDS = "dataset_ids"
@@ -141,6 +146,9 @@ class EmbeddingCollator:
     # add ``dataset_ids``: a LongTensor [B], each sample's dataset index (``Sample.dataset_id``;
     # ``--dataset_config``), which the trainer pops before the model's call
     with_dataset_ids: bool = False
+    # --strict false: a row whose media fail to load here is skipped, logged, and replaced in
+    # its batch by a stand-in drawn from its dataset (see collate); True: the DataError is raised
+    strict: bool = True
 
     def __post_init__(self):
         try:
@@ -159,7 +167,48 @@ class EmbeddingCollator:
             return {DATA_ERROR: e}  # see DATA_ERROR: the main process raises it
 
     def collate(self, samples: Sequence[Sample]) -> dict[str, Any]:
-        """The batch of ``samples`` (what calling the collator gives, outside workers)."""
+        """The batch of ``samples`` (what calling the collator gives, outside workers).
+
+        A row whose media fail to load (a file whose header opens but whose pixels do not
+        decode) is a :class:`DataError` naming file, line and field. With ``strict=False`` the
+        row is skipped instead: logged as a warning (``file:line field: reason``, once per
+        row and process) and replaced by another row of the dataset it came from, so the batch
+        keeps its size: the stand-in is drawn by ``EmbeddingDataset.replacement`` from the
+        bad row's index alone (the same in every epoch, run and process), skipping rows
+        already in the batch and rows known to be bad; up to :data:`STAND_IN_TRIES` draws.
+        Rows that do not come from an ``EmbeddingDataset`` (a stream, a list) have no stand-in:
+        their error is raised."""
+        if self.strict:
+            return self._collate(samples)
+        samples = list(samples)
+        bad: set[tuple[str, int]] = getattr(self, "_bad_rows", set())
+        self._bad_rows = bad
+        while True:
+            try:
+                return self._collate(samples)
+            except DataError as e:
+                at = next((i for i, s in enumerate(samples) if (s.source, s.line) == (e.source, e.line)), None)
+                drawn = getattr(samples[at], "drawn_from", None) if at is not None else None
+                if drawn is None:
+                    raise
+                if (e.source, e.line) not in bad:
+                    bad.add((e.source, e.line))
+                    logger.warning("skipped a row whose media cannot be loaded (--strict false): %s", e)
+                samples[at] = self._stand_in(drawn, samples, bad, e)
+
+    def _stand_in(self, drawn, samples: list[Sample], bad: set[tuple[str, int]], error: DataError) -> Sample:
+        dataset, index = drawn
+        taken = {(s.source, s.line) for s in samples}
+        for attempt in range(STAND_IN_TRIES):
+            other = dataset.replacement(index, attempt)
+            if (other.source, other.line) not in bad and (other.source, other.line) not in taken:
+                logger.info("row %s:%d replaced in its batch by %s:%d", error.source, error.line, other.source, other.line)
+                return other
+        raise DataError(error.source, error.line, error.field,
+                        f"{error.reason}; skipped (--strict false), but {STAND_IN_TRIES} stand-ins drawn for it "
+                        "were unusable too (bad, or already in the batch)")
+
+    def _collate(self, samples: Sequence[Sample]) -> dict[str, Any]:
         items: list[Item] = []
         origins: list[tuple[str, int, str]] = []
         labels: list[float] = []

