@@ -609,6 +609,11 @@ class EmbeddingDataset(torch.utils.data.Dataset):
         """The row that stands in for row ``index`` (``attempt`` 0, 1, ... when the ones before
         are unusable too): a row drawn from this dataset by a generator seeded with ``index``
         and ``attempt`` only, so the same bad row has the same stand-in in every epoch, run,
-        process and data-loader worker."""
+        process and data-loader worker; with several datasets (``--dataset_config``), a row of
+        the same dataset."""
         rng = np.random.default_rng([int(index), int(attempt), 0x6D6D])
+        ids = self.dataset_ids
+        if ids.any():  # --dataset_config: a row of the same dataset (a batch may have to be one dataset's)
+            same = np.flatnonzero(ids == ids[int(index)])
+            return self[int(same[rng.integers(len(same))])]
         return self[int(rng.integers(len(self)))]

@@ -243,3 +243,27 @@ def test_stream_with_fewer_usable_rows_than_a_batch_is_an_error_not_an_endless_l
     assert proc.returncode != 0
     assert "only 2 usable row(s) in a whole pass over the stream (2 bad, 0 over --max_length)" in proc.stderr
     assert "fewer than one batch of every process (4)" in proc.stderr
+
+
+def test_a_stand_in_comes_from_the_rows_own_dataset():
+    """With several datasets (--dataset_config's dataset_id column) a skipped row's stand-in is
+    a row of the same dataset (a one-dataset-per-batch sampler's batch stays one dataset's),
+    and the same for the same row and attempt."""
+    import datasets
+
+    from mmembed.data.dataset import DATASET_ID, EmbeddingDataset
+    from mmembed.data.sample import Item, Sample
+
+    ids = [i % 3 for i in range(60)]
+    rows = [Sample(Item(f"q{i}"), [Item(f"d{i}")], source="f.jsonl", line=i + 1).to_json() for i in range(60)]
+    ds = EmbeddingDataset(datasets.Dataset.from_dict({"sample": rows, "row": list(range(60)), DATASET_ID: ids}))
+    picked = set()
+    for index in range(60):
+        for attempt in range(3):
+            stand_in = ds.replacement(index, attempt)
+            assert stand_in.dataset_id == ids[index], (index, attempt)
+            assert stand_in.anchor.text == ds.replacement(index, attempt).anchor.text
+            picked.add(stand_in.anchor.text)
+    assert len(picked) > 30  # drawn over the dataset, not one fixed row
+    one = EmbeddingDataset(datasets.Dataset.from_dict({"sample": rows, "row": list(range(60))}))
+    assert {one.replacement(0, a).anchor.text for a in range(40)} - {f"q{i}" for i in range(0, 60, 3)}  # any row
