@@ -47,6 +47,9 @@ class NegativesRule:
         return f"{have}: {self.why}"
 
 
+_BAR_ROWS = 50_000  # the fewest rows the trainable check shows a progress bar for
+
+
 def rows_without_negatives(ds, rule: NegativesRule, batch_size: int = 1024) -> list[tuple[int, str, int]]:
     """The rows of ``ds`` (a ``datasets.Dataset`` with :func:`~mmembed.data.load_samples`'
     columns ``sample``, ``source``, ``line``) with fewer negatives than ``rule`` asks for, as
@@ -55,7 +58,8 @@ def rows_without_negatives(ds, rule: NegativesRule, batch_size: int = 1024) -> l
 
     short = []
     columns = ds.select_columns(["sample", "source", "line"])
-    bar = tqdm(total=len(ds), unit=" rows", desc="trainable check")
+    # a bar for data worth one (at about 200k rows/s, fewer rows take a blink and would only add lines to a short run's output)
+    bar = tqdm(total=len(ds), unit=" rows", desc="trainable check", disable=len(ds) < _BAR_ROWS)
     for b, batch in enumerate(columns.iter(batch_size=batch_size)):
         bar.update(len(batch["line"]))
         for j, (text, source, line) in enumerate(zip(batch["sample"], batch["source"], batch["line"])):
