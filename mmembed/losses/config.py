@@ -28,17 +28,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..data.dataset_config import INFONCE_KEYS
 from .base import MIN_TEMPERATURE_TEXT, check_temperature, finite_number
 
-ENV_VARS: dict[str, str] = {
-    "temperature": "INFONCE_TEMPERATURE",
-    "use_batch": "INFONCE_USE_BATCH",
-    "hard_negatives": "INFONCE_HARD_NEGATIVES",
-    "mask_fake_negative": "INFONCE_MASK_FAKE_NEGATIVE",
-    "fake_neg_margin": "INFONCE_FAKE_NEG_MARGIN",
-    "include_qq": "INFONCE_INCLUDE_QQ",
-    "include_dd": "INFONCE_INCLUDE_DD",
-}
+#: the INFONCE_* variables by field name: one table with --dataset_config's ``infonce`` keys
+ENV_VARS: dict[str, str] = INFONCE_KEYS
 
 # what each variable allows, for the message when a value does not parse
 ALLOWED: dict[str, str] = {

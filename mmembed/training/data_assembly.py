@@ -120,17 +120,7 @@ class TrainingData:
         phase = _Phase("remote media", train, val)
         train, val = fetch_remote_media(train, val, args.strict, media.downloads)
         phase.done(train, val)
-        phase = _Phase("length check", train, val)
-        if args.truncation_strategy == "delete" or encoding.template.media:
-            # delete: the over-long rows go; left / right: the media rows are decoded and measured now
-            truncate = args.truncation_strategy != "delete"
-            builder = length_builder(encoding, media, args.check_media)
-            train = drop_overlong(train, builder, loss.layout, encoding.max_length,
-                                  check_processes(args.dataset_num_proc, len(train)), "train", args.strict, truncate)
-            if val is not None:
-                val = drop_overlong(val, builder, loss.layout, encoding.max_length,
-                                    check_processes(args.dataset_num_proc, len(val)), "val", args.strict, truncate)
-            phase.done(train, val)
+        train, val = check_lengths(args, encoding, loss, media, train, val)
         if len(train) == 0:  # all deleted by the length check (loading itself refuses empty data): a data error
             raise SpecError(f"no training rows left: every row of {', '.join(args.dataset)} is longer than "
                             f"--max_length {encoding.max_length} or has media that cannot be loaded (listed above; "
@@ -233,15 +223,10 @@ class TrainingData:
         if len(trains) > 1 and args.dataset_shuffle:
             train = train.shuffle(seed=args.data_seed)
         val = None if not vals else vals[0] if len(vals) == 1 else hf_datasets.concatenate_datasets(vals)
+        phase = _Phase("remote media", train, val)
         train, val = fetch_remote_media(train, val, args.strict, media.downloads)
-        if args.truncation_strategy == "delete" or encoding.template.media:
-            truncate = args.truncation_strategy != "delete"
-            builder = length_builder(encoding, media, args.check_media)
-            train = drop_overlong(train, builder, loss.layout, encoding.max_length,
-                                  check_processes(args.dataset_num_proc, len(train)), "train", args.strict, truncate)
-            if val is not None:
-                val = drop_overlong(val, builder, loss.layout, encoding.max_length,
-                                    check_processes(args.dataset_num_proc, len(val)), "val", args.strict, truncate)
+        phase.done(train, val)
+        train, val = check_lengths(args, encoding, loss, media, train, val)
         train_set = EmbeddingDataset(train)
         val_set = EmbeddingDataset(val) if val is not None else None
         rows = np.bincount(train_set.dataset_ids, minlength=len(entries))
@@ -617,6 +602,25 @@ def fetch_remote_media(train, val, strict: bool = True, downloads: DownloadSetti
 
 
 # ----------------------------------------------------------------------------- the length check
+
+
+def check_lengths(args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, media: MediaSettings, train, val):
+    """The length check of the training and eval rows as the run's settings say (a logged
+    phase): with ``--truncation_strategy delete`` the rows over ``--max_length`` go; with
+    ``left`` / ``right`` only the rows with media are measured (they are never cut). Returns
+    ``(train, val)``."""
+    if not (args.truncation_strategy == "delete" or encoding.template.media):
+        return train, val
+    phase = _Phase("length check", train, val)
+    truncate = args.truncation_strategy != "delete"
+    builder = length_builder(encoding, media, args.check_media)
+    train = drop_overlong(train, builder, loss.layout, encoding.max_length,
+                          check_processes(args.dataset_num_proc, len(train)), "train", args.strict, truncate)
+    if val is not None:
+        val = drop_overlong(val, builder, loss.layout, encoding.max_length,
+                            check_processes(args.dataset_num_proc, len(val)), "val", args.strict, truncate)
+    phase.done(train, val)
+    return train, val
 
 
 def length_builder(encoding: Encoding, media: MediaSettings | None = None, check_media: str = "header") -> InputBuilder:
