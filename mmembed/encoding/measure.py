@@ -49,6 +49,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from ..data.sample import Item, Origin
+from .templates import MEDIA_TAGS
 
 if TYPE_CHECKING:
     from .inputs import InputBuilder
@@ -448,6 +449,87 @@ def header_lengths(builder: InputBuilder, items: Sequence[Item], origins: Sequen
                 k += 1
         return out
     return [n + e for n, e in zip(counter(texts), extra)]
+
+
+def _arrow_sample_schema():
+    import pyarrow as pa
+
+    item = pa.struct([("text", pa.string()), ("system", pa.string()), *((kind + "s", pa.list_(pa.string()))
+                                                                         for kind in ("image", "video", "audio"))])
+    return pa.schema([("anchor", item), ("positives", pa.list_(item)), ("negatives", pa.list_(item)),
+                      ("label", pa.float64())])
+
+
+def json_text_lengths(builder: InputBuilder, rows: Sequence[str], layout) -> list[int] | None:
+    """The length check's number for each row (the longest of its encoded inputs, as
+    :func:`~mmembed.encoding.collator.token_lengths` gives it) when every row is text only:
+    ``rows`` are the Arrow cache's Sample JSON texts, read by Arrow's JSON parser (the fields
+    the count needs, without a Python object per row) and rendered as
+    :meth:`Template.render <mmembed.encoding.templates.Template.render>` renders them, each side
+    with its instruction. None when a row needs the general path: media, a media tag in a text,
+    no positive, a pair without its label, or anything the parser does not read as expected
+    (the general path then gives the numbers, or the row's error)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.json as paj
+
+    from .layout import Layout
+
+    if not rows:
+        return []
+    group = Layout(layout) is Layout.GROUP
+    try:
+        table = paj.read_json(
+            pa.BufferReader("\n".join(rows).encode("utf-8")),
+            read_options=paj.ReadOptions(use_threads=False, block_size=1 << 24),
+            parse_options=paj.ParseOptions(explicit_schema=_arrow_sample_schema(), unexpected_field_behavior="ignore"),
+        )
+    except (pa.ArrowException, UnicodeEncodeError):
+        return None
+    if table.num_rows != len(rows):
+        return None
+    anchor = table.column("anchor").combine_chunks()
+    sides = {"positives": table.column("positives").combine_chunks()}
+    if group:
+        sides["negatives"] = table.column("negatives").combine_chunks()
+    if anchor.null_count or any(lists.null_count for lists in sides.values()):
+        return None
+    if not group and table.column("label").null_count:
+        return None
+    if (sides["positives"].value_lengths().to_numpy(zero_copy_only=False) < 1).any():
+        return None
+    members = [anchor, *(lists.flatten() for lists in sides.values())]
+    for member in members:
+        for kind in ("images", "videos", "audios"):
+            if pc.sum(pc.list_value_length(member.field(kind))).as_py():
+                return None
+        if member.field("text").null_count:
+            return None
+    template = builder.template
+    render = template.format_text
+    query, document = template.side_system("query"), template.side_system("document")
+    texts_of = [(m.field("text").to_pylist(), m.field("system").to_pylist()) for m in members]
+    for column, _ in texts_of:
+        if any("<" in t and any(tag in t for tag in MEDIA_TAGS.values()) for t in column):
+            return None
+    (a_text, a_sys), (p_text, p_sys) = texts_of[0], texts_of[1]
+    n_text, n_sys = texts_of[2] if group else ([], [])
+    first_positive = sides["positives"].offsets.to_numpy()
+    negatives = sides["negatives"].offsets.to_numpy() if group else np.zeros(len(rows) + 1, dtype=np.int64)
+    texts: list[str] = []
+    for i in range(len(rows)):  # a row's inputs in sample_items' order: anchor, its first positive, negatives
+        texts.append(render(a_text[i], a_sys[i] if a_sys[i] is not None else query))
+        p = int(first_positive[i])
+        texts.append(render(p_text[p], p_sys[p] if p_sys[p] is not None else document))
+        for k in range(int(negatives[i]), int(negatives[i + 1])):
+            texts.append(render(n_text[k], n_sys[k] if n_sys[k] is not None else document))
+    lengths = _counter(builder)(texts)
+    out, k = [], 0
+    for n in (2 + np.diff(negatives)).tolist():
+        out.append(max(lengths[k:k + n]))
+        k += n
+    return out
 
 
 def _counter(builder: InputBuilder) -> TextCounter:

@@ -131,7 +131,11 @@ class Template:
                 if kind not in self.media:
                     raise ValueError(f"template '{self.name}' has no placeholder for {kind} inputs ({tag})")
                 content = content.replace(tag, self.media[kind])
-        system = item.system if item.system is not None else self.side_system(side)
+        return self.format_text(content, item.system if item.system is not None else self.side_system(side))
+
+    def format_text(self, content: str, system: str | None) -> str:
+        """``content`` (its media tags already replaced by placeholders) in this template's
+        format, with ``system`` as its system prompt (None or empty: none)."""
         if system and self.format_with_system is not None:
             return self.format_with_system.format(system=system, content=content)
         if "{system}" in self.format:

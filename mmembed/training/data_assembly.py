@@ -44,6 +44,7 @@ from ..data.teacher import TeacherFiles, teacher_signal
 from ..data.trainable import NegativesRule, rows_without_negatives
 from ..encoding.collator import token_lengths
 from ..encoding.inputs import InputBuilder
+from ..encoding.measure import json_text_lengths
 from ..eval.tasks import HeldOutTasks
 from ..losses import EmbeddingLoss
 from .arguments import SftArguments, UsageError, beir_pairs
@@ -664,6 +665,10 @@ def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_p
         return out
 
     def measure(batch: dict[str, list]) -> dict[str, list]:
+        if not truncate:  # text-only rows without a Sample object each (None: the general path)
+            fast = json_text_lengths(builder, batch["sample"], layout)
+            if fast is not None:
+                return {"n_tokens": fast, "load_error": [""] * len(fast)}
         samples = [Sample.from_json(s) for s in batch["sample"]]
         try:
             return {"n_tokens": lengths_of(samples), "load_error": [""] * len(samples)}

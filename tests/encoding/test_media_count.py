@@ -322,6 +322,56 @@ def test_text_lengths_equal_one_call_per_text(minilm_path, processors, monkeypat
     assert len(b._text_counter.cache) <= 80  # (of some 300 distinct texts)
 
 
+def test_text_rows_read_by_arrow_count_as_each_text_alone(minilm_path, processors, tmp_path):
+    """The length check's text-only path (the cache's Sample JSON read by Arrow's parser, no
+    Sample objects) gives each row's longest input as the tokenizer gives it text by text:
+    rows' own systems, side instructions, templates with and without a system format, group
+    and pair layouts, any number of negatives. A batch it cannot take (media, a media tag, no
+    positive, a pair without its label) is None: the general path counts it or names its error."""
+    import dataclasses
+
+    from transformers import AutoTokenizer
+
+    from mmembed.data.sample import Sample
+
+    rng = random.Random(1)
+    words = ["cat", "naïve", "日本語", "emoji 🙂", "A.B-C", "\t", "<|im_end|>", "long" * 30, "\"quoted\"", "{x}"]
+
+    def text():
+        return " ".join(rng.choice(words) for _ in range(rng.randint(0, 25)))
+
+    def item():
+        return Item(text=text(), system=rng.choice([None, None, "", "Answer: {content}", text()]))
+
+    rows = [Sample(anchor=item(), positives=[item() for _ in range(rng.randint(1, 3))],
+                   negatives=[item() for _ in range(rng.randint(0, 4))], label=rng.choice([0.0, 2.5, 5.0]),
+                   source="rows.jsonl", line=k + 1) for k in range(200)]
+    def alone(tok, template, it, side):
+        return len(tok(template.render(it, side), add_special_tokens=template.add_special_tokens)["input_ids"])
+
+    for processing, name in ((AutoTokenizer.from_pretrained(minilm_path), "bert"),
+                             (processors["qwen3_vl"].tokenizer, "qwen3_emb"), (processors["qwen2_vl"], "qwen2_gme")):
+        tok = getattr(processing, "tokenizer", processing)
+        for query, document in ((None, None), ("Find the passage for: ", None), ("Q", "D")):
+            template = dataclasses.replace(get_template(name), query_system=query, document_system=document)
+            b = InputBuilder(template, processing, None, truncate=False, check_media="header")
+            for layout in ("group", "pair"):
+                want = [max([alone(tok, template, r.anchor, "query"), alone(tok, template, r.positives[0], "document"),
+                             *(alone(tok, template, n, "document") for n in (r.negatives if layout == "group" else []))])
+                        for r in rows]
+                assert measure.json_text_lengths(b, [r.to_json() for r in rows], layout) == want, (name, query, layout)
+    b = InputBuilder(get_template("qwen2_gme"), processors["qwen2_vl"], None, truncate=False, check_media="header")
+    plain = [r.to_json() for r in rows[:3]]
+    media = dataclasses.replace(rows[3], anchor=Item(text="<image> a", images=[str(tmp_path / "a.png")]))
+    tag = dataclasses.replace(rows[3], anchor=Item(text="see <video>"))
+    no_positive = dataclasses.replace(rows[3], positives=[])
+    no_label = dataclasses.replace(rows[3], label=None)
+    assert measure.json_text_lengths(b, plain, "pair") is not None
+    for odd, layout in ((media, "group"), (tag, "group"), (no_positive, "group"), (no_label, "pair")):
+        assert measure.json_text_lengths(b, [*plain, odd.to_json()], layout) is None
+    assert measure.json_text_lengths(b, [*plain, no_label.to_json()], "group") is not None
+
+
 # ----------------------------------------------------------------------------- the length check
 
 
