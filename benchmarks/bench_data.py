@@ -82,22 +82,26 @@ def image_rows(n: int, folder: str) -> str:
     return path
 
 
-def tree_memory(pid: int) -> int:
+def tree_memory(pid: int) -> tuple[int, int]:
     """The memory of ``pid`` and all its descendants, in bytes (Linux /proc): the sum of their
     proportional set sizes (PSS: a page shared by k processes counts 1/k in each, so forked
-    data processes sharing the parent's pages are not counted twice, as RSS would)."""
-    total, todo = 0, [pid]
+    data processes sharing the parent's pages are not counted twice, as RSS would), and the
+    anonymous part of it (the rest is file pages mapped, e.g. the memory-mapped Arrow cache,
+    which the kernel can drop and read again)."""
+    total, anon, todo = 0, 0, [pid]
     while todo:
         p = todo.pop()
         try:
             with open(f"/proc/{p}/smaps_rollup") as f:
-                total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
+                fields = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f if ":" in line[:20])}
+            total += fields["Pss"]
+            anon += fields.get("Pss_Anon", fields["Pss"])
             for task in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{task}/children") as f:
                     todo += [int(c) for c in f.read().split()]
-        except (OSError, StopIteration, ValueError):
+        except (OSError, KeyError, ValueError):
             continue
-    return total
+    return total, anon
 
 
 def run(argv: list[str], env: dict) -> dict:
@@ -106,9 +110,10 @@ def run(argv: list[str], env: dict) -> dict:
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen([sys.executable, "-m", "mmembed", "sft", *argv], stdout=log, stderr=subprocess.STDOUT,
                                 env=env, cwd=REPO)
-        peak = 0
+        peak = peak_anon = 0
         while proc.poll() is None:
-            peak = max(peak, tree_memory(proc.pid))
+            pss, anon = tree_memory(proc.pid)
+            peak, peak_anon = max(peak, pss), max(peak_anon, anon)
             time.sleep(0.1)
         wall = time.perf_counter() - started
         log.seek(0)
@@ -119,7 +124,7 @@ def run(argv: list[str], env: dict) -> dict:
     for m in PHASE_RE.finditer(text):
         rows, rate = int(m.group(2).replace(",", "")), m.group(4)
         phases[m.group(1)] = (rows, float(m.group(3)), float(rate.replace(",", "")) if rate else None)
-    return {"wall": wall, "rss": peak, "phases": phases}
+    return {"wall": wall, "rss": peak, "anon": peak_anon, "phases": phases}
 
 
 def bench(name: str, model: str, data: str, rows: int, extra: list[str], work: str, num_proc: int | None) -> list[dict]:
@@ -139,7 +144,7 @@ def bench(name: str, model: str, data: str, rows: int, extra: list[str], work: s
 
 def table(results: list[dict]) -> str:
     lines = ["| data | run | " + " | ".join(f"{p} rows/s" for p in PHASES) + " | to first step | vs streamed | "
-             "peak memory (PSS, tree) | vs streamed |", "|---" * (6 + len(PHASES)) + "|"]
+             "peak memory (PSS, tree) | vs streamed | peak anonymous | vs streamed |", "|---" * (8 + len(PHASES)) + "|"]
     for r in results:
         streamed = next(s for s in results if s["data"] == r["data"] and s["how"] == "streamed")
         rates = []
@@ -148,7 +153,8 @@ def table(results: list[dict]) -> str:
             rates.append(f"{rate:,.0f} ({t:.1f} s)" if rate else f"- ({t:.1f} s)" if n else "-")
         lines.append(f"| {r['rows']:,} {r['data']} | {r['how']} | " + " | ".join(rates)
                      + f" | {r['wall']:.1f} s | {r['wall'] / streamed['wall']:.2f}x | {r['rss'] / 2**30:.2f} GB | "
-                     f"{(r['rss'] - streamed['rss']) / 2**30:+.2f} GB |")
+                     f"{(r['rss'] - streamed['rss']) / 2**30:+.2f} GB | {r['anon'] / 2**30:.2f} GB | "
+                     f"{(r['anon'] - streamed['anon']) / 2**30:+.2f} GB |")
     return "\n".join(lines)
 
 

@@ -38,12 +38,25 @@ def free_port() -> int:
 
 
 def launch(args: list[str], nproc: int = 1, env: dict | None = None, timeout: int = 900,
-           torchrun: bool | None = None, cwd: str = REPO) -> subprocess.CompletedProcess:
+           torchrun: bool | None = None, cwd: str = REPO, forked: bool = True) -> subprocess.CompletedProcess:
     """Run ``python ARGS`` in the repository, under torchrun with ``nproc`` processes on a
     free port when ``torchrun`` (default: when ``nproc > 1``); asserts it exits with 0.
-    One thread per process under torchrun (2 cores), else the caller's OMP_NUM_THREADS (2 unset)."""
+    One thread per process under torchrun (2 cores), else the caller's OMP_NUM_THREADS (2 unset).
+    Under torchrun with ``forked`` (unless MMEMBED_TEST_TORCHRUN=1), the processes are forked
+    with torchrun's variables instead (``forked_cli.run_ranks``): the same run without each
+    process importing torch, transformers, DeepSpeed and mmembed anew."""
     torchrun = nproc > 1 if torchrun is None else torchrun
     env = dict(os.environ, OMP_NUM_THREADS="1" if torchrun else os.environ.get("OMP_NUM_THREADS", "2"), **(env or {}))
+    if torchrun and forked and not os.environ.get("MMEMBED_TEST_TORCHRUN"):
+        # the processes forked from a server that imported torch, transformers and mmembed once,
+        # with torchrun's variables (tests/forked_cli.py); MMEMBED_TEST_TORCHRUN=1 runs torchrun
+        # itself (the tests that signal or relaunch through torchrun always do)
+        from forked_cli import run_ranks
+
+        result = run_ranks(list(args), nproc, env=env, timeout=timeout, cwd=cwd)
+        proc = subprocess.CompletedProcess(args, result.returncode, result.stdout, result.stderr)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        return proc
     # --standalone: torchrun binds a free port itself (no window between picking and binding)
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if torchrun else []
     proc = subprocess.run([sys.executable, *launcher, *args], env=env, capture_output=True, text=True, cwd=cwd,

@@ -7,6 +7,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 
 _context = None
@@ -47,6 +48,99 @@ def _child(argv: list[str], env: dict[str, str], out_path: str, err_path: str, f
     sys.exit(code)
 
 
+def _rank(args: list[str], env: dict[str, str], out_path: str, err_path: str, cwd: str) -> None:
+    """One process of a forked multi-process run: ``python ARGS`` (``-m mmembed ...`` or a
+    script with its arguments) with the variables torchrun gives a worker."""
+    import runpy
+
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out_path), (2, err_path)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    import torch
+
+    torch.set_num_threads(1)
+    code = 0
+    try:
+        if args[0] == "-m":
+            sys.argv = [args[1], *args[2:]]
+            if args[1] in ("mmembed", "mmembed.tools.cli"):
+                from mmembed.tools.cli import main
+
+                code = main(args[2:])
+            else:
+                runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(args)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))
+            runpy.run_path(args[0], run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001 (printed as python would, then the exit code)
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+
+
+def run_ranks(args: list[str], nproc: int, env: dict[str, str] | None = None, timeout: float = 600,
+              cwd: str | None = None) -> Result:
+    """``torchrun --standalone --nproc_per_node NPROC ARGS`` without torchrun: NPROC processes
+    forked from the server that imported torch, transformers and mmembed once, each given the
+    variables torchrun gives its workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, ...).
+    As torchrun does, when one process fails the others are stopped. The exit code is the
+    first failing process's (0 when all succeed); the output is every process's, in rank order."""
+    _server()
+    from conftest import free_port
+
+    base = {**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+            "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "ROLE_NAME": "default",
+            "ROLE_WORLD_SIZE": str(nproc), "GROUP_WORLD_SIZE": "1", "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "forked", "OMP_NUM_THREADS": "1"}
+    with tempfile.TemporaryDirectory() as d:
+        procs, files = [], []
+        for r in range(nproc):
+            out, err = os.path.join(d, f"out{r}"), os.path.join(d, f"err{r}")
+            files.append((out, err))
+            rank_env = {**base, "RANK": str(r), "LOCAL_RANK": str(r), "ROLE_RANK": str(r)}
+            procs.append(_context.Process(target=_rank, args=(list(args), rank_env, out, err, cwd or os.getcwd())))
+            procs[-1].start()
+        deadline = time.monotonic() + timeout
+        failed = None
+        while any(p.exitcode is None for p in procs):
+            if time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                raise TimeoutError(f"python {' '.join(args)} in {nproc} processes ran over {timeout}s")
+            for p in procs:
+                if p.exitcode not in (None, 0) and failed is None:
+                    failed = p.exitcode
+                    for q in procs:  # as torchrun: one failed, the others are stopped
+                        if q.exitcode is None:
+                            q.kill()
+            time.sleep(0.05)
+        for p in procs:
+            p.join()
+        if failed is None:
+            failed = next((p.exitcode for p in procs if p.exitcode), 0)
+        text = ["".join(open(path, encoding="utf-8", errors="replace").read() for path in paths) for paths in zip(*files)]
+        return Result(failed, *text)
+
+
+def _server() -> None:
+    global _context  # noqa: PLW0603  (one forkserver context for the whole test session)
+    if _context is None:
+        _context = multiprocessing.get_context("forkserver")
+        _context.set_forkserver_preload(["torch", "transformers", "mmembed.training.sft", "mmembed.tools.cli",
+                                         "mmembed.model.embedder", "forked_cli"])
+
+
 def _drain(path: str, chunks: list[bytes]) -> None:
     with open(path, "rb") as f:
         while data := f.read(65536):
@@ -59,11 +153,7 @@ def run_cli(argv: list[str], env: dict[str, str] | None = None, timeout: float =
     output. ``file_size_limit``: no file can grow past so many bytes (``RLIMIT_FSIZE``), as if
     the disk were full; ``user``: run as this user id (a read-only folder means nothing to root).
     The output comes through named pipes, which a file size limit does not touch."""
-    global _context  # noqa: PLW0603  (one forkserver context for the whole test session)
-    if _context is None:
-        _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload(["torch", "transformers", "mmembed.training.sft", "mmembed.tools.cli",
-                                         "mmembed.model.embedder", "forked_cli"])
+    _server()
     with tempfile.TemporaryDirectory() as d:
         pipes = [os.path.join(d, "out"), os.path.join(d, "err")]
         outputs: list[list[bytes]] = [[], []]

@@ -16,6 +16,8 @@ dataset is returned), so that they survive worker processes and cache hits alike
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import json
 import logging
@@ -283,6 +285,23 @@ def _count_lines(f, size: int) -> int:
     return count + (last != b"\n" and size > 0)
 
 
+@contextlib.contextmanager
+def shared_heap(forking: bool = True):
+    """While ``forking`` (a pool of forked processes is about to start), the Python objects
+    made so far are kept out of the garbage collector's reach (``gc.freeze``): a forked child
+    then shares the parent's heap pages (torch, transformers and the rest imported) instead of
+    copying each page its collections would write to; its own objects are collected as usual."""
+    if not forking:
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def _build(gen_kwargs: dict, cache_dir: str | None, num_proc: int, force: bool):
     import datasets
 
@@ -292,8 +311,9 @@ def _build(gen_kwargs: dict, cache_dir: str | None, num_proc: int, force: bool):
                                     gen_kwargs=gen_kwargs, config_id="mmembed-rows-fingerprint=" + fingerprint)
     try:
         # no_checks: the split's size recorded before the parse is an estimate (the bar's total)
-        builder.download_and_prepare(download_mode="force_redownload" if force else None,
-                                     verification_mode="no_checks", num_proc=num_proc if num_proc > 1 else None)
+        with shared_heap(num_proc > 1):
+            builder.download_and_prepare(download_mode="force_redownload" if force else None,
+                                         verification_mode="no_checks", num_proc=num_proc if num_proc > 1 else None)
         ds = builder.as_dataset(split=builder.config.split)
     except ValueError as e:
         if "corresponds to no data" not in str(e):

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..data import EmbeddingDataset, SpecError, load_samples
+from ..data.dataset import shared_heap
 from ..data.dataset_config import DatasetEntry, DatasetInfo
 from ..data.sample import DataError, Sample
 from ..data.streaming import StreamingSamples, stream_samples
@@ -691,10 +692,11 @@ def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_p
     # an earlier run is reused only when no row could be skipped (strict): a skip recorded
     # for a media file since mended would otherwise drop its row for good.
     features = datasets.Features({"n_tokens": datasets.Value("int64"), "load_error": datasets.Value("string")})
-    measured = ds.map(measure, batched=True, num_proc=num_proc if num_proc > 1 else None, features=features,
-                      remove_columns=ds.column_names, desc=f"length check ({what})",
-                      new_fingerprint=length_check_fingerprint(ds, builder, layout, strict) + ("-media" if truncate else ""),
-                      load_from_cache_file=strict)
+    with shared_heap(num_proc > 1):
+        measured = ds.map(measure, batched=True, num_proc=num_proc if num_proc > 1 else None, features=features,
+                          remove_columns=ds.column_names, desc=f"length check ({what})",
+                          new_fingerprint=length_check_fingerprint(ds, builder, layout, strict) + ("-media" if truncate else ""),
+                          load_from_cache_file=strict)
     columns = measured[:]  # both columns as lists at once (a column of `datasets` 5 is read row by row)
     lengths, errors = columns["n_tokens"], columns["load_error"]
     skipped = [DataError(*json.loads(e)) for e in errors if e]

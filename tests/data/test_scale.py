@@ -128,7 +128,8 @@ def test_two_processes_read_the_data_once_and_train_on_the_rows_of_one(tmp_path,
         out = str(tmp_path / name)
         env = {"HF_DATASETS_CACHE": str(tmp_path / f"cache-{name}")}
         f = dict(flags, output_dir=str(tmp_path / f"run-{name}"))
-        proc = launch([WORKER, "--out", out, "--flags", json.dumps(f)], nproc=nproc, env=env, torchrun=True, timeout=600)
+        proc = launch([WORKER, "--out", out, "--flags", json.dumps(f)], nproc=nproc, env=env, torchrun=True, timeout=600,
+                      forked=False)  # torchrun itself, as the issue asks
         return proc.stdout + proc.stderr, [json.load(open(f"{out}.{r}")) for r in range(nproc)]
 
     logs, (rank0, rank1) = run(2, "two")
