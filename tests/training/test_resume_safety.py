@@ -12,8 +12,6 @@ import json
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 import zipfile
 
 import pytest
@@ -147,18 +145,20 @@ def test_the_trainers_own_loaders_name_a_refused_file(tmp_path):
 # ---- under DeepSpeed: the engine's model-states and optimizer files -------------------------
 
 def _ds_sft(model, out, data, stage, nproc, *extra, check=True):
-    args = [sys.executable, "-m", "mmembed.tools.cli", "sft", "--model", model, "--dataset", data,
+    """``mmembed sft`` under DeepSpeed ``stage``: one process forked from the test session's
+    server (``NPROC_PER_NODE=1``: DeepSpeed in the process itself), or ``nproc`` processes
+    forked with torchrun's variables (``forked_cli.run_ranks``)."""
+    from forked_cli import run_ranks
+
+    args = ["sft", "--model", model, "--dataset", data,
             "--tuner_type", "lora", "--lora_dropout", "0", "--per_device_train_batch_size", "2",
             "--gradient_accumulation_steps", "1", "--max_steps", "2", "--save_steps", "1", "--learning_rate", "1e-3",
             "--max_length", "32", "--deepspeed", stage, "--output_dir", str(out), "--disable_tqdm", "true",
             "--report_to", "none", "--dataloader_num_workers", "0", "--seed", "3", *extra]
-    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NPROC_PER_NODE")}
-    env.update(OMP_NUM_THREADS="1", NPROC_PER_NODE=str(nproc))
     if nproc > 1:
-        from conftest import free_port
-
-        env["MASTER_PORT"] = str(free_port())
-    proc = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
+        proc = run_ranks(["-m", "mmembed.tools.cli", *args], nproc, timeout=900, cwd=REPO)
+    else:
+        proc = run_cli(args, env={"OMP_NUM_THREADS": "1", "NPROC_PER_NODE": "1"}, timeout=900)
     if check:
         assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
