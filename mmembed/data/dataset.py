@@ -41,7 +41,7 @@ __all__ = ["EmbeddingDataset", "LoadResult", "SpecError", "load_samples", "parse
 logger = logging.getLogger(__name__)
 
 # Bump when the reader's output for the same file changes, so old caches are not reused.
-_CACHE_VERSION = "mmembed-samples-4"
+_CACHE_VERSION = "mmembed-samples-5"
 _REPORT_LIMIT = 50
 #: the least a process parses of a .jsonl file (about 10k rows of the usual text shape)
 _MIN_SHARD_BYTES = 4 << 20
@@ -156,7 +156,7 @@ def _features():
             "source": datasets.Value("string"),
             "line": datasets.Value("int64"),
             "error": datasets.Value("string"),
-            "remote": datasets.Value("bool"),  # the sample names a URL (the remote media phase reads only these)
+            "remote": datasets.Value("bool"),  # a media reference names a URL (the remote media phase reads only these)
         }
     )
 
@@ -193,7 +193,7 @@ def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: s
                     err = DataError(path, line, None, "row nested too deeply to read")
                 else:
                     text = sample.to_json()
-                    yield {"sample": text, "source": path, "line": line, "error": None, "remote": "://" in text}
+                    yield {"sample": text, "source": path, "line": line, "error": None, "remote": _names_a_url(sample)}
                     continue
             yield {
                 "sample": None,
@@ -207,6 +207,14 @@ def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: s
             }
             if strict:
                 return
+
+
+def _names_a_url(sample: Sample) -> bool:
+    """Whether a media reference of ``sample`` holds ``://`` (the rows the remote media phase
+    decodes: a superset of those naming a URL; a text that mentions one is not media)."""
+    return any("://" in r for it in (sample.anchor, *sample.positives, *sample.negatives)
+               for refs in (it.images, it.videos, it.audios) for ref in refs
+               for r in (ref if isinstance(ref, (list, tuple)) else [ref]) if isinstance(r, str))
 
 
 #: rows per Arrow table the parse writes (one table per batch, not one encoded example per row)

@@ -71,6 +71,19 @@ def test_sample_count_must_be_positive(tmp_path):
 # ----------------------------------------------------------------------------- loading
 
 
+def test_remote_marks_the_rows_whose_media_name_a_url(tmp_path, cache):
+    """The ``remote`` column (what the remote media phase decodes) is set by a media reference
+    holding a URL, not by a text that mentions one."""
+    Image.new("RGB", (8, 8)).save(tmp_path / "dog.png")
+    path = write_jsonl(tmp_path / "d.jsonl", [
+        {"query": "see https://example.com/a", "response": "http://b.org said so"},
+        {"query": "<image>", "images": ["https://example.com/dog.png"], "response": "a dog"},
+        {"query": "<image>", "images": ["dog.png"], "response": "a dog", "rejected_response": ["ftp://x y"]},
+        {"query": "q", "response": "<image>", "images": ["http://example.com/d.png"]},
+    ])
+    assert load_samples([path], cache_dir=cache).dataset["remote"] == [False, True, False, True]
+
+
 def test_load_samples_columns_and_torch_dataset(tmp_path, cache):
     Image.new("RGB", (8, 8)).save(tmp_path / "dog.png")
     path = write_jsonl(
@@ -83,6 +96,7 @@ def test_load_samples_columns_and_torch_dataset(tmp_path, cache):
     assert ds.column_names == ["sample", "source", "line", "remote", "row"]
     assert len(ds) == 4 and ds["line"] == [1, 2, 3, 4] and set(ds["source"]) == {path}
     assert result.skipped == [] and result.report() == ""
+    assert ds["remote"] == [False] * 4
     torch_ds = EmbeddingDataset(ds)
     assert len(torch_ds) == 4
     first = torch_ds[0]
