@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..data import EmbeddingDataset, SpecError, load_samples
-from ..data.dataset import shared_heap
+from ..data.dataset import release_mapped, shared_heap
 from ..data.dataset_config import DatasetEntry, DatasetInfo
 from ..data.sample import DataError, Sample
 from ..data.streaming import StreamingSamples, stream_samples
@@ -665,7 +665,13 @@ def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_p
                                 "use --truncation_strategy delete")
         return out
 
+    mapped = frozenset(f["filename"] for f in ds.cache_files)
+    batches = [0]
+
     def measure(batch: dict[str, list]) -> dict[str, list]:
+        batches[0] += 1
+        if batches[0] % 8 == 0:  # the cache pages read so far leave this process's resident set
+            release_mapped(mapped)
         if not truncate:  # text-only rows without a Sample object each (None: the general path)
             fast = json_text_lengths(builder, batch["sample"], layout)
             if fast is not None:
