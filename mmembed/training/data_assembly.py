@@ -670,7 +670,7 @@ def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_p
 
     def measure(batch: dict[str, list]) -> dict[str, list]:
         batches[0] += 1
-        if batches[0] % 8 == 0:  # the cache pages read so far leave this process's resident set
+        if batches[0] % 4 == 0:  # the cache pages read so far leave this process's resident set
             release_mapped(mapped)
         if not truncate:  # text-only rows without a Sample object each (None: the general path)
             fast = json_text_lengths(builder, batch["sample"], layout)
@@ -698,13 +698,21 @@ def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_p
     # an earlier run is reused only when no row could be skipped (strict): a skip recorded
     # for a media file since mended would otherwise drop its row for good.
     features = datasets.Features({"n_tokens": datasets.Value("int64"), "load_error": datasets.Value("string")})
+    # the rows are measured in the cache's order (a shuffled set's batch would gather its rows from
+    # all over the cache: a page read per row), then put back in the set's order
+    order = None if getattr(ds, "_indices", None) is None else np.argsort(ds._indices.column(0).to_numpy(), kind="stable")
+    stored = ds if order is None else ds.select(order, keep_in_memory=True)
     with shared_heap(num_proc > 1):
-        measured = ds.map(measure, batched=True, num_proc=num_proc if num_proc > 1 else None, features=features,
-                          remove_columns=ds.column_names, desc=f"length check ({what})",
-                          new_fingerprint=length_check_fingerprint(ds, builder, layout, strict) + ("-media" if truncate else ""),
-                          load_from_cache_file=strict)
+        measured = stored.map(measure, batched=True, num_proc=num_proc if num_proc > 1 else None, features=features,
+                              remove_columns=ds.column_names, desc=f"length check ({what})",
+                              new_fingerprint=length_check_fingerprint(ds, builder, layout, strict)
+                              + ("-media" if truncate else ""), load_from_cache_file=strict)
     columns = measured[:]  # both columns as lists at once (a column of `datasets` 5 is read row by row)
     lengths, errors = columns["n_tokens"], columns["load_error"]
+    if order is not None:  # stored row k is the set's row order[k]
+        back = np.empty_like(order)
+        back[order] = np.arange(len(order))
+        lengths, errors = [lengths[k] for k in back.tolist()], [errors[k] for k in back.tolist()]
     skipped = [DataError(*json.loads(e)) for e in errors if e]
     if skipped:
         listed = "\n".join(f"  {e}" for e in skipped)
@@ -732,7 +740,7 @@ def length_check_fingerprint(ds, builder: InputBuilder, layout: str, strict: boo
     h = hashlib.sha256()
     tokenizer = builder.tokenizer
     folder = getattr(tokenizer, "name_or_path", "") or ""
-    for part in (ds._fingerprint, repr(builder.template), type(tokenizer).__name__, folder, len(tokenizer),
+    for part in ("stored-order", ds._fingerprint, repr(builder.template), type(tokenizer).__name__, folder, len(tokenizer),
                  builder.max_length, builder.truncate, builder.truncation_side, layout, strict,
                  repr(builder.media_settings().budget), type(builder.processor).__name__,
                  getattr(builder, "check_media", "full")):

@@ -44,6 +44,22 @@ def test_the_length_check_drops_the_rows_over_max_length_and_says_how_many(minil
     assert len(drop_overlong(ds, builder, "group", 16, 1, "train", truncate=True)) == 3
 
 
+@pytest.mark.parametrize("num_proc", [1, 2])
+def test_a_shuffled_set_is_measured_in_the_caches_order_and_keeps_its_own(minilm_path, tmp_path, num_proc):
+    """A shuffled (or sampled) set is measured in the order of the cache and its numbers put
+    back: the rows kept are exactly those within --max_length, in the set's own order, for one
+    and two measuring processes; a row's length is its own (each row's length differs)."""
+    rows = [{"query": f"row {i}", "response": " ".join(["word"] * (1 + i % 23))} for i in range(120)]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    tok = AutoTokenizer.from_pretrained(minilm_path)
+    builder = InputBuilder(get_template("bert"), tok, 16, truncate=False)
+    ds = load_samples([f"{path}#100"], shuffle=True, seed=5, cache_dir=str(tmp_path / "cache")).dataset
+    assert ds._indices is not None and ds["line"] != sorted(ds["line"])
+    want = [line for line in ds["line"] if len(tok(rows[line - 1]["response"])["input_ids"]) <= 16]
+    assert 0 < len(want) < len(ds)
+    assert drop_overlong(ds, builder, "group", 16, num_proc, "train")["line"] == want
+
+
 def test_the_length_check_result_is_named_by_its_settings(minilm_path, tmp_path):
     """The length check's cached result is named by the rows, tokenizer files, template,
     --max_length, layout, strictness and media budget (not by pickling the tokenizer, which took ~10 s for
