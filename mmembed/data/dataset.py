@@ -228,7 +228,11 @@ def _rows_builder_class():
     over ``num_proc`` processes and the progress bar are ``datasets``' as before."""
     import datasets
     import pyarrow as pa
-    from datasets.builder import Key
+    try:
+        from datasets.builder import Key  # newer datasets read a table's shard from its key
+    except ImportError:  # older ones (3.x) do not read the key
+        def Key(shard: int, index: int) -> tuple[int, int]:  # noqa: N802 (stands in for the class)
+            return shard, index
     from datasets.packaged_modules.generator.generator import GeneratorConfig
     from datasets.utils.sharding import _number_of_shards_in_gen_kwargs, _split_gen_kwargs
 
@@ -334,8 +338,15 @@ def _build(gen_kwargs: dict, cache_dir: str | None, num_proc: int, force: bool):
 
     fingerprint = hashlib.sha256(json.dumps(gen_kwargs, sort_keys=True).encode()).hexdigest()[:32]
     num_proc = min(num_proc, len(gen_kwargs["shards"]))  # one process per shard at most (datasets warns otherwise)
+    import inspect
+
+    named = {}
+    if "config_id" in inspect.signature(datasets.DatasetBuilder.__init__).parameters:
+        named["config_id"] = "mmembed-rows-fingerprint=" + fingerprint
+    # (datasets 3.x takes no config_id: it names the cache by hashing these arguments, gen_kwargs
+    # with every file's path, size and modification time among them)
     builder = _rows_builder_class()(cache_dir=cache_dir, features=_features(), generator=_generate,
-                                    gen_kwargs=gen_kwargs, config_id="mmembed-rows-fingerprint=" + fingerprint)
+                                    gen_kwargs=gen_kwargs, **named)
     try:
         # no_checks: the split's size recorded before the parse is an estimate (the bar's total)
         with shared_heap(num_proc > 1):
