@@ -48,6 +48,7 @@ def launch(args: list[str], nproc: int = 1, env: dict | None = None, timeout: in
     command line (``-m mmembed ...``, ``forked_cli.run_cli``)."""
     torchrun = nproc > 1 if torchrun is None else torchrun
     env = dict(os.environ, OMP_NUM_THREADS="1" if torchrun else os.environ.get("OMP_NUM_THREADS", "2"), **(env or {}))
+    result = None
     if torchrun and forked and not os.environ.get("MMEMBED_TEST_TORCHRUN"):
         # the processes forked from a server that imported torch, transformers and mmembed once,
         # with torchrun's variables (tests/forked_cli.py); MMEMBED_TEST_TORCHRUN=1 runs torchrun
@@ -55,13 +56,11 @@ def launch(args: list[str], nproc: int = 1, env: dict | None = None, timeout: in
         from forked_cli import run_ranks
 
         result = run_ranks(list(args), nproc, env=env, timeout=timeout, cwd=cwd)
-        proc = subprocess.CompletedProcess(args, result.returncode, result.stdout, result.stderr)
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-        return proc
-    if not torchrun and forked and cwd == REPO and list(args[:2]) in (["-m", "mmembed"], ["-m", "mmembed.tools.cli"]):
+    elif not torchrun and forked and cwd == REPO and list(args[:2]) in (["-m", "mmembed"], ["-m", "mmembed.tools.cli"]):
         from forked_cli import run_cli  # the command line in one forked process
 
         result = run_cli(list(args[2:]), env=env, timeout=timeout)
+    if result is not None:
         proc = subprocess.CompletedProcess(args, result.returncode, result.stdout, result.stderr)
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
         return proc

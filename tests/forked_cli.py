@@ -20,17 +20,23 @@ class Result:
     stderr: str
 
 
-def _child(argv: list[str], env: dict[str, str], out_path: str, err_path: str, file_size_limit: int | None,
-           user: int | None) -> None:
+def _enter(env: dict[str, str], out_path: str, err_path: str) -> None:
+    """A forked child's start: exactly ``env`` as its environment, its output to ``out_path`` /
+    ``err_path`` (named pipes, or files made here), one torch thread."""
     os.environ.clear()
     os.environ.update(env)
     for fd, path in ((1, out_path), (2, err_path)):
-        target = os.open(path, os.O_WRONLY)
+        target = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         os.dup2(target, fd)
         os.close(target)
     import torch
 
     torch.set_num_threads(1)
+
+
+def _child(argv: list[str], env: dict[str, str], out_path: str, err_path: str, file_size_limit: int | None,
+           user: int | None) -> None:
+    _enter(env, out_path, err_path)
     from mmembed.tools.cli import main
 
     if user is not None:
@@ -54,15 +60,7 @@ def _rank(args: list[str], env: dict[str, str], out_path: str, err_path: str, cw
     import runpy
 
     os.chdir(cwd)
-    os.environ.clear()
-    os.environ.update(env)
-    for fd, path in ((1, out_path), (2, err_path)):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(target, fd)
-        os.close(target)
-    import torch
-
-    torch.set_num_threads(1)
+    _enter(env, out_path, err_path)
     code = 0
     try:
         if args[0] == "-m":

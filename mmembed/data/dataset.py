@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -338,8 +339,6 @@ def _build(gen_kwargs: dict, cache_dir: str | None, num_proc: int, force: bool):
 
     fingerprint = hashlib.sha256(json.dumps(gen_kwargs, sort_keys=True).encode()).hexdigest()[:32]
     num_proc = min(num_proc, len(gen_kwargs["shards"]))  # one process per shard at most (datasets warns otherwise)
-    import inspect
-
     named = {}
     if "config_id" in inspect.signature(datasets.DatasetBuilder.__init__).parameters:
         named["config_id"] = "mmembed-rows-fingerprint=" + fingerprint

@@ -712,7 +712,8 @@ def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_p
     if order is not None:  # stored row k is the set's row order[k]
         back = np.empty_like(order)
         back[order] = np.arange(len(order))
-        lengths, errors = [lengths[k] for k in back.tolist()], [errors[k] for k in back.tolist()]
+        back = back.tolist()
+        lengths, errors = [lengths[k] for k in back], [errors[k] for k in back]
     skipped = [DataError(*json.loads(e)) for e in errors if e]
     if skipped:
         listed = "\n".join(f"  {e}" for e in skipped)
