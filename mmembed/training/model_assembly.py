@@ -220,6 +220,26 @@ def use_padding_free(args: SftArguments, config, template: Template) -> bool:
     return bool(args.padding_free)
 
 
+ATTENTION_DROPOUT_FIELDS = ("attention_probs_dropout_prob", "attention_dropout")  # BERT; Qwen, ModernBERT
+
+
+def check_attention_dropout(config) -> None:
+    """FlexAttention in transformers has no attention dropout and refuses a training forward
+    whose module has one (``flex_attention does not support dropout``), which would stop the
+    run at its first step: say so before the run, naming the config field."""
+    if config._attn_implementation != "flex_attention":
+        return
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for cfg in (config, text) if text is not config else (config,):
+        for field in ATTENTION_DROPOUT_FIELDS:
+            p = getattr(cfg, field, 0.0) or 0.0
+            if p > 0:
+                raise UsageError(
+                    f"--attn_impl flex_attention: the model's config.json sets {field} = {p:g}, and FlexAttention "
+                    "trains without attention dropout; use --attn_impl sdpa (or flash_attn), or a copy of the model "
+                    f"whose config.json sets {field} to 0")
+
+
 def init_deepspeed_comm() -> None:
     """DeepSpeed keeps its own view of the process group; ZeRO-3 builds the model under
     ``zero.Init``, which reads the world size from it, so it must wrap the group that
@@ -236,6 +256,7 @@ def build_model(args: SftArguments, template: Template, pooling: str) -> Embeddi
     then a LoRA adapter (``--tuner_type lora``) or, trained in full, its frozen parts frozen,
     wrapped as an :class:`EmbeddingModel` that pools with ``pooling``."""
     backbone = load_backbone(args.model, args.torch_dtype, args.attn_impl)
+    check_attention_dropout(backbone.config)
     if args.use_liger_kernel:
         # the Trainer would try this on the EmbeddingModel wrapper, which is no PreTrainedModel
         from transformers.integrations.liger import apply_liger_kernel

@@ -16,6 +16,7 @@ from mmembed.model.embedding import EmbeddingModel, frozen_parts, load_backbone
 from mmembed.training.arguments import parse_sft_args
 from mmembed.training.model_assembly import (
     apply_lora,
+    check_attention_dropout,
     freeze_parts,
     lora_target_modules,
     make_loss,
@@ -209,3 +210,24 @@ def test_the_loss_is_the_one_the_flags_name_with_its_options():
     assert type(loss.inner).__name__ == "GISTLoss" and loss.inner.margin == 0.1
     with pytest.raises(UsageError, match="""^--loss_kwargs '{"nope": 1}': loss 'infonce' takes no option 'nope'"""):
         make_loss(parse_sft_args(BASE + ["--loss_kwargs", '{"nope": 1}']))
+
+
+# ---- FlexAttention and attention dropout ----------------------------------------------------
+
+
+@pytest.mark.parametrize("make,field", [
+    (lambda p: __import__("transformers").BertConfig(attention_probs_dropout_prob=p), "attention_probs_dropout_prob"),
+    (lambda p: __import__("transformers").Qwen3Config(attention_dropout=p), "attention_dropout"),
+    (lambda p: __import__("transformers").Qwen2VLConfig(text_config={"attention_dropout": p}), "attention_dropout"),
+])
+def test_flex_attention_with_attention_dropout_is_refused_before_the_run(make, field):
+    config = make(0.1)
+    config._attn_implementation = "flex_attention"
+    with pytest.raises(UsageError, match=f"flex_attention: the model's config.json sets {field} = 0.1"):
+        check_attention_dropout(config)
+    config = make(0.0)
+    config._attn_implementation = "flex_attention"
+    check_attention_dropout(config)  # no dropout: FlexAttention trains
+    config = make(0.1)
+    config._attn_implementation = "sdpa"
+    check_attention_dropout(config)  # other attention implementations apply the dropout
