@@ -120,6 +120,29 @@ class SideBatch:
 
 
 @dataclass
+class CollatedBatch:
+    """A collated batch taken apart, the one way the trainer, the evaluation and the charts
+    read it: the model's inputs (``input_ids``, ``attention_mask``, media tensors, ...), the
+    ``labels``, the rows' dataset indices (``dataset_ids``; None when the collator gives none)
+    and the :class:`SideBatch` (None when the loss takes no side inputs).
+
+    The collator returns a plain dict (the Trainer moves dicts to the device and counts their
+    tokens); :meth:`unpack` splits it, raising first the DataError a data-loader worker
+    returned in its place (:func:`raise_batch_error`)."""
+
+    inputs: dict[str, Any]
+    labels: torch.Tensor
+    dataset_ids: torch.Tensor | None = None
+    side: SideBatch | None = None
+
+    @classmethod
+    def unpack(cls, batch: dict[str, Any]) -> CollatedBatch:
+        raise_batch_error(batch)
+        inputs = dict(batch)
+        return cls(inputs, inputs.pop("labels"), inputs.pop(DATASET_IDS, None), inputs.pop("side", None))
+
+
+@dataclass
 class EmbeddingCollator:
     """Collate ``Sample``s into the model's inputs (``input_ids``, ``attention_mask``, pixel
     tensors for media rows, ...) plus ``labels``, and ``side`` (a :class:`SideBatch`)

@@ -35,7 +35,7 @@ from transformers import TrainerCallback
 
 from ..encoding.layout import Layout, split_groups_numpy, split_pair_rows
 from ..files import WriteError, replaced_when_done
-from .distributed import all_gather_no_grad, world
+from .evaluation import embed_eval_set
 
 logger = logging.getLogger("mmembed")
 
@@ -219,35 +219,7 @@ def eval_similarities(trainer) -> Similarities | None:
 
     if len(dataset) > HISTOGRAM_SAMPLES:
         dataset = Subset(dataset, range(HISTOGRAM_SAMPLES))
-    model, device = trainer.model, trainer.args.device
-    was_training = model.training
-    model.eval()
-    loader = trainer._eval_loader(dataset)
-    rounds = torch.tensor([len(loader)], device=device)
-    if world()[1] > 1:
-        torch.distributed.all_reduce(rounds, op=torch.distributed.ReduceOp.MAX)
-    embs, labels, batch = [], [], None
-    with torch.no_grad():
-        for batch in loader:
-            batch = trainer._prepare_inputs(batch)
-            labels.append(batch.pop("labels").float())
-            batch.pop("side", None)
-            batch.pop("dataset_ids", None)
-            embs.append(model(**batch)["last_hidden_state"].float())
-        for _ in range(int(rounds.item()) - len(loader)):  # this process's share ran out first
-            if batch is None:
-                batch = trainer._prepare_inputs(trainer.data_collator([dataset[0]]))
-                batch.pop("labels")
-                batch.pop("side", None)
-                batch.pop("dataset_ids", None)
-            model(**batch)
-    model.train(was_training)
-    width = embs[0].shape[1] if embs else 0
-    width = int(max(all_gather_no_grad(torch.tensor([width], device=device)).tolist()))
-    emb = torch.cat(embs) if embs else torch.zeros((0, width), device=device)
-    lab = torch.cat(labels) if labels else torch.zeros((0,), device=device)
-    # each batch holds whole groups (or pairs), so the concatenation keeps the layout
-    emb, lab = all_gather_no_grad(emb).cpu().numpy(), all_gather_no_grad(lab).cpu().numpy()
+    emb, lab = embed_eval_set(trainer, dataset)
     return pair_similarities(emb, lab, trainer.loss.layout)
 
 

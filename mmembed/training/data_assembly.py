@@ -48,7 +48,8 @@ from ..encoding.inputs import InputBuilder
 from ..encoding.measure import json_text_lengths
 from ..eval.tasks import HeldOutTasks
 from ..losses import EmbeddingLoss
-from .arguments import SftArguments, UsageError, beir_pairs
+from .arguments import SftArguments, UsageError
+from .flag_checks import beir_pairs
 from .model_assembly import Encoding
 
 if TYPE_CHECKING:  # the media loader is imported at the first row with media (qwen-vl-utils: about a second)

@@ -17,16 +17,16 @@ gathers parameters in every forward, so all processes run as many forwards.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 
-from ..encoding.collator import DATASET_IDS, raise_batch_error
+from ..encoding.collator import CollatedBatch
 from ..eval.metrics import layout_metrics
 from ..losses import Layout
-from ..model.embedding import hidden_size
 from .distributed import all_gather_no_grad, world
 
 
@@ -86,58 +86,69 @@ def per_dataset_metrics(trainer, dataset, pooled: dict[str, float] | None = None
 
 
 @torch.no_grad()
-def dataset_metrics(trainer, dataset, loss=None) -> dict[str, float]:
-    """Embed the eval set once: its loss (when the batches carry what the loss needs)
-    and ms-swift's metrics plus retrieval within the set. ``loss``: the loss to score it with
-    (default the trainer's)."""
-    model = trainer.model
+def embed_eval_set(trainer, dataset, each: Callable[[CollatedBatch, dict[str, Any]], None] | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """``dataset`` embedded by the trainer's model in eval mode, each process its share
+    (:func:`eval_loader`), gathered from all processes: the embeddings ``[N, D]`` (float32) and
+    the labels, as numpy arrays. ``each(batch, outputs)`` sees every batch of this process (on
+    the device, unpacked) with the model's outputs, for what else the caller needs of it.
+
+    ZeRO-3 gathers parameters inside every forward, so all processes run as many forwards: a
+    process whose share ran out first repeats a batch (with none, the set's first row) and
+    discards the result. Each batch holds whole groups (or pairs), so the concatenation keeps
+    the layout."""
+    model, device = trainer.model, trainer.args.device
     was_training = model.training
     model.eval()
-    device = trainer.args.device
-    loss = loss if loss is not None else trainer.loss
-    loss_fn, needs = loss, loss.side  # per-batch loss, no cross-process scaling
-    embs, labels = [], []
-    # (sum of batch loss * its terms, terms): the terms the loss averages (groups, pairs, rows)
-    loss_sum = torch.zeros(2, dtype=torch.float64, device=device)
     loader = eval_loader(dataset, trainer.args, trainer.data_collator)
-    # ZeRO-3 gathers parameters inside every forward, so all processes must run as many
-    # forwards: a process with fewer eval batches repeats one and discards the result
     rounds = torch.tensor([len(loader)], device=device)
     if world()[1] > 1:
         torch.distributed.all_reduce(rounds, op=torch.distributed.ReduceOp.MAX)
-    batch = None
-    for batch in loader:
-        raise_batch_error(batch)
-        batch = trainer._prepare_inputs(batch)
-        lab = batch.pop("labels")
-        batch.pop(DATASET_IDS, None)
-        side = trainer.side_inputs(batch.pop("side", None))
-        out = {**model(**batch), **side.outputs()}
+    embs, labels, batch = [], [], None
+    try:
+        for raw in loader:
+            batch = CollatedBatch.unpack(trainer._prepare_inputs(raw))
+            out = model(**batch.inputs)
+            if each is not None:
+                each(batch, out)
+            embs.append(out["last_hidden_state"].float())
+            labels.append(batch.labels.float())
+        for _ in range(int(rounds.item()) - len(loader)):
+            if batch is None:
+                batch = CollatedBatch.unpack(trainer._prepare_inputs(trainer.data_collator([dataset[0]])))
+            model(**batch.inputs)
+    finally:
+        model.train(was_training)
+    width = embs[0].shape[1] if embs else 0
+    width = int(max(all_gather_no_grad(torch.tensor([width], device=device)).tolist()))
+    emb = torch.cat(embs) if embs else torch.zeros((0, width), device=device)
+    lab = torch.cat(labels) if labels else torch.zeros((0,), device=device)
+    return all_gather_no_grad(emb).cpu().numpy(), all_gather_no_grad(lab).cpu().numpy()
+
+
+@torch.no_grad()
+def dataset_metrics(trainer, dataset, loss=None) -> dict[str, float]:
+    """Embed the eval set once (:func:`embed_eval_set`): its loss (when the batches carry what
+    the loss needs) and ms-swift's metrics plus retrieval within the set. ``loss``: the loss to
+    score it with (default the trainer's)."""
+    device = trainer.args.device
+    loss = loss if loss is not None else trainer.loss
+    loss_fn, needs = loss, loss.side  # per-batch loss, no cross-process scaling
+    # (sum of batch loss * its terms, terms): the terms the loss averages (groups, pairs, rows)
+    loss_sum = torch.zeros(2, dtype=torch.float64, device=device)
+
+    def score(batch: CollatedBatch, outputs: dict[str, Any]) -> None:
+        side = trainer.side_inputs(batch.side)
         # eval rows may lack the data's teacher: then no eval loss, the metrics still
         if needs.met_by(side):
+            out = {**outputs, **side.outputs()}
             n_rows = out["last_hidden_state"].shape[0]
-            targets = loss_fn.targets(lab.to(device), n_rows)
+            targets = loss_fn.targets(batch.labels.to(device), n_rows)
             terms = loss_fn.averaged_over(targets, n_rows)
-            loss_sum += torch.tensor([loss_fn(out, targets).item() * terms, terms], dtype=torch.float64,
-                                     device=device)
-        embs.append(out["last_hidden_state"].float())
-        labels.append(lab.float())
-    for _ in range(int(rounds.item()) - len(loader)):
-        if batch is None:
-            batch = trainer._prepare_inputs(trainer.data_collator([dataset[0]]))
-            batch.pop("labels")
-            batch.pop("side", None)
-            batch.pop(DATASET_IDS, None)
-        model(**batch)
-    if was_training:
-        model.train()
-    if embs:
-        local_emb = torch.cat(embs)
-    else:
-        local_emb = torch.zeros((0, hidden_size(trainer.accelerator.unwrap_model(model).backbone.config)), device=device)
-    local_lab = torch.cat(labels) if labels else torch.zeros((0,), device=device)
-    emb = all_gather_no_grad(local_emb).cpu().numpy()
-    lab = all_gather_no_grad(local_lab).cpu().numpy()
+            loss_sum.add_(torch.tensor([loss_fn(out, targets).item() * terms, terms], dtype=torch.float64,
+                                       device=device))
+
+    emb, lab = embed_eval_set(trainer, dataset, score)
     if world()[1] > 1:
         torch.distributed.all_reduce(loss_sum)
     if emb.shape[0] == 0:

@@ -51,9 +51,15 @@ def read_model_config(model_dir: str):
                          f"({one_line(e)})") from None
 
 
-def resolve_template(model_dir: str, name: str | None, model_type: str | None, system: str | None) -> Template:
+def resolve_template(model_dir: str, name: str | None, model_type: str | None, system: str | None,
+                     config=None) -> Template:
+    """The template of ``--template`` / ``--model_type`` or, by default, of the model's
+    ``model_type`` (``config``: the model's config, read from ``model_dir`` when not given),
+    with ``--system`` as its default system prompt."""
+    if config is None:
+        config = read_model_config(model_dir)
     try:
-        template = get_template(name, model_type, getattr(read_model_config(model_dir), "model_type", None))
+        template = get_template(name, model_type, getattr(config, "model_type", None))
         template.check_installed()
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -82,8 +88,11 @@ class Encoding:
     max_length: int
 
     @classmethod
-    def resolve(cls, args: SftArguments) -> Encoding:
-        template = resolve_template(args.model, args.template, args.model_type, args.system)
+    def resolve(cls, args: SftArguments, template: Template | None = None) -> Encoding:
+        """``template``: the model's template as :func:`resolve_template` gives it (resolved
+        from the flags when not given); the side flags are applied to it here."""
+        if template is None:
+            template = resolve_template(args.model, args.template, args.model_type, args.system)
         if args.padding_side:
             template = dataclasses.replace(template, padding_side=args.padding_side)
         for side in ("query", "document"):  # --query_system, --document_system: over --system and the template's

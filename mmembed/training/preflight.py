@@ -9,9 +9,10 @@ The flags' own values were checked when they were parsed (:mod:`mmembed.training
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -20,9 +21,10 @@ from ..data.dataset import parse_spec
 from ..encoding.templates import Template
 from ..losses import EmbeddingLoss, Setup
 from ..model.embedding import check_model_folder, hidden_size
-from .arguments import SftArguments, UsageError, beir_pairs, check_side_flags
+from .arguments import SftArguments, UsageError
+from .evaluation import eval_metric_names
+from .flag_checks import beir_pairs, check_side_flags
 from .model_assembly import lora_target_modules, make_loss, parts_to_freeze, read_model_config, resolve_template
-from .trainer import eval_metric_names
 
 if TYPE_CHECKING:
     from ..encoding.media import MediaSettings
@@ -30,18 +32,31 @@ if TYPE_CHECKING:
 logger = logging.getLogger("mmembed")
 
 
-def check_settings(args: SftArguments) -> MediaSettings:
+@dataclasses.dataclass(frozen=True)
+class RunSetup:
+    """What the up-front checks read and build, handed on to the run so that nothing is read
+    or built twice: the media settings (variables and flags), the model's transformers config,
+    its template (with ``--system``) and the loss (with its options, checked against the
+    config's width)."""
+
+    media: MediaSettings
+    config: Any
+    template: Template
+    loss: EmbeddingLoss
+
+
+def check_settings(args: SftArguments) -> RunSetup:
     """What of the flags and environment can be checked without the model's weights, as usage
     errors before anything loads and before ``--output_dir`` is touched (the flags' own values
     were checked when they were parsed): the model folders, the template and ``--max_length``
     against the model's config, the variables, the loss with its options and side flags, and
     last that the data files the flags name are there (the user's data: exit status 1).
 
-    Returns the run's media settings, parsed here with the other variables."""
+    Returns the :class:`RunSetup` read and built on the way."""
     check_model_folders(args)
     media = check_environment(args)
-    template = resolve_template(args.model, args.template, args.model_type, args.system)
     config = read_model_config(args.model)
+    template = resolve_template(args.model, args.template, args.model_type, args.system, config)
     limit = getattr(config, "max_position_embeddings", None)
     if args.max_length and limit and getattr(config, "position_embedding_type", None) == "absolute" \
             and args.max_length > limit:
@@ -70,7 +85,7 @@ def check_settings(args: SftArguments) -> MediaSettings:
     for flag, path, exists in files:
         if path and not exists(path):  # the user's data, as a --dataset that is not there (exit status 1)
             raise SpecError(f"{flag} {path}: no such {'file' if exists is os.path.isfile else 'folder'}")
-    return media
+    return RunSetup(media, config, template, loss)
 
 
 def check_model_folders(args: SftArguments) -> None:

@@ -13,6 +13,7 @@ import logging
 import os
 
 from ..files import WriteError
+from ..model.weights import load_backbone_weights
 from .arguments import SftArguments, UsageError
 from .checkpoints import (
     check_complete,
@@ -26,7 +27,7 @@ from .checkpoints import (
     saved_model,
     set_aside_later_checkpoints,
 )
-from .trainer import EmbeddingTrainer, load_backbone_weights
+from .trainer import EmbeddingTrainer
 
 logger = logging.getLogger("mmembed")
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..encoding.collator import EmbeddingCollator
 from ..encoding.templates import template_config
 from ..losses import EmbeddingLoss
 from ..model.embedding import hidden_size
-from .arguments import SftArguments, check_side_flags
+from .arguments import SftArguments
 from .charts import TrainingCharts, eval_similarities
 from .data_assembly import TrainingData, check_drop_last, load_eval_tasks, read_once
 from .model_assembly import (
@@ -29,17 +29,13 @@ from .model_assembly import (
     build_model,
     check_loss_setup,
     init_deepspeed_comm,
-    make_loss,
     part_learning_rates,
 )
 from .preemption import preempted
-from .preflight import check_model_folders, check_settings, media_settings
+from .preflight import RunSetup, check_settings
 from .run_folder import prepare_output_dir, resume_checkpoint, resume_weights_only
 from .samplers import check_sampling
 from .trainer import EmbeddingTrainer
-
-if TYPE_CHECKING:  # the media loader is imported at the first row with media (qwen-vl-utils: about a second)
-    from ..encoding.media import MediaSettings
 
 logger = logging.getLogger("mmembed")
 
@@ -50,10 +46,10 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     from transformers import set_seed
 
     set_seed(args.seed)
-    media = check_settings(args)
+    setup = check_settings(args)
     resume = resume_checkpoint(args)
     prepare_output_dir(args, resume)
-    trainer = build_trainer(args, media)
+    trainer = build_trainer(args, setup)
     if resume and args.resume_only_model:
         resume = resume_weights_only(trainer, args, resume)
     trainer.last_checkpoint = resume  # the run's result until it saves (DeepSpeed loads without _load_from_checkpoint)
@@ -83,24 +79,21 @@ def run_sft(args: SftArguments) -> dict[str, Any]:
     return metrics
 
 
-def build_trainer(args: SftArguments, media: MediaSettings | None = None) -> EmbeddingTrainer:
+def build_trainer(args: SftArguments, setup: RunSetup | None = None) -> EmbeddingTrainer:
     """Everything ``mmembed sft`` trains with, checked before the model loads where it can be:
-    the loss, the encoding, the data, the side models and held-out tasks, then the model.
-    ``media``: the run's media settings (None: parsed from the flags and environment now);
-    every builder of the run loads media with them."""
-    from transformers import AutoConfig
-
-    media = media_settings(args) if media is None else media
-    loss = make_loss(args)
-    check_side_flags(args, loss.side)
-    check_model_folders(args)  # the tokenizer loads before the model does
-    encoding = Encoding.resolve(args)
+    the encoding, the data, the side models and held-out tasks, then the model. ``setup``:
+    what the up-front checks read and built (the media settings every builder of the run
+    loads media with, the model's config and template, the loss); None: checked now
+    (:func:`~mmembed.training.preflight.check_settings`)."""
+    setup = check_settings(args) if setup is None else setup
+    media, loss = setup.media, setup.loss
+    encoding = Encoding.resolve(args, setup.template)
     data = read_once(args, lambda reuse: TrainingData.load(args, encoding, loss, media, reuse))  # once per node (or run)
     check_drop_last(args, data)
     check_sampling(args, data.train, getattr(data, "datasets", None))  # --multi_dataset_sampler against the data
     eval_tasks = load_eval_tasks(args, encoding)
     side_models = SideModels.load(args, media)
-    width = hidden_size(AutoConfig.from_pretrained(args.model))
+    width = hidden_size(setup.config)
     check_loss_setup(args, loss, width, side_models, data.teacher_key, data.teacher_width)
     for own in data.losses.values():  # --dataset_config: the datasets' own losses
         check_loss_setup(args, own, width, side_models, data.teacher_key, data.teacher_width)
@@ -133,8 +126,8 @@ def build_trainer(args: SftArguments, media: MediaSettings | None = None) -> Emb
         param_lrs=part_learning_rates(model, encoding.template, args),
         dataset_names=[d.name for d in data.datasets] if args.dataset_config else None,
         dataset_losses=data.losses,
+        train_datasets=data.datasets,
     )
-    trainer.train_datasets = getattr(data, "datasets", None)  # the sampler's dataset names and weights
     trainer.add_callback(TrainingCharts(lambda: eval_similarities(trainer)))
     return trainer
 

@@ -25,13 +25,12 @@ from typing import Any
 import torch
 from transformers import Trainer
 
-from ..encoding.collator import DATASET_IDS, raise_batch_error
+from ..encoding.collator import CollatedBatch, raise_batch_error
 from ..encoding.inputs import select_rows, split_rows
 from ..losses import Side, build_loss
 from ..model.embedding import EmbeddingModel
-from ..model.weights import load_backbone_weights  # noqa: F401  (re-exported: sft.py imports it from here)
 from .distributed import GlobalBatchLoss, gather_sizes, world
-from .evaluation import eval_loader, eval_metric_names, evaluation_metrics  # noqa: F401  (eval_metric_names: sft.py)
+from .evaluation import evaluation_metrics
 from .gradcache import GradCache, deepspeed_chunk_backward
 from .guards import SaveLastStep, ZeroLossStop, check_grad_norm, check_loss
 from .optimizer import split_by_learning_rate
@@ -58,6 +57,9 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         dataset_losses: ``{dataset index: loss}`` for the datasets with loss settings of their
             own; a batch from such a dataset is scored with its loss (every batch must then
             come from one dataset, on every process).
+        train_datasets: The training datasets in index order (objects with ``name`` and
+            ``weight``: ``TrainingData.datasets``), which the sampler draws from
+            (``--multi_dataset_sampler``); None: the training rows are one dataset.
 
     ``args`` may be plain ``TrainingArguments``; ``args.gradcache_mini_batch_size`` (mmembed's
     ``SftArguments``) turns the gradient cache on.
@@ -65,7 +67,8 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
 
     def __init__(self, *args, loss=None, side_models: dict[str, EmbeddingModel] | None = None, eval_tasks=None,
                  mmembed_config: dict[str, Any] | None = None, param_lrs: dict[int, float] | None = None,
-                 dataset_names: list[str] | None = None, dataset_losses: dict[int, Any] | None = None, **kwargs):
+                 dataset_names: list[str] | None = None, dataset_losses: dict[int, Any] | None = None,
+                 train_datasets: list | None = None, **kwargs):
         # the Trainer refuses an eval strategy without an eval set; --eval_beir / --eval_sts
         # are something to evaluate too, so it gets a stand-in that evaluate() never reads
         tasks_only = kwargs.get("eval_dataset") is None and bool(eval_tasks)
@@ -95,6 +98,9 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         self.add_callback(SaveLastStep())
         self.preemption = PreemptionStop()  # SIGTERM / SIGUSR1: save the step, then stop (run_sft reports it)
         self.add_callback(self.preemption)
+        self.train_datasets = train_datasets
+        self.training_sampler = None  # the sampler of the training rows, once the data loader is built
+        self.resuming_from: str | None = None  # the checkpoint train() resumes from
         self.dataset_names = list(dataset_names or [])
         self.dataset_loss_fns = {int(i): (f if isinstance(f, GlobalBatchLoss) else GlobalBatchLoss(f))
                                  for i, f in (dataset_losses or {}).items()}
@@ -111,11 +117,11 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
 
     # ---- the loss call --------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        labels = inputs.pop("labels")
-        loss_fn, dataset = self.batch_loss(inputs.pop(DATASET_IDS, None))
-        side = self.side_inputs(inputs.pop("side", None))
-        outputs = {**model(**inputs), **side.outputs()}
-        loss = self._checked(loss_fn(outputs, labels))
+        batch = CollatedBatch.unpack(inputs)
+        loss_fn, dataset = self.batch_loss(batch.dataset_ids)
+        side = self.side_inputs(batch.side)
+        outputs = {**model(**batch.inputs), **side.outputs()}
+        loss = self._checked(loss_fn(outputs, batch.labels))
         self._count_dataset_loss(dataset, loss)
         return (loss, outputs) if return_outputs else loss
 
@@ -212,10 +218,10 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         if not self.gradcache_mini_batch_size:
             return super().training_step(model, inputs, num_items_in_batch)
         model.train()
-        inputs = self._prepare_inputs(inputs)
-        labels = inputs.pop("labels")
-        loss_fn, dataset = self.batch_loss(inputs.pop(DATASET_IDS, None))
-        side = self.side_inputs(inputs.pop("side", None)).outputs()  # whole batch, no gradient
+        batch = CollatedBatch.unpack(self._prepare_inputs(inputs))
+        inputs, labels = batch.inputs, batch.labels
+        loss_fn, dataset = self.batch_loss(batch.dataset_ids)
+        side = self.side_inputs(batch.side).outputs()  # whole batch, no gradient
         scale = 1.0 / self.current_gradient_accumulation_steps
         # mini-batches of rows of similar length carry little padding; the loss sees the
         # embeddings back in the batch's order. Rows move with their own images, videos
@@ -272,29 +278,21 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
 
     def _get_train_sampler(self, train_dataset=None):
         """mmembed's sampler (:func:`~mmembed.training.samplers.train_sampler`; the datasets'
-        names and weights from ``train_datasets``, which ``build_trainer`` sets), kept as
-        ``training_sampler`` for the checkpoints' record of its position; on resuming, that record
-        must match (:func:`~mmembed.training.samplers.check_resumed_state`)."""
+        names and weights from ``train_datasets``), kept as ``training_sampler`` for the
+        checkpoints' record of its position; on resuming, that record must match
+        (:func:`~mmembed.training.samplers.check_resumed_state`)."""
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        sampler = train_sampler(dataset, self.args, getattr(self, "train_datasets", None))
+        sampler = train_sampler(dataset, self.args, self.train_datasets)
         self.training_sampler = sampler
-        resuming = getattr(self, "resuming_from", None)
-        if sampler is not None and resuming and not self.args.ignore_data_skip:
-            check_resumed_state(sampler, resuming)
+        if sampler is not None and self.resuming_from and not self.args.ignore_data_skip:
+            check_resumed_state(sampler, self.resuming_from)
         return sampler if sampler is not None else super()._get_train_sampler(train_dataset)
 
     def get_train_dataloader(self):
         loader = pass_through_shards(super().get_train_dataloader())
-        resuming = getattr(self, "resuming_from", None)
-        if resuming and getattr(self, "training_sampler", None) is not None:
-            resumed_epoch(self.training_sampler, len(loader), self.args.gradient_accumulation_steps, resuming)
+        if self.resuming_from and self.training_sampler is not None:
+            resumed_epoch(self.training_sampler, len(loader), self.args.gradient_accumulation_steps, self.resuming_from)
         return loader
-
-    def _eval_loader(self, eval_dataset=None):
-        """This process's share of the eval set (:func:`~mmembed.training.evaluation.eval_loader`;
-        the charts' similarity histograms read it too)."""
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        return eval_loader(dataset, self.args, self.data_collator)
 
     @torch.no_grad()
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:

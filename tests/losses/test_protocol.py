@@ -253,7 +253,8 @@ def test_side_mismatch_is_the_rule_check_side_words():
 def test_the_flags_are_checked_by_the_same_rule():
     """check_side_flags refuses exactly what SideNeeds.mismatch finds in the flags (a teacher
     from the data's rows left open), in the words of the flags."""
-    from mmembed.training.arguments import UsageError, check_side_flags
+    from mmembed.errors import UsageError
+    from mmembed.training.flag_checks import check_side_flags
 
     for need, guide, model, scores, embeddings in itertools.product(
             NEEDS, (None, "g"), (None, "t"), (None, ["s.npy"]), (None, ["e.npy"])):

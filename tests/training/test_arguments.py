@@ -84,13 +84,13 @@ def test_offloaded_optimizer_keeps_a_non_adam_choice():
     AdamW (same algorithm), switched off for any other --optim (which would be ignored)."""
     from importlib.resources import files
 
-    from mmembed.training.arguments import _honour_optimizer_under_offload
+    from mmembed.training.device_flags import honour_optimizer_under_offload
 
     offload = str(files("mmembed.training").joinpath("ds_configs", "zero3_offload.json"))
     plain = str(files("mmembed.training").joinpath("ds_configs", "zero3.json"))
-    assert _honour_optimizer_under_offload(offload, "adamw_torch") == offload
-    assert _honour_optimizer_under_offload(plain, "sgd") == plain
-    config = _honour_optimizer_under_offload(offload, "sgd")
+    assert honour_optimizer_under_offload(offload, "adamw_torch") == offload
+    assert honour_optimizer_under_offload(plain, "sgd") == plain
+    config = honour_optimizer_under_offload(offload, "sgd")
     assert config["zero_force_ds_cpu_optimizer"] is False
     assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
 
@@ -141,7 +141,7 @@ def test_device_defaults_differ_between_cpu_and_gpu(monkeypatch):
 
     import torch
 
-    from mmembed.training.arguments import device_defaults
+    from mmembed.training.device_flags import device_defaults
 
     args = parse_sft_args(BASE)
     assert (args.length_chunks, args.length_buckets, args.dataloader_num_workers) == (4, False, 0)

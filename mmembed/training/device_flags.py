@@ -1,0 +1,129 @@
+"""What the device and the launch change in ``mmembed sft``'s flags: the defaults a GPU
+brings (:func:`device_defaults`: bf16, workers, pinning, FlashAttention / liger-kernel where
+installed), the gradient accumulation that makes ms-swift's global batch of 16, the
+optimizer kept under DeepSpeed's CPU offload, and the variables a one-process DeepSpeed run
+needs. :class:`~mmembed.training.arguments.SftArguments` applies them after its values are
+checked (:mod:`mmembed.training.flag_checks`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import TYPE_CHECKING
+
+from .flag_checks import check_prefetch
+
+if TYPE_CHECKING:
+    from .arguments import SftArguments
+
+
+def honour_optimizer_under_offload(deepspeed, optim: str):
+    """With the optimizer offloaded to the CPU, DeepSpeed replaces the chosen optimizer by its
+    own CPU Adam. That is the same algorithm for AdamW (and faster), so it stays; for any
+    other ``--optim`` the config is told to keep the chosen one."""
+
+    if not deepspeed or optim.startswith("adamw"):
+        return deepspeed
+    config = deepspeed
+    if isinstance(deepspeed, str):
+        if deepspeed.lstrip().startswith("{"):
+            config = json.loads(deepspeed)
+        else:
+            with open(deepspeed, encoding="utf-8") as f:
+                config = json.load(f)
+    offload = (config.get("zero_optimization") or {}).get("offload_optimizer") or {}
+    if offload.get("device") not in ("cpu", "nvme") or "zero_force_ds_cpu_optimizer" in config:
+        return deepspeed
+    return {**config, "zero_force_ds_cpu_optimizer": False}
+
+
+def one_process_group_env(environ) -> bool:
+    """A single process under DeepSpeed (no torchrun) gets the variables torchrun would give
+    it (rank 0 of 1, a free local port). Without them DeepSpeed looks for an MPI launcher and
+    fails with "No module named 'mpi4py'"; ms-swift starts torchrun even for one process.
+    Returns whether anything was set; a process started by a launcher is left alone."""
+    if any(k in environ for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")):
+        return False
+    import socket
+
+    with socket.socket() as s:  # the port is picked here and bound by the process group moments later
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+    environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    environ.setdefault("MASTER_PORT", str(port))
+    return True
+
+
+def device_defaults(args: SftArguments, cuda: bool) -> list[str]:
+    """Fill the flags left unset whose best value depends on the device, and return them as
+    ``--flag value`` for the log. What helps on a few CPU cores does not on a GPU: there the
+    padding cut by length chunks costs more in host syncs, launches and new shapes than it
+    saves, data preparation must overlap the GPU's work, and bf16 is ms-swift's default.
+
+    - ``--torch_dtype``: float32 on a CPU. On a GPU, LoRA loads the frozen base in half
+      precision (the model's float16, else bfloat16, as ms-swift); full training keeps
+      float32 weights. Both then compute under ``--bf16`` autocast (``--fp16`` without bf16).
+    - ``--length_chunks``: 4 on a CPU, 1 on a GPU; ``--length_buckets``: on a GPU only.
+    - ``--dataloader_num_workers``: 0 on a CPU (no spare core); on a GPU up to 4, leaving
+      one core per process to the trainer, with ``--dataloader_persistent_workers`` and a
+      prefetch of 4 batches.
+    """
+    chosen: list[str] = []
+
+    def choose(flag: str, value) -> None:
+        setattr(args, flag, value)
+        chosen.append(f"--{flag} {str(value).lower() if isinstance(value, bool) else value}")
+
+    if args.length_chunks is None:
+        choose("length_chunks", 1 if cuda else 4)
+    if args.length_buckets is None:
+        choose("length_buckets", cuda)
+    if args.dataloader_num_workers is None:
+        workers = 0
+        if cuda:
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+            workers = max(0, min(4, (os.cpu_count() or 1) // max(local, 1) - 1))
+        choose("dataloader_num_workers", workers)
+        if workers and args.dataloader_prefetch_factor is None:
+            choose("dataloader_prefetch_factor", 4)
+        if workers and not args.dataloader_persistent_workers:
+            choose("dataloader_persistent_workers", True)
+        check_prefetch(args)
+    if cuda and args.torch_dtype is None:
+        # LoRA: the frozen base in the model's half precision (ms-swift's default); full
+        # training keeps float32 master weights under bf16 autocast, since AdamW steps of a
+        # small learning rate round away in bfloat16 weights (ms-swift trains them in bf16)
+        choose("torch_dtype", gpu_dtype(args.model) if args.tuner_type == "lora" else "float32")
+    if cuda and not (args.bf16 or args.fp16) and args.torch_dtype in ("bfloat16", "float32", None):
+        import torch
+
+        if torch.cuda.is_bf16_supported():
+            choose("bf16", True)
+        elif args.torch_dtype == "float32":
+            choose("fp16", True)
+    return chosen
+
+
+def gpu_dtype(model_dir: str | None) -> str:
+    """ms-swift's default dtype on a GPU: the half precision the model was saved in, else
+    bfloat16 (float16 where the GPU has no bfloat16)."""
+
+    import torch
+
+    try:
+        with open(os.path.join(model_dir or "", "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        config = {}
+    saved = config.get("dtype") or config.get("torch_dtype") or (config.get("text_config") or {}).get("dtype")
+    if saved == "float16" or not torch.cuda.is_bf16_supported():
+        return "float16"
+    return "bfloat16"
+
+
+def default_gradient_accumulation(per_device_batch: int, world_size: int) -> int:
+    """ms-swift's default: accumulate up to a global batch of 16 rows."""
+    return max(1, math.ceil(16 / per_device_batch / world_size))
