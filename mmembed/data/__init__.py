@@ -6,12 +6,13 @@ Validate a file without training::
     samples = read_file("train.jsonl")   # raises DataError naming file, line and field
 """
 
-from .dataset import EmbeddingDataset, LoadResult, SpecError, load_samples, parse_spec, split_dataset
+from .dataset import EmbeddingDataset, LoadResult, load_samples
 from .formats import iter_raw_rows
 from .labels import LabelRule
 from .reader import read_file
 from .rows import parse_row
 from .sample import DataError, Item, Sample
+from .specs import SpecError, parse_spec, split_dataset
 
 __all__ = [
     "DataError",

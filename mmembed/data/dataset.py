@@ -23,7 +23,6 @@ import inspect
 import json
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,13 +30,14 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
-from .formats import DATA_EXTENSIONS, iter_rows_or_errors
+from .formats import iter_rows_or_errors
 from .labels import LabelRule
 from .paths import ROOT_IMAGE_DIR, MediaFileError
 from .rows import parse_row
 from .sample import DataError, Sample
+from .specs import SpecError, data_files, draw_seed, parse_spec, sample_and_split
 
-__all__ = ["EmbeddingDataset", "LoadResult", "SpecError", "load_samples", "parse_spec", "split_dataset"]
+__all__ = ["EmbeddingDataset", "LoadResult", "load_samples"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,75 +46,6 @@ _CACHE_VERSION = "mmembed-samples-5"
 _REPORT_LIMIT = 50
 #: the least a process parses of a .jsonl file (about 10k rows of the usual text shape)
 _MIN_SHARD_BYTES = 4 << 20
-
-
-class SpecError(ValueError):
-    """A ``--dataset`` spec that names no readable local file or folder."""
-
-
-# ----------------------------------------------------------------------------- specs
-
-_HUB_PREFIX_RE = re.compile(r"^(hf|ms)::", re.IGNORECASE)
-_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(:[\w./-]+)?$")
-
-
-def parse_spec(spec: str) -> tuple[str, int | None]:
-    """Split a dataset spec into ``(absolute path, N or None)``.
-
-    Accepted: ``path``, ``path#N`` (N > 0: sample N rows, see :func:`load_samples`), a folder
-    (every data file under it). A path that exists as written wins over the ``#N`` reading.
-    A spec naming nothing on disk raises :class:`SpecError`; when it looks like a hub id
-    (``org/name``, ``AI-ModelScope/...``, ``hf::``/``ms::`` prefixes, ``:subset`` suffixes) the
-    message says that hub datasets cannot be downloaded here and to pass a local file.
-    """
-    spec = spec.strip()
-    if not spec:
-        raise SpecError("empty dataset spec (check --dataset for an empty string)")
-    if os.path.exists(os.path.expanduser(spec)):
-        return os.path.abspath(os.path.expanduser(spec)), None
-    path, n = spec, None
-    m = re.fullmatch(r"(.*)#(\d+)", spec)
-    if m:
-        path, n = m.group(1), int(m.group(2))
-        if n <= 0:
-            raise SpecError(f"dataset spec {spec!r}: the sample count after '#' must be positive")
-    local = os.path.expanduser(path)
-    if os.path.exists(local):
-        return os.path.abspath(local), n
-    if _looks_like_hub_id(path):
-        raise SpecError(
-            f"dataset {path!r} is not a local file or folder. It looks like a ModelScope / Hugging Face "
-            "hub dataset id: hub datasets cannot be downloaded here (mmembed reads local data only, "
-            "offline). Download the dataset and pass its local file or folder (e.g. data.jsonl or data.jsonl#1000)."
-        )
-    raise SpecError(f"dataset file or folder not found: {path!r} (from spec {spec!r})")
-
-
-def _looks_like_hub_id(path: str) -> bool:
-    if _HUB_PREFIX_RE.match(path):
-        return True
-    if path.startswith(("/", ".", "~")) or _has_data_extension(path.split(":")[0]):
-        return False
-    return bool(_HUB_ID_RE.match(path))
-
-
-def _has_data_extension(path: str) -> bool:
-    return os.path.splitext(path)[1].lower() in DATA_EXTENSIONS
-
-
-def _data_files(path: str) -> list[str]:
-    """A file -> [it]; a folder -> its data files (recursively, hidden entries skipped, sorted)."""
-    if os.path.isfile(path):
-        if not _has_data_extension(path):
-            raise SpecError(f"unsupported data file {path!r}: expected one of {', '.join(DATA_EXTENSIONS)}")
-        return [path]
-    found = []
-    for root, dirs, files in os.walk(path):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        found += [os.path.join(root, f) for f in files if not f.startswith(".") and _has_data_extension(f)]
-    if not found:
-        raise SpecError(f"folder {path!r} holds no data files ({', '.join(DATA_EXTENSIONS)})")
-    return sorted(found, key=lambda p: os.path.relpath(p, path))
 
 
 # ----------------------------------------------------------------------------- loading
@@ -438,47 +369,6 @@ def _with_row_numbers(ds):
     return ds.add_column("row", row.astype(np.int64)), records
 
 
-def sample_indices(size: int, n: int, rng: np.random.RandomState, shuffle: bool = True) -> np.ndarray:
-    """Row indices for ``#n`` over ``size`` rows, as ms-swift picks them.
-
-    ``n <= size``: ``n`` distinct rows in random order (the first ``n`` of a permutation), or
-    the first ``n`` rows without ``shuffle``. ``n > size``: every row ``n // size`` times in
-    order, then ``n % size`` more chosen the same way. ``n == size`` draws nothing.
-    """
-    if size == 0:
-        raise ValueError(f"cannot sample {n} rows from an empty dataset")
-    repeats, rest = divmod(n, size)
-    idx = np.tile(np.arange(size), repeats)
-    if rest:
-        idx = np.concatenate([idx, rng.permutation(size)[:rest] if shuffle else np.arange(rest)])
-    return idx
-
-
-def _draw_seed(rng: np.random.RandomState) -> int:
-    """A seed drawn from the shared state, as ms-swift seeds each split and shuffle."""
-    return int(rng.randint(0, np.iinfo(np.int32).max))
-
-
-def _sample_and_split(ds, n: int | None, ratio: float, shuffle: bool, rng: np.random.RandomState, path: str = ""):
-    """One spec's ``(train, val)`` in ms-swift's order of draws: with a ratio, the validation
-    rows are split off the whole file first (``max(int(min(rows, N) * ratio), 1)`` of them),
-    then the ``N - val`` training rows are sampled from the rest."""
-    n = len(ds) if n is None else n
-    if ratio == 0:
-        return ds.select(sample_indices(len(ds), n, rng, shuffle)), None
-    if ratio == 1:
-        if n > len(ds):
-            raise SpecError(f"a validation spec cannot sample {n} rows from {len(ds)}")
-        return None, ds.select(sample_indices(len(ds), n, rng, shuffle))
-    n_val = max(int(min(len(ds), n) * ratio), 1)
-    if n - n_val <= 0 or n_val >= len(ds):
-        raise DataError(path, 0, None, f"{len(ds)} usable row(s): splitting off {n_val} for validation "
-                                       f"(split ratio {ratio}) leaves no training rows")
-    parts = ds.train_test_split(test_size=n_val, shuffle=shuffle, seed=_draw_seed(rng))
-    train = parts["train"]
-    return train.select(sample_indices(len(train), n - n_val, rng, shuffle)), parts["test"]
-
-
 def load_samples(
     specs: list[str] | str,
     *,
@@ -535,14 +425,14 @@ def load_samples(
     if not specs:
         raise SpecError("no dataset specs given")
     parsed = [parse_spec(s) for s in specs]
-    file_lists = [_data_files(path) for path, _ in parsed]
+    file_lists = [data_files(path) for path, _ in parsed]
     if not 0 <= split_ratio <= 1:
         raise ValueError(f"split_dataset_ratio must be in [0, 1], got {split_ratio}")
     rng = np.random.RandomState(seed)
     parts, vals, skipped, records = [], [], [], {}
     started, parsed_any = time.perf_counter(), False
     for (path, n), files in zip(parsed, file_lists):
-        _draw_seed(rng)  # ms-swift draws a seed per spec before reading it (for its decision-task augmentation)
+        draw_seed(rng)  # ms-swift draws a seed per spec before reading it (for its decision-task augmentation)
         ds, bad, read, parsed_now = _load_files(
             files,
             strict=strict,
@@ -562,7 +452,7 @@ def load_samples(
             raise _no_rows(path, bad, skipped, sum(records.values()))
         if n is not None and n > len(ds):
             logger.warning("%s#%d: more than its %d rows, so rows repeat", path, n, len(ds))
-        train, val = _sample_and_split(ds, n, split_ratio, shuffle, rng, path)
+        train, val = sample_and_split(ds, n, split_ratio, shuffle, rng, path)
         if train is not None:
             parts.append(train)
         if val is not None:
@@ -575,9 +465,9 @@ def load_samples(
     val_set = concat(vals) if vals else None
     if shuffle:
         if dataset is not None:
-            dataset = dataset.shuffle(seed=_draw_seed(rng))
+            dataset = dataset.shuffle(seed=draw_seed(rng))
         if val_set is not None:
-            val_set = val_set.shuffle(seed=_draw_seed(rng))
+            val_set = val_set.shuffle(seed=draw_seed(rng))
     result = LoadResult(dataset=dataset if dataset is not None else val_set, skipped=skipped,
                         rows_read=sum(records.values()), records=records, files=file_lists,
                         val=val_set if dataset is not None else None, parsed=parsed_any,
@@ -600,23 +490,6 @@ def _no_rows(path: str, bad: list[DataError], skipped: list[DataError], rows_rea
 
 
 # ----------------------------------------------------------------------------- split / torch
-
-
-def split_dataset(ds, ratio: float, seed: int):
-    """Split off a validation set like ms-swift's ``--split_dataset_ratio``.
-
-    ``ratio == 0`` -> ``(ds, None)``. ``0 < ratio < 1`` -> ``(train, val)`` with
-    ``max(int(len(ds) * ratio), 1)`` validation rows chosen at random with ``seed``.
-    """
-    if not 0 <= ratio < 1:
-        raise ValueError(f"split_dataset_ratio must be in [0, 1), got {ratio}")
-    if ratio == 0:
-        return ds, None
-    n_val = max(int(len(ds) * ratio), 1)
-    if n_val >= len(ds):
-        raise ValueError(f"cannot split {len(ds)} row(s) with ratio {ratio}: no training rows would remain")
-    parts = ds.train_test_split(test_size=n_val, shuffle=True, seed=seed)
-    return parts["train"], parts["test"]
 
 
 #: the Arrow column holding each row's dataset index (``--dataset_config``)

@@ -72,7 +72,8 @@ import re
 from typing import Any
 
 from .labels import LabelRule
-from .paths import TAG_RE, Draft, RowContext, Slot, bind_media
+from .messages import group_draft, require_str, role_of
+from .paths import Draft, RowContext, bind_media
 from .sample import MEDIA_KINDS, Item, Sample, json_type
 
 __all__ = [
@@ -81,7 +82,6 @@ __all__ = [
     "NEGATIVE_FIELDS",
     "NEGATIVE_N_RE",
     "QUERY_ALIASES",
-    "PART_MEDIA_KEYS",
     "TEACHER_FIELDS",
     "check_teacher_embeddings",
     "check_teacher_scores",
@@ -111,14 +111,6 @@ TEACHER_FIELDS = ("teacher_scores", "teacher_embeddings")
 _NEW_FORM_FIELDS = ("positive_messages", "negative_messages") + tuple(
     f"{prefix}_{kind}s" for prefix in ("positive", "negative") for kind in MEDIA_KINDS
 )
-_ROLE_ALIASES = {
-    "system": "system",
-    "user": "user",
-    "human": "user",
-    "assistant": "assistant",
-    "gpt": "assistant",
-    "bot": "assistant",
-}
 
 
 def has_group_messages(raw: Any) -> bool:
@@ -280,12 +272,6 @@ def _present_key(raw: dict, names: tuple[str, ...], ctx: RowContext, canonical: 
     return present[0] if present else None
 
 
-def _require_str(value: Any, fieldname: str, ctx: RowContext) -> str:
-    if not isinstance(value, str):
-        raise ctx.error(fieldname, f"must be a string, got {json_type(value)}")
-    return value
-
-
 def _parse_label(raw: dict, ctx: RowContext) -> float | None:
     key = _present_key(raw, QUERY_ALIASES["label"], ctx, "label")
     if key is None:
@@ -305,7 +291,7 @@ def _parse_system(raw: dict, ctx: RowContext) -> str | None:
     key = _present_key(raw, QUERY_ALIASES["system"], ctx, "system")
     if key is None:
         return None
-    return _require_str(raw[key], key, ctx) or None
+    return require_str(raw[key], key, ctx) or None
 
 
 def _text_list(value: Any, fieldname: str, ctx: RowContext) -> list[str]:
@@ -317,7 +303,7 @@ def _text_list(value: Any, fieldname: str, ctx: RowContext) -> list[str]:
     if not isinstance(value, list):
         raise ctx.error(fieldname, f"must be a list of strings (or one string), got {json_type(value)}")
     for i, v in enumerate(value):
-        _require_str(v, f"{fieldname}[{i}]", ctx)
+        require_str(v, f"{fieldname}[{i}]", ctx)
     return list(value)
 
 
@@ -328,7 +314,7 @@ def _negatives(raw: dict, ctx: RowContext) -> list[tuple[str, str]]:
     if key is not None and numbered:
         raise ctx.error("rejected_response", f"the row gives both '{key}' and '{numbered[0][1]}'; keep one")
     if numbered:
-        return [(_require_str(raw[k], k, ctx), k) for _, k in numbered]
+        return [(require_str(raw[k], k, ctx), k) for _, k in numbered]
     if key is None:
         return []
     return [(text, f"{key}[{i}]") for i, text in enumerate(_text_list(raw[key], key, ctx))]
@@ -366,8 +352,8 @@ def _parse_query_row(raw: dict, ctx: RowContext) -> Sample:
         raise ctx.error("response", "missing field 'response' (the positive)")
     if isinstance(raw[rkey], list):
         raise ctx.error(rkey, "must be a string, got array (one positive per row; negatives go in 'rejected_response')")
-    query = _require_str(raw[qkey], qkey, ctx)
-    response = _require_str(raw[rkey], rkey, ctx)
+    query = require_str(raw[qkey], qkey, ctx)
+    response = require_str(raw[rkey], rkey, ctx)
     negatives = _negatives(raw, ctx)
     system = _parse_system(raw, ctx)
     label = _parse_label(raw, ctx)
@@ -414,7 +400,7 @@ def _parse_messages_row(raw: dict, mkey: str, ctx: RowContext) -> Sample:
         if raw.get(k) is not None:
             raise ctx.error(k, f"'{k}' belongs to the query form; with 'positive_messages' use 'negative_messages'")
 
-    anchor = _group_draft(raw[mkey], mkey, ctx)
+    anchor = group_draft(raw[mkey], mkey, ctx)
     if top_system is not None:
         if anchor.system is not None:
             raise ctx.error("system", f"the row gives both 'system' and a system message in '{mkey}'; keep one")
@@ -448,7 +434,7 @@ def _groups(raw: dict, prefix: str, ctx: RowContext) -> list[Item]:
         raise ctx.error(key, f"must be a list of message lists, got {json_type(groups)}")
     if groups and isinstance(groups[0], dict):
         raise ctx.error(key, "must be a list of message lists (one more [] than 'messages'), got a list of messages")
-    drafts = [_group_draft(g, f"{key}[{i}]", ctx) for i, g in enumerate(groups)]
+    drafts = [group_draft(g, f"{key}[{i}]", ctx) for i, g in enumerate(groups)]
     media: dict[str, list[list[Any]]] = {}
     for kind in MEDIA_KINDS:
         mkey = f"{prefix}_{kind}s"
@@ -476,9 +462,9 @@ def _parse_legacy_messages_row(
     """ms-swift 3.x standard format: the last assistant message is the positive."""
     messages = raw[mkey]
     if not isinstance(messages, list) or not messages:
-        _group_draft(messages, mkey, ctx)  # raises the type / emptiness error
+        group_draft(messages, mkey, ctx)  # raises the type / emptiness error
     last = messages[-1]
-    role = _role_of(last, f"{mkey}[{len(messages) - 1}]", ctx) if isinstance(last, dict) else None
+    role = role_of(last, f"{mkey}[{len(messages) - 1}]", ctx) if isinstance(last, dict) else None
     if role != "assistant" or len(messages) < 2:
         raise ctx.error(
             "positive_messages",
@@ -487,8 +473,8 @@ def _parse_legacy_messages_row(
         )
     if raw.get("negative_messages") is not None:
         raise ctx.error("negative_messages", "'negative_messages' needs 'positive_messages'")
-    anchor = _group_draft(messages[:-1], mkey, ctx)
-    positive = _group_draft([last], mkey, ctx, offset=len(messages) - 1)
+    anchor = group_draft(messages[:-1], mkey, ctx)
+    positive = group_draft([last], mkey, ctx, offset=len(messages) - 1)
     positive.fieldname = f"{mkey}[{len(messages) - 1}]"
     system = anchor.system
     if top_system is not None:
@@ -505,122 +491,3 @@ def _parse_legacy_messages_row(
     return Sample(
         anchor=items[0], positives=[items[1]], negatives=items[2:], label=label, source=ctx.source, line=ctx.line
     )
-
-
-def _role_of(message: dict, fieldname: str, ctx: RowContext) -> str:
-    role = message.get("role", message.get("from"))
-    if role is None:
-        raise ctx.error(f"{fieldname}.role", "missing 'role' (system, user or assistant)")
-    if not isinstance(role, str) or role.lower() not in _ROLE_ALIASES:
-        raise ctx.error(f"{fieldname}.role", f"unknown role {role!r}; expected 'system', 'user' or 'assistant'")
-    return _ROLE_ALIASES[role.lower()]
-
-
-def _group_draft(messages: Any, fieldname: str, ctx: RowContext, offset: int = 0) -> Draft:
-    """One group of messages -> one member: system message(s) to ``system``, user and
-    assistant contents joined with newlines, media tags and content parts as slots."""
-    if not isinstance(messages, list):
-        raise ctx.error(fieldname, f"must be a list of messages, got {json_type(messages)}")
-    if not messages:
-        raise ctx.error(fieldname, "is an empty list of messages")
-    draft = Draft(fieldname, "")
-    systems: list[str] = []
-    texts: list[str] = []
-    roles: set[str] = set()  # the user / assistant roles seen
-    for i, message in enumerate(messages, start=offset):
-        mfield = f"{fieldname}[{i}]"
-        if not isinstance(message, dict):
-            raise ctx.error(mfield, f"a message must be an object with 'role' and 'content', got {json_type(message)}")
-        role = _role_of(message, mfield, ctx)
-        content = message.get("content", message.get("value"))
-        cfield = f"{mfield}.content"
-        if role == "system":
-            text = _system_content(content, cfield, ctx)
-            if text:
-                systems.append(text)
-            continue
-        text = _content_text(content, cfield, draft, ctx)
-        roles.add(role)
-        if text:
-            texts.append(text)
-    if not roles:
-        raise ctx.error(fieldname, "holds only system messages; it needs a user (or assistant) message, the text to embed")
-    draft.text = "\n".join(texts)
-    draft.system = "\n".join(systems) or None
-    return draft
-
-
-def _system_content(content: Any, fieldname: str, ctx: RowContext) -> str:
-    if isinstance(content, list):
-        parts = []
-        for i, part in enumerate(content):
-            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                raise ctx.error(f"{fieldname}[{i}]", "a system message may hold only text parts")
-            parts.append(part["text"])
-        content = "".join(parts)
-    if not isinstance(content, str):
-        raise ctx.error(fieldname, f"must be a string or a list of content parts, got {json_type(content)}")
-    if TAG_RE.search(content):
-        raise ctx.error(fieldname, "media tags are not allowed in a system message")
-    return content
-
-
-_PART_KINDS = {
-    "text": "text",
-    "image": "image",
-    "image_url": "image",
-    "video": "video",
-    "video_url": "video",
-    "audio": "audio",
-    "audio_url": "audio",
-    "input_audio": "audio",
-}
-#: The keys of a media content part that may hold its path or URL (``_part_media`` reads them).
-PART_MEDIA_KEYS = tuple(k for k, kind in _PART_KINDS.items() if kind != "text" and k != "input_audio") + ("url", "path")
-
-
-def _content_text(content: Any, fieldname: str, draft: Draft, ctx: RowContext) -> str:
-    """The text of one user/assistant content, adding its media slots to ``draft``."""
-    if isinstance(content, str):
-        draft.add_literal_tags(content, fieldname)
-        return content
-    if not isinstance(content, list):
-        raise ctx.error(fieldname, f"must be a string or a list of content parts, got {json_type(content)}")
-    pieces = []
-    for i, part in enumerate(content):
-        pfield = f"{fieldname}[{i}]"
-        if isinstance(part, str):
-            part = {"type": "text", "text": part}
-        if not isinstance(part, dict):
-            raise ctx.error(pfield, f"a content part must be an object with 'type', got {json_type(part)}")
-        ptype = part.get("type")
-        kind = _PART_KINDS.get(ptype) if isinstance(ptype, str) else None
-        if kind is None:
-            raise ctx.error(
-                f"{pfield}.type", f"unknown content part type {ptype!r}; expected text, image, video or audio"
-            )
-        if kind == "text":
-            text = _require_str(part.get("text"), f"{pfield}.text", ctx)
-            draft.add_literal_tags(text, pfield)
-            pieces.append(text)
-            continue
-        draft.slots[kind].append(Slot(_part_media(part, ptype, kind, pfield, ctx), pfield))
-        pieces.append(f"<{kind}>")
-    return "".join(pieces)
-
-
-def _part_media(part: dict, ptype: str, kind: str, fieldname: str, ctx: RowContext) -> Any:
-    """The path/URL a media content part carries, or None for a placeholder part."""
-    if ptype == "input_audio":
-        data = part.get("input_audio")
-        if not (isinstance(data, dict) and isinstance(data.get("data"), str)):
-            raise ctx.error(f"{fieldname}.input_audio", "must be an object with base64 'data' and 'format'")
-        fmt = data.get("format") or "wav"
-        return f"data:audio/{fmt};base64,{data['data']}"
-    for key in (ptype, kind, f"{kind}_url", "url", "path"):
-        value = part.get(key)
-        if isinstance(value, dict):
-            value = value.get("url", value.get("path"))
-        if value is not None:
-            return value
-    return None

@@ -29,10 +29,11 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
-from .dataset import _CACHE_VERSION, _data_files, _draw_seed, _generate, parse_spec
+from .dataset import _CACHE_VERSION, _generate
 from .labels import LabelRule
 from .paths import ROOT_IMAGE_DIR, MediaFileError
 from .sample import DataError, Sample
+from .specs import data_files, draw_seed, parse_spec
 
 logger = logging.getLogger("mmembed")
 
@@ -48,8 +49,8 @@ def stream_samples(specs: list[str], *, strict: bool, seed: int | None, shuffle:
     parts = []
     for spec in specs:
         path, n = parse_spec(spec)
-        _draw_seed(rng)
-        files = _data_files(path)
+        draw_seed(rng)
+        files = data_files(path)
         # one shard per file (a list: datasets gives data-loader workers whole files)
         shards = list((f, os.stat(f).st_mtime_ns, os.stat(f).st_size, 0, 1) for f in files)
         part = datasets.IterableDataset.from_generator(
@@ -61,7 +62,7 @@ def stream_samples(specs: list[str], *, strict: bool, seed: int | None, shuffle:
         parts.append(part.take(n) if n is not None else part)
     stream = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     if shuffle:
-        stream = stream.shuffle(seed=_draw_seed(rng), buffer_size=buffer_size)
+        stream = stream.shuffle(seed=draw_seed(rng), buffer_size=buffer_size)
     return StreamingSamples(stream, strict=strict, specs=specs)
 
 

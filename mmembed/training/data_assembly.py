@@ -423,7 +423,7 @@ def dataset_loss(args: SftArguments, entry: DatasetEntry) -> EmbeddingLoss | Non
 def sample_rows(ds, n: int, seed: int, shuffle: bool, name: str):
     """``sample: N`` over a dataset of several files: N of their rows together, drawn as
     ms-swift's ``#N`` draws them from one file (:func:`~mmembed.data.dataset.sample_indices`)."""
-    from ..data.dataset import sample_indices
+    from ..data.specs import sample_indices
 
     if n > len(ds):
         logger.warning("dataset %s: sample %d is more than its %d rows, so rows repeat", name, n, len(ds))

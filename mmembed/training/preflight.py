@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from ..data import SpecError
-from ..data.dataset import parse_spec
+from ..data.specs import parse_spec
 from ..encoding.templates import Template
 from ..losses import EmbeddingLoss, Setup
 from ..model.embedding import check_model_folder, hidden_size

@@ -28,16 +28,16 @@ def test_the_shuffle_is_datasets_buffer_shuffle_with_ms_swifts_seed(tmp_path):
     (one draw of numpy's RandomState(data_seed) per spec, then the shuffle's), epoch by epoch."""
     import datasets
 
-    from mmembed.data.dataset import _draw_seed
+    from mmembed.data.specs import draw_seed
     from mmembed.data.streaming import stream_samples
 
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(_rows(40)))
     stream = stream_samples([str(path)], strict=True, seed=7, shuffle=True, buffer_size=8)
     rng = np.random.RandomState(7)
-    _draw_seed(rng)
+    draw_seed(rng)
     texts = [json.loads(line)["query"] for line in _rows(40)]
-    reference = datasets.Dataset.from_dict({"t": texts}).to_iterable_dataset().shuffle(seed=_draw_seed(rng),
+    reference = datasets.Dataset.from_dict({"t": texts}).to_iterable_dataset().shuffle(seed=draw_seed(rng),
                                                                                         buffer_size=8)
     for epoch in (0, 1):
         stream.set_epoch(epoch)

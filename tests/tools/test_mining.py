@@ -391,12 +391,12 @@ def test_bad_input_leaves_no_output(tmp_path):
 
 
 def test_failed_write_keeps_previous_output(tmp_path):
-    from mmembed.tools.mining import _write_rows
+    from mmembed.tools.mined_rows import write_rows
 
     out = tmp_path / "out.jsonl"
     out.write_text("previous\n")
     with pytest.raises(TypeError):
-        _write_rows([{"ok": 1}, {"bad": object()}], str(out))  # fails half way through
+        write_rows([{"ok": 1}, {"bad": object()}], str(out))  # fails half way through
     assert out.read_text() == "previous\n"
     assert os.listdir(tmp_path) == ["out.jsonl"]  # no temporary file left behind
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import stsb_pairs, write_jsonl
 
-from mmembed.data.dataset import sample_indices
 from mmembed.data.dataset_config import ConfigError, read_dataset_config
+from mmembed.data.specs import sample_indices
 from mmembed.errors import UsageError
 from mmembed.training.arguments import parse_sft_args
 
