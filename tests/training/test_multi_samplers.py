@@ -21,12 +21,15 @@ from conftest import REPO, launch, stsb_pairs, write_jsonl
 import mmembed.training.samplers as samplers
 from mmembed.data.sample import Item, Sample
 from mmembed.errors import UsageError
+from mmembed.training.batch_samplers import Part, duplicate_free_batches, row_keys
 from mmembed.training.samplers import (
+    HOMOGENEOUS_SAMPLERS,
     HomogeneousSampler,
     MappedSampler,
-    Part,
+    ProportionalSampler,
+    RoundRobinSampler,
+    WeightedSampler,
     check_resumed_state,
-    duplicate_free_batches,
     pass_through_shards,
     train_sampler,
 )
@@ -59,7 +62,7 @@ def _global_batches(rule, epoch, batch=2, accumulation=3, world=2, seed=5, parts
     ``(s * accumulation + k) * batch`` to ``+ batch``; returns ``[step][process][micro] -> rows``."""
     per_process = []
     for rank in range(world):
-        s = HomogeneousSampler(parts or _parts(), rule, batch, accumulation, seed, rank, world, keys=keys)
+        s = HOMOGENEOUS_SAMPLERS[rule](parts or _parts(), batch, accumulation, seed, rank, world, keys=keys)
         s.set_epoch(epoch)
         rows = list(s)
         assert len(rows) == len(s)
@@ -116,7 +119,7 @@ def test_weighted_shares_match_the_weights_within_sampling_error():
     batches is within 4 standard deviations of its binomial expectation."""
     weights = (1.0, 2.0, 5.0)
     counts, total = Counter(), 0
-    sampler = HomogeneousSampler(_parts(weights), "weighted", 2, 1, seed=11, rank=0, world=1)
+    sampler = WeightedSampler(_parts(weights), 2, 1, seed=11, rank=0, world=1)
     for epoch in range(60):
         sampler.set_epoch(epoch)
         rows = list(sampler)
@@ -133,7 +136,7 @@ def test_weighted_shares_match_the_weights_within_sampling_error():
 
 def test_weighted_reuses_a_dataset_only_after_a_whole_pass():
     """c weighs most but has 30 rows: its rows repeat only after every one of them was drawn once."""
-    sampler = HomogeneousSampler(_parts((1.0, 1.0, 20.0)), "weighted", 3, 1, seed=2, rank=0, world=1)
+    sampler = WeightedSampler(_parts((1.0, 1.0, 20.0)), 3, 1, seed=2, rank=0, world=1)
     c_rows = []
     for epoch in range(4):
         sampler.set_epoch(epoch)
@@ -151,7 +154,7 @@ def test_the_order_follows_the_seed():
 def test_a_dataset_smaller_than_one_global_batch_is_refused_by_name():
     parts = _parts() + [Part("tiny", 1.0, np.arange(130, 140))]
     with pytest.raises(UsageError) as e:
-        HomogeneousSampler(parts, "proportional", 4, 2, seed=0, rank=0, world=2)
+        ProportionalSampler(parts, 4, 2, seed=0, rank=0, world=2)
     message = str(e.value)
     assert "'tiny' has 10 training row(s)" in message and "global batch of 16 rows" in message
     assert "--per_device_train_batch_size 4 x 2 process(es) x --gradient_accumulation_steps 2" in message
@@ -266,7 +269,7 @@ def test_no_duplicates_reads_the_arrow_rows(tmp_path):
     rows = [{"query": "q0", "response": "same"}, {"query": "q1", "response": "same"},
             {"query": "q2", "response": "other"}, {"query": "q3", "response": "<image>same", "images": [str(img)]}]
     data = EmbeddingDataset(load_samples([write_jsonl(tmp_path / "d.jsonl", rows)], shuffle=False).dataset)
-    keys = samplers.row_keys(data)
+    keys = row_keys(data)
     texts = {data[i].anchor.text: i for i in range(4)}
     assert keys[texts["q0"]] & keys[texts["q1"]]  # the shared positive
     assert not keys[texts["q0"]] & keys[texts["q3"]] and not keys[texts["q0"]] & keys[texts["q2"]]
@@ -320,7 +323,7 @@ def test_the_recorded_position_counts_the_global_batches_drawn(tmp_path):
     """After each step of two epochs, the state's per-dataset count equals the count of that
     dataset's global batches among the steps so far; a checkpoint with the state resumes, one
     whose state another run would not reach is refused."""
-    sampler = HomogeneousSampler(_parts((1.0, 3.0, 1.0)), "weighted", 2, 3, seed=9, rank=0, world=2)
+    sampler = WeightedSampler(_parts((1.0, 3.0, 1.0)), 2, 3, seed=9, rank=0, world=2)
     seen = Counter()
     step = 0
     for epoch in range(2):
@@ -334,7 +337,7 @@ def test_the_recorded_position_counts_the_global_batches_drawn(tmp_path):
     (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 13}))
     (ckpt / samplers.STATE_FILE).write_text(json.dumps(sampler.state(13)))
     check_resumed_state(sampler, str(ckpt))
-    other = HomogeneousSampler(_parts((1.0, 3.0, 1.0)), "weighted", 2, 3, seed=10, rank=0, world=2)
+    other = WeightedSampler(_parts((1.0, 3.0, 1.0)), 2, 3, seed=10, rank=0, world=2)
     with pytest.raises(UsageError, match="would not train on the batches"):
         check_resumed_state(other, str(ckpt))
 
@@ -344,7 +347,7 @@ def test_accelerate_sharding_passes_each_processs_share_through(monkeypatch):
     from torch.utils.data import BatchSampler, DataLoader
 
     monkeypatch.setattr(samplers, "world", lambda: (1, 2))
-    sampler = HomogeneousSampler(_parts(), "round_robin", 2, 2, seed=0, rank=1, world=2)
+    sampler = RoundRobinSampler(_parts(), 2, 2, seed=0, rank=1, world=2)
     shard = BatchSamplerShard(BatchSampler(sampler, 2, drop_last=False), num_processes=2, process_index=1)
     loader = pass_through_shards(DataLoader(list(range(130)), batch_sampler=shard))
     assert [i for b in loader for i in b.tolist()] == list(sampler)
@@ -400,7 +403,7 @@ def test_two_processes_train_on_homogeneous_global_batches_and_resume_on_the_sam
     # the datasets of the steps are the draws of the unit-level sampler (whose shares are
     # tested above) for these sizes, weights and --data_seed 42: epoch 0's 4 steps, then epoch 1's
     sizes = [Part(n, WEIGHTS[n], np.arange(ROWS[n])) for n in WEIGHTS]
-    unit = HomogeneousSampler(sizes, "weighted", 2, 2, seed=42, rank=0, world=2)
+    unit = WeightedSampler(sizes, 2, 2, seed=42, rank=0, world=2)
     assert [names[s] for s in range(1, 8)] == [list(WEIGHTS)[d] for d in [*unit.draws(0), *unit.draws(1)[:3]]]
     state = json.loads((tmp_path / "full" / "checkpoint-5" / samplers.STATE_FILE).read_text())
     drawn = {d["name"]: d["global_batches_drawn"] for d in state["datasets"]}
@@ -417,7 +420,7 @@ def test_two_processes_train_on_homogeneous_global_batches_and_resume_on_the_sam
 
 @pytest.mark.parametrize("make", [
     lambda rank: samplers.SwiftOrderSampler(20, True, 42, rank=rank, world=2),
-    lambda rank: HomogeneousSampler(_parts(), "proportional", 2, 1, seed=3, rank=rank, world=2),
+    lambda rank: ProportionalSampler(_parts(), 2, 1, seed=3, rank=rank, world=2),
 ], ids=["mixed", "proportional"])
 def test_a_resumed_epoch_reaches_the_sampler_through_accelerates_skipping_loader(make, tmp_path, monkeypatch):
     """Two processes, resumed 2 steps into the second epoch: the
