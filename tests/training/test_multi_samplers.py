@@ -23,9 +23,13 @@ from mmembed.data.sample import Item, Sample
 from mmembed.errors import UsageError
 from mmembed.training.batch_samplers import Part, duplicate_free_batches, row_keys
 from mmembed.training.samplers import (
+    BATCH_SAMPLERS,
     HOMOGENEOUS_SAMPLERS,
+    MULTI_DATASET_SAMPLERS,
     HomogeneousSampler,
     MappedSampler,
+    MultiDatasetSampler,
+    PooledSampler,
     ProportionalSampler,
     RoundRobinSampler,
     WeightedSampler,
@@ -456,3 +460,122 @@ def test_a_resumed_epoch_reaches_the_sampler_through_accelerates_skipping_loader
         skipped.set_epoch(epoch)  # as the Trainer does
         got = [b.tolist() for b in skipped]
         assert (got == epochs[epoch][skip:]) == fixed
+
+
+# ----------------------------------------------------------------------------- each rule, written out
+
+def _dataset_batch(d: int, k: int, seed: int = 5, size: int = 12, rows=None) -> list[int]:
+    """Dataset ``d``'s ``k``-th global batch, the reference: pass ``k // per_pass`` is its rows
+    permuted with ``default_rng([seed, d, pass])``, cut into whole batches of ``size``."""
+    rows = _parts()[d].rows if rows is None else rows
+    per_pass = len(rows) // size
+    p, j = divmod(k, per_pass)
+    order = rows[np.random.default_rng([seed, d, p]).permutation(len(rows))]
+    return order[j * size:(j + 1) * size].tolist()
+
+
+def _in_order(step, world: int = 2, accumulation: int = 3) -> list[int]:
+    """A step's global batch in its order: micro-batch k of process r holds its rows (k * world + r) * B to + B."""
+    return [i for k in range(accumulation) for r in range(world) for i in step[r][k]]
+
+
+def _composed(draws_per_epoch) -> list[list[list[int]]]:
+    """Each epoch's global batches when each step takes the next global batch of the dataset drawn."""
+    drawn, epochs = Counter(), []
+    for draws in draws_per_epoch:
+        epochs.append([])
+        for d in draws:
+            epochs[-1].append(_dataset_batch(d, drawn[d]))
+            drawn[d] += 1
+    return epochs
+
+
+def _sampled(rule, epochs: int = 3, parts=None) -> list[list[list[int]]]:
+    return [[_in_order(s) for s in _global_batches(rule, e, parts=parts)] for e in range(epochs)]
+
+
+def test_round_robin_written_out():
+    """a, b, c in turn, two rounds an epoch (c has 2 global batches of 12): a's batches 0, 1 in
+    epoch 0, 2, 3 in epoch 1, ... (a new pass after its 3rd)."""
+    assert _sampled("round_robin") == _composed([[0, 1, 2, 0, 1, 2]] * 3)
+
+
+def test_proportional_written_out():
+    """Each epoch a: 3, b: 5, c: 2 global batches in the order permuted with default_rng([seed, epoch, 2])."""
+    draws = [np.random.default_rng([5, e, 2]).permutation([0, 0, 0, 1, 1, 1, 1, 1, 2, 2]).tolist() for e in range(3)]
+    assert _sampled("proportional") == _composed(draws)
+
+
+def test_weighted_written_out():
+    """Each epoch 10 draws (as many as proportional), dataset d with probability weight / sum,
+    drawn with default_rng([seed, epoch, 4]); a dataset's batches run on over the epochs."""
+    weights = np.array([1.0, 3.0, 1.0])
+    draws = [np.random.default_rng([5, e, 4]).choice(3, size=10, p=weights / weights.sum()).tolist()
+             for e in range(3)]
+    assert _sampled("weighted", parts=_parts(tuple(weights))) == _composed(draws)
+
+
+def test_pooled_is_one_dataset_of_all_rows_without_a_text_twice():
+    """mixed with no_duplicates: the rows of every dataset as one part, its global batches in turn
+    (10 an epoch of 130 rows); without repeated texts, exactly the plain batches of that part."""
+    pooled = [Part("all rows", 1.0, np.arange(130))]
+    keys = [frozenset({i}) for i in range(130)]
+    every = [_dataset_batch(0, k, rows=np.arange(130)) for k in range(30)]
+    assert [b for e in _sampled("mixed", parts=pooled) for b in e] == every
+    s = HOMOGENEOUS_SAMPLERS["mixed"](pooled, 2, 3, 5, 0, 2, keys=keys)
+    assert isinstance(s, PooledSampler) and s.no_duplicates and s.state(0)["sampler"] == "mixed"
+    with pytest.raises(ValueError, match="one part of all rows"):
+        PooledSampler(_parts(), 2, 3, 5, 0, 2)
+    with pytest.raises(UsageError, match="--batch_sampler no_duplicates takes whole global batches: 10 training"):
+        PooledSampler([Part("all rows", 1.0, np.arange(10))], 2, 3, 5, 0, 2)
+
+
+def test_the_options_are_enums_with_the_flags_values():
+    assert MULTI_DATASET_SAMPLERS == ("mixed", "proportional", "round_robin", "weighted")
+    assert BATCH_SAMPLERS == ("default", "no_duplicates")
+    assert MultiDatasetSampler("round_robin") is MultiDatasetSampler.ROUND_ROBIN == "round_robin"
+    assert f"--multi_dataset_sampler {MultiDatasetSampler.WEIGHTED}" == "--multi_dataset_sampler weighted"
+    assert {rule.value: cls.__name__ for rule, cls in HOMOGENEOUS_SAMPLERS.items()} == {
+        "mixed": "PooledSampler", "proportional": "ProportionalSampler", "round_robin": "RoundRobinSampler",
+        "weighted": "WeightedSampler"}
+
+
+class _SizesOnly:
+    """A training set whose rows must not be read: the plan needs its length and dataset ids only."""
+
+    dataset_ids = np.array([0] * 40 + [1] * 60 + [2] * 30)
+
+    def __len__(self):
+        return 130
+
+    def __getitem__(self, i):
+        raise AssertionError("the plan read a row")
+
+
+@pytest.mark.parametrize("flags, sampler, parts", [
+    ({}, None, None),
+    ({"batch_sampler": "no_duplicates"}, "PooledSampler", [("all rows", 130)]),
+    ({"multi_dataset_sampler": "proportional"}, "ProportionalSampler", [("dataset 0", 40), ("dataset 1", 60),
+                                                                        ("dataset 2", 30)]),
+    ({"multi_dataset_sampler": "round_robin", "batch_sampler": "no_duplicates"}, "RoundRobinSampler", 3),
+    ({"multi_dataset_sampler": "weighted"}, "WeightedSampler", 3),
+    ({"interleave_prob": [1, 1, 1]}, None, 3),
+])
+def test_the_plan_is_made_from_the_flags_and_the_sizes(flags, sampler, parts, monkeypatch):
+    monkeypatch.setattr(samplers, "world", lambda: (1, 2))
+    plan = samplers.plan_sampling(_args(**flags), _SizesOnly(), rank=1, world=2)
+    assert (plan.sampler.__name__ if plan.sampler else None) == sampler
+    if isinstance(parts, int):
+        assert len(plan.parts) == parts
+    else:
+        assert (parts is None and plan.parts is None) or [(p.name, len(p.rows)) for p in plan.parts] == parts
+    assert (plan.rank, plan.world, plan.seed, plan.shuffle) == (1, 2, 7, True)
+    if "interleave_prob" in flags:
+        assert plan.rows is not None and isinstance(samplers.build_sampler(plan, _SizesOnly()), MappedSampler)
+    elif sampler is None:
+        assert isinstance(samplers.build_sampler(plan, _SizesOnly()), samplers.SwiftOrderSampler)
+    elif "batch_sampler" not in flags:  # (no_duplicates reads the rows' texts when it is built)
+        built = samplers.build_sampler(plan, _SizesOnly())
+        assert type(built).__name__ == sampler and (built.rank, built.world, built.size) == (1, 2, 8)
+    assert samplers.plan_sampling(_args(train_sampling_strategy="group_by_length"), _SizesOnly()) is None
+    assert samplers.plan_sampling(_args(**flags), iter(range(3))) is None
