@@ -312,8 +312,9 @@ class WeightedSampler(HomogeneousSampler):
 
     rule = MultiDatasetSampler.WEIGHTED
 
-    def __init__(self, parts: list[Part], *args, **kwargs):
-        super().__init__(parts, *args, **kwargs)
+    def __init__(self, parts: list[Part], per_device_batch: int, accumulation: int, seed: int,
+                 rank: int = 0, world: int = 1, shuffle: bool = True, keys=None):
+        super().__init__(parts, per_device_batch, accumulation, seed, rank, world, shuffle, keys)
         weights = np.array([p.weight for p in parts], dtype=np.float64)
         self.probabilities = weights / weights.sum()
 
