@@ -2,15 +2,23 @@
 
 A sampler here is a small class over the dataset's row indices (``0 .. len - 1``) that
 yields the rows of one process for one epoch; the trainer asks :func:`train_sampler` for
-it and falls back to transformers' own samplers where it returns None.
+it and falls back to transformers' own samplers where it returns None. The flags are
+:class:`MultiDatasetSampler` (``--multi_dataset_sampler``) and
+:class:`~mmembed.training.batch_samplers.BatchSamplerKind` (``--batch_sampler``).
 
-- :class:`SwiftOrderSampler`: ms-swift's order, so that the same flags and data train on
-  the same rows in the same steps as ``swift sft`` (tests/tools/test_swift_compat.py holds
-  it against ms-swift's recorded orders, one and two processes).
-- :class:`HomogeneousSampler`: ``--multi_dataset_sampler proportional | round_robin |
-  weighted`` (every global batch from one dataset) and ``--batch_sampler no_duplicates`` (no
-  text twice in a global batch); :class:`MappedSampler`: ms-swift's order over the rows
-  ``--interleave_prob`` draws (:func:`interleaved_rows`).
+- :class:`SwiftOrderSampler`: ms-swift's order (``mixed``, the default), so that the same flags
+  and data train on the same rows in the same steps as ``swift sft``
+  (tests/tools/test_swift_compat.py holds it against ms-swift's recorded orders, one and two
+  processes); :class:`MappedSampler`: that order over the rows ``--interleave_prob`` draws
+  (:func:`interleaved_rows`).
+- :class:`HomogeneousSampler`: every global batch from one dataset, drawn from a batch sampler per
+  dataset (:mod:`mmembed.training.batch_samplers`: plain or no-duplicates); one class per rule
+  of which dataset each step draws: :class:`ProportionalSampler`, :class:`RoundRobinSampler`,
+  :class:`WeightedSampler`, and :class:`PooledSampler` (``mixed`` with ``--batch_sampler
+  no_duplicates``: every dataset's rows pooled into one dataset).
+- :func:`plan_sampling` decides from the flags and the datasets' sizes alone which sampler the
+  run gets, refusing what cannot work (:func:`check_sampling` runs it before the model loads);
+  :func:`build_sampler` builds it (:func:`train_sampler`: both).
 - :func:`pass_through_shards`: such a sampler has split each epoch among the processes
   already, so accelerate's batch-level sharding of the data loader must hand every batch
   through unchanged.
@@ -22,20 +30,46 @@ it and falls back to transformers' own samplers where it returns None.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
+from enum import Enum
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
 from ..errors import UsageError
+from .batch_samplers import BatchSamplerKind, DatasetBatches, Part, dataset_batches, dataset_parts, row_keys
 from .distributed import world
 
 logger = logging.getLogger("mmembed")
 
+
+class MultiDatasetSampler(str, Enum):
+    """``--multi_dataset_sampler``: ``mixed`` is ms-swift's order (every dataset's rows shuffled
+    together); the others make every global batch come from one dataset. The order of the
+    members seeds the draws (:meth:`HomogeneousSampler.draws`): do not reorder them."""
+
+    MIXED = "mixed"
+    PROPORTIONAL = "proportional"
+    ROUND_ROBIN = "round_robin"
+    WEIGHTED = "weighted"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: ``--multi_dataset_sampler`` values
+MULTI_DATASET_SAMPLERS = tuple(m.value for m in MultiDatasetSampler)
+#: ``--batch_sampler`` values
+BATCH_SAMPLERS = tuple(m.value for m in BatchSamplerKind)
+#: the file of a checkpoint that records the sampler's position
+STATE_FILE = "sampler_state.json"
+
+
+# ----------------------------------------------------------------------------- ms-swift's order
 
 class SwiftOrderSampler(Sampler):
     """The training rows of one process in ms-swift's order (its ``BatchSamplerShard``): each
@@ -63,282 +97,6 @@ class SwiftOrderSampler(Sampler):
         else:
             order = list(range(total))
         return iter(order[self.rank::self.world])
-
-
-# ----------------------------------------------------------------------------- several datasets
-
-#: ``--multi_dataset_sampler`` values: ``mixed`` is ms-swift's order (every dataset's rows
-#: shuffled together); the others make every global batch come from one dataset
-MULTI_DATASET_SAMPLERS = ("mixed", "proportional", "round_robin", "weighted")
-#: ``--batch_sampler`` values
-BATCH_SAMPLERS = ("default", "no_duplicates")
-#: the file of a checkpoint that records the sampler's position
-STATE_FILE = "sampler_state.json"
-
-
-@dataclasses.dataclass
-class Part:
-    """One dataset's training rows: their indices in the training dataset, in its order."""
-
-    name: str
-    weight: float
-    rows: np.ndarray
-
-
-def dataset_parts(dataset, infos=None) -> list[Part]:
-    """The datasets the training rows come from: ``dataset.dataset_ids`` (one index per row;
-    absent: all rows are one dataset) named and weighted by ``infos`` (``TrainingData.datasets``:
-    objects with ``name`` and ``weight``; absent: ``dataset N``, weight 1)."""
-    n = len(dataset)
-    ids = getattr(dataset, "dataset_ids", None)
-    ids = np.zeros(n, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
-    if len(ids) != n:
-        raise ValueError(f"dataset_ids has {len(ids)} entries for {n} training rows")
-    infos = list(infos or [])
-    count = max(int(ids.max()) + 1 if n else 1, len(infos))
-    parts = []
-    for d in range(count):
-        info = infos[d] if d < len(infos) else None
-        name = getattr(info, "name", None) or ("all rows" if count == 1 else f"dataset {d}")
-        weight = float(getattr(info, "weight", 1.0) if getattr(info, "weight", None) is not None else 1.0)
-        parts.append(Part(name, weight, np.flatnonzero(ids == d)))
-    return parts
-
-
-def row_keys(dataset) -> list[frozenset[int]]:
-    """For ``--batch_sampler no_duplicates``: each row's texts, anchor, positives and negatives,
-    each with its media (the system prompt aside), as 64-bit digests (the same on every process,
-    unlike Python's ``hash``). Read from the Arrow column when there is one, without decoding
-    the rows into Samples."""
-    column = None
-    inner = getattr(dataset, "dataset", None)
-    if inner is not None and hasattr(inner, "column_names") and "sample" in inner.column_names:
-        column = inner["sample"]
-
-    def digest(item: dict) -> int:
-        text = json.dumps([item.get("text"), item.get("images") or [], item.get("videos") or [],
-                           item.get("audios") or []], ensure_ascii=False)
-        return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
-
-    keys = []
-    for i in range(len(dataset)):
-        if column is not None:
-            d = json.loads(column[i])
-            items = [d["anchor"], *d["positives"], *d["negatives"]]
-        else:
-            s = dataset[i]
-            items = [vars(x) for x in (s.anchor, *s.positives, *s.negatives)]
-        keys.append(frozenset(digest(x) for x in items))
-    return keys
-
-
-def duplicate_free_batches(order, keys, size: int) -> list[list[int]]:
-    """The rows of ``order`` cut into whole batches of ``size`` rows in which no text (with its
-    media) appears twice, as anchor, positive or negative (``keys``: each row's texts). A row
-    that would repeat a text of the batch being filled waits and is the first offered to the
-    next batch; the rows left when no whole batch can be filled sit out (they are returned by
-    nothing: the caller's next pass is a new permutation)."""
-    batches: list[list[int]] = []
-    waiting: list[int] = []
-    pointer, n = 0, len(order)
-    while True:
-        batch, seen, still = [], set(), []
-        for i in waiting:
-            if len(batch) < size and not (keys[i] & seen):
-                batch.append(i)
-                seen |= keys[i]
-            else:
-                still.append(i)
-        while len(batch) < size and pointer < n:
-            i = int(order[pointer])
-            pointer += 1
-            if keys[i] & seen:
-                still.append(i)
-            else:
-                batch.append(i)
-                seen |= keys[i]
-        if len(batch) < size:
-            return batches
-        batches.append(batch)
-        waiting = still
-
-
-class BatchStream:
-    """One dataset's endless sequence of global batches: pass ``p`` is a permutation of its rows
-    (seeded with ``(seed, index, p)``; in order without shuffling) cut into whole batches of
-    ``size`` rows (with ``keys``: duplicate-free ones, :func:`duplicate_free_batches`); the rows
-    that do not fill a whole batch sit that pass out and are drawn afresh in the next."""
-
-    def __init__(self, rows: np.ndarray, size: int, seed: int, index: int, shuffle: bool = True, keys=None):
-        self.rows, self.size, self.seed, self.index, self.shuffle, self.keys = rows, size, seed, index, shuffle, keys
-        self._passes: dict[int, list[list[int]]] = {}  # the last pass read, cached
-        self._lengths: list[int] = []  # batches of each pass computed so far
-
-    def _pass(self, p: int) -> list[list[int]]:
-        if p not in self._passes:
-            order = self.rows
-            if self.shuffle:
-                order = self.rows[np.random.default_rng([self.seed, self.index, p]).permutation(len(self.rows))]
-            if self.keys is None:
-                k = len(order) // self.size
-                batches = order[:k * self.size].reshape(k, self.size).tolist()
-            else:
-                batches = duplicate_free_batches(order, self.keys, self.size)
-            self._passes = {p: batches}
-            if not batches:
-                raise ValueError("cannot fill one batch")
-        return self._passes[p]
-
-    def _length(self, p: int) -> int:
-        if self.keys is None:
-            return len(self.rows) // self.size
-        while len(self._lengths) <= p:
-            self._lengths.append(len(self._pass(len(self._lengths))))
-        return self._lengths[p]
-
-    def locate(self, position: int) -> tuple[int, int]:
-        """``(pass, batch in that pass)`` of the stream's ``position``-th batch."""
-        if self.keys is None:
-            k = self._length(0)
-            return divmod(position, k)
-        p = 0
-        while position >= self._length(p):
-            position -= self._length(p)
-            p += 1
-        return p, position
-
-    def batch(self, position: int) -> list[int]:
-        p, j = self.locate(position)
-        return self._pass(p)[j]
-
-
-class HomogeneousSampler(Sampler):
-    """The training rows of one process when every global batch (all processes, all
-    gradient-cache chunks, all accumulation micro-batches of one optimizer step: ``size =
-    per_device_batch x world x accumulation`` rows) comes from one dataset.
-
-    Each dataset is a :class:`BatchStream` of global batches; an epoch is a sequence of
-    draws of a dataset, each taking that dataset's next global batch:
-
-    - ``proportional``: each dataset ``floor(rows / size)`` times, in an order shuffled with
-      ``(seed, epoch)``: one pass over every dataset, datasets drawn by their size;
-    - ``round_robin``: the datasets in turn, as many rounds as the smallest has global batches;
-      the larger ones go on where they stopped in the next epoch;
-    - ``weighted``: as many draws as ``proportional`` makes, each drawing a dataset with
-      probability ``weight / sum of weights`` (seeded with ``(seed, epoch)``); a dataset whose
-      pass is used up starts a new one (a new permutation).
-
-    A dataset's position (global batches drawn from it) carries over epochs. The global batch
-    is split with process ``r``'s micro-batch ``k`` being rows ``(k * world + r) * B`` to
-    ``+ B`` of it, so this sampler yields ``accumulation x B`` rows per optimizer step, the
-    data loader cuts them into the process's micro-batches, and accelerate must not shard them
-    again (:func:`pass_through_shards`). ``mixed`` with ``no_duplicates`` is this with one
-    dataset of all rows (``rule="mixed"``). Everything follows from the seed and the epoch,
-    so the Trainer's skipping of the batches trained before a resume lands exactly where the
-    interrupted run stopped; :meth:`state` is the position a checkpoint records.
-    """
-
-    def __init__(self, parts: list[Part], rule: str, per_device_batch: int, accumulation: int, seed: int,
-                 rank: int = 0, world: int = 1, shuffle: bool = True, keys=None):
-        self.parts, self.rule, self.seed, self.rank, self.world = parts, rule, seed, rank, world
-        self.per_device_batch, self.accumulation = per_device_batch, accumulation
-        self.size = per_device_batch * world * accumulation
-        self.epoch = 0
-        for part in parts:
-            if len(part.rows) < self.size and rule == "mixed":
-                raise UsageError(f"--batch_sampler no_duplicates takes whole global batches: {len(part.rows)} training "
-                                 f"row(s) are fewer than one global batch of {self.size} rows "
-                                 f"(--per_device_train_batch_size {per_device_batch} x {world} process(es) x "
-                                 f"--gradient_accumulation_steps {accumulation})")
-            if len(part.rows) < self.size:
-                raise UsageError(
-                    f"dataset {part.name!r} has {len(part.rows)} training row(s), fewer than one global batch of "
-                    f"{self.size} rows (--per_device_train_batch_size {per_device_batch} x {world} process(es) x "
-                    f"--gradient_accumulation_steps {accumulation}); with --multi_dataset_sampler {rule} every "
-                    "global batch comes from one dataset: give it more rows, lower the batch size, or leave it out")
-        if rule == "weighted":
-            weights = np.array([p.weight for p in parts], dtype=np.float64)
-            if (weights < 0).any() or not np.isfinite(weights).all() or weights.sum() <= 0:
-                raise UsageError(f"--multi_dataset_sampler weighted needs weights >= 0 with a positive sum, got "
-                                 f"{', '.join(f'{p.name}={p.weight}' for p in parts)}")
-            self.probabilities = weights / weights.sum()
-        self.streams = [BatchStream(p.rows, self.size, seed, d, shuffle, keys) for d, p in enumerate(parts)]
-        self.nominal = [len(p.rows) // self.size for p in parts]  # global batches per pass without no_duplicates
-        self._draws: dict[int, np.ndarray] = {}
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    @property
-    def batches_per_epoch(self) -> int:
-        if self.rule == "round_robin":
-            return min(self.nominal) * len(self.parts)
-        return sum(self.nominal)
-
-    def __len__(self) -> int:
-        return self.batches_per_epoch * self.accumulation * self.per_device_batch
-
-    def draws(self, epoch: int) -> np.ndarray:
-        """The dataset of each global batch of ``epoch``, in order."""
-        if epoch not in self._draws:
-            d = len(self.parts)
-            rng = np.random.default_rng([self.seed, epoch, 1 + MULTI_DATASET_SAMPLERS.index(self.rule)])
-            if self.rule == "round_robin":
-                draws = np.tile(np.arange(d), min(self.nominal))
-            elif self.rule == "weighted":
-                draws = rng.choice(d, size=self.batches_per_epoch, p=self.probabilities)
-            else:  # proportional, or mixed with no_duplicates (one dataset)
-                draws = rng.permutation(np.repeat(np.arange(d), self.nominal))
-            self._draws[epoch] = draws
-        return self._draws[epoch]
-
-    def positions(self, epoch: int, batches: int = 0) -> list[int]:
-        """Global batches drawn from each dataset before batch ``batches`` of ``epoch``."""
-        d = len(self.parts)
-        if self.rule == "weighted":
-            counts = np.zeros(d, dtype=np.int64)
-            for e in range(epoch):
-                counts += np.bincount(self.draws(e), minlength=d)
-        elif self.rule == "round_robin":
-            counts = np.full(d, epoch * min(self.nominal), dtype=np.int64)
-        else:
-            counts = np.array(self.nominal, dtype=np.int64) * epoch
-        counts += np.bincount(self.draws(epoch)[:batches], minlength=d)
-        return counts.tolist()
-
-    def global_batches(self, epoch: int):
-        """``(dataset, rows)`` of each global batch of ``epoch``."""
-        position = self.positions(epoch)
-        for d in self.draws(epoch).tolist():
-            try:
-                rows = self.streams[d].batch(position[d])
-            except ValueError:
-                raise UsageError(f"--batch_sampler no_duplicates: dataset {self.parts[d].name!r} cannot fill one "
-                                 f"global batch of {self.size} rows in which no text appears twice") from None
-            position[d] += 1
-            yield d, rows
-
-    def share(self, rows: list[int]) -> list[int]:
-        """This process's rows of a global batch: its micro-batch of each accumulation step."""
-        b, w = self.per_device_batch, self.world
-        return [i for k in range(self.accumulation) for i in rows[(k * w + self.rank) * b:(k * w + self.rank + 1) * b]]
-
-    def __iter__(self):
-        for _, rows in self.global_batches(self.epoch):
-            yield from self.share(rows)
-
-    def state(self, global_step: int) -> dict:
-        """The position after ``global_step`` optimizer steps (what a checkpoint records)."""
-        epoch, batches = divmod(global_step, self.batches_per_epoch)
-        positions = self.positions(epoch, batches)
-        datasets = []
-        for part, stream, position in zip(self.parts, self.streams, positions):
-            p, j = stream.locate(position)
-            datasets.append({"name": part.name, "rows": len(part.rows), "weight": part.weight,
-                             "global_batches_drawn": position, "pass": p, "batch_in_pass": j})
-        return {"sampler": self.rule, "no_duplicates": self.streams[0].keys is not None, "seed": self.seed,
-                "global_batch_size": self.size, "global_step": global_step, "epoch": epoch,
-                "batch_in_epoch": batches, "batches_per_epoch": self.batches_per_epoch, "datasets": datasets}
 
 
 class MappedSampler(Sampler):
@@ -381,44 +139,245 @@ def interleaved_rows(parts: list[Part], probabilities: list[float], seed: int, s
     return np.asarray(mixed["i"], dtype=np.int64)
 
 
-def check_sampling(args, dataset, infos=None) -> None:
-    """The sampler flags against the data, before the model loads (:func:`train_sampler`
-    builds the sampler again when training starts): the datasets' sizes against one global
-    batch, ``--interleave_prob``'s length against the datasets."""
-    if dataset is None or not hasattr(dataset, "__len__"):
-        return
-    train_sampler(dataset, args, infos, check_only=True)
+# ----------------------------------------------------------------------------- one dataset per global batch
+
+class HomogeneousSampler(Sampler):
+    """The training rows of one process when every global batch (all processes, all
+    gradient-cache chunks, all accumulation micro-batches of one optimizer step: ``size =
+    per_device_batch x world x accumulation`` rows) comes from one dataset.
+
+    Each dataset is a batch sampler of global batches (:func:`~mmembed.training.batch_samplers.
+    dataset_batches`: duplicate-free with the rows' texts ``keys``, plain without); an epoch is a
+    sequence of draws of a dataset (:meth:`draws`, the subclass's rule), each taking that
+    dataset's next global batch. A dataset's position (global batches drawn from it) carries over
+    epochs. The global batch is split with process ``r``'s micro-batch ``k`` being rows ``(k *
+    world + r) * B`` to ``+ B`` of it, so this sampler yields ``accumulation x B`` rows per
+    optimizer step, the data loader cuts them into the process's micro-batches, and accelerate
+    must not shard them again (:func:`pass_through_shards`). Everything follows from the seed and
+    the epoch, so the Trainer's skipping of the batches trained before a resume lands exactly
+    where the interrupted run stopped; :meth:`state` is the position a checkpoint records.
+    """
+
+    rule: ClassVar[MultiDatasetSampler]
+
+    def __init__(self, parts: list[Part], per_device_batch: int, accumulation: int, seed: int,
+                 rank: int = 0, world: int = 1, shuffle: bool = True, keys=None):
+        self.check(parts, per_device_batch, accumulation, world)
+        self.parts, self.seed, self.rank, self.world = parts, seed, rank, world
+        self.per_device_batch, self.accumulation = per_device_batch, accumulation
+        self.size = per_device_batch * world * accumulation
+        self.epoch = 0
+        self.streams: list[DatasetBatches] = [dataset_batches(p.rows, self.size, seed, d, shuffle, keys)
+                                              for d, p in enumerate(parts)]
+        self.nominal = [len(p.rows) // self.size for p in parts]  # global batches per pass without no_duplicates
+        self._draws: dict[int, np.ndarray] = {}
+
+    @classmethod
+    def check(cls, parts: list[Part], per_device_batch: int, accumulation: int, world: int) -> None:
+        """Refuse what this rule cannot sample: a dataset smaller than one global batch."""
+        size = per_device_batch * world * accumulation
+        for part in parts:
+            if len(part.rows) < size:
+                raise UsageError(
+                    f"dataset {part.name!r} has {len(part.rows)} training row(s), fewer than one global batch of "
+                    f"{size} rows (--per_device_train_batch_size {per_device_batch} x {world} process(es) x "
+                    f"--gradient_accumulation_steps {accumulation}); with --multi_dataset_sampler {cls.rule} every "
+                    "global batch comes from one dataset: give it more rows, lower the batch size, or leave it out")
+
+    @staticmethod
+    def epoch_length(nominal: list[int]) -> int:
+        """Global batches per epoch, given each dataset's per pass."""
+        return sum(nominal)
+
+    @property
+    def no_duplicates(self) -> bool:
+        return self.streams[0].no_duplicates
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.epoch_length(self.nominal)
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch * self.accumulation * self.per_device_batch
+
+    def draw(self, epoch: int, rng: np.random.Generator) -> np.ndarray:
+        """The rule: the dataset of each global batch of ``epoch``, ``rng`` seeded with ``(seed, epoch, rule)``."""
+        raise NotImplementedError
+
+    def drawn_before(self, epoch: int) -> np.ndarray:
+        """Global batches drawn from each dataset in the epochs before ``epoch``."""
+        return np.array(self.nominal, dtype=np.int64) * epoch
+
+    def draws(self, epoch: int) -> np.ndarray:
+        """The dataset of each global batch of ``epoch``, in order."""
+        if epoch not in self._draws:
+            rng = np.random.default_rng([self.seed, epoch, 1 + list(MultiDatasetSampler).index(self.rule)])
+            self._draws[epoch] = self.draw(epoch, rng)
+        return self._draws[epoch]
+
+    def positions(self, epoch: int, batches: int = 0) -> list[int]:
+        """Global batches drawn from each dataset before batch ``batches`` of ``epoch``."""
+        counts = self.drawn_before(epoch)
+        counts += np.bincount(self.draws(epoch)[:batches], minlength=len(self.parts))
+        return counts.tolist()
+
+    def global_batches(self, epoch: int):
+        """``(dataset, rows)`` of each global batch of ``epoch``."""
+        position = self.positions(epoch)
+        for d in self.draws(epoch).tolist():
+            try:
+                rows = self.streams[d].batch(position[d])
+            except ValueError:
+                raise UsageError(f"--batch_sampler no_duplicates: dataset {self.parts[d].name!r} cannot fill one "
+                                 f"global batch of {self.size} rows in which no text appears twice") from None
+            position[d] += 1
+            yield d, rows
+
+    def share(self, rows: list[int]) -> list[int]:
+        """This process's rows of a global batch: its micro-batch of each accumulation step."""
+        b, w = self.per_device_batch, self.world
+        return [i for k in range(self.accumulation) for i in rows[(k * w + self.rank) * b:(k * w + self.rank + 1) * b]]
+
+    def __iter__(self):
+        for _, rows in self.global_batches(self.epoch):
+            yield from self.share(rows)
+
+    def state(self, global_step: int) -> dict:
+        """The position after ``global_step`` optimizer steps (what a checkpoint records)."""
+        epoch, batches = divmod(global_step, self.batches_per_epoch)
+        positions = self.positions(epoch, batches)
+        datasets = []
+        for part, stream, position in zip(self.parts, self.streams, positions):
+            p, j = stream.locate(position)
+            datasets.append({"name": part.name, "rows": len(part.rows), "weight": part.weight,
+                             "global_batches_drawn": position, "pass": p, "batch_in_pass": j})
+        return {"sampler": self.rule.value, "no_duplicates": self.no_duplicates, "seed": self.seed,
+                "global_batch_size": self.size, "global_step": global_step, "epoch": epoch,
+                "batch_in_epoch": batches, "batches_per_epoch": self.batches_per_epoch, "datasets": datasets}
 
 
-def _log_plan(sampler) -> None:
-    """The start-up line of a :class:`HomogeneousSampler`: per dataset, its rows, global batches
-    per pass, the rows sitting each pass out and its steps in the first epoch."""
-    if world()[0] != 0:
-        return
-    if isinstance(sampler, HomogeneousSampler):
-        lines = []
-        counts = np.bincount(sampler.draws(0), minlength=len(sampler.parts))
-        for part, n in zip(sampler.parts, counts.tolist()):
-            left = len(part.rows) % sampler.size
-            lines.append(f"{part.name}: {len(part.rows)} rows, {len(part.rows) // sampler.size} global batches per pass"
-                         f" ({left} rows sit each pass out), {n} of the first epoch's {sampler.batches_per_epoch} steps")
-        no_duplicates = sampler.streams[0].keys is not None
-        what = ("no text twice in a global batch of %d rows" if sampler.rule == "mixed" else
-                "every global batch of %d rows from one dataset" + (", no text twice in it" if no_duplicates else ""))
-        logger.info("--multi_dataset_sampler %s%s: %s; %s", sampler.rule,
-                    " --batch_sampler no_duplicates" if no_duplicates else "", what % sampler.size, "; ".join(lines))
+class ProportionalSampler(HomogeneousSampler):
+    """``--multi_dataset_sampler proportional``: each dataset ``floor(rows / size)`` times, in an
+    order shuffled with ``(seed, epoch)``: one pass over every dataset, datasets drawn by their size."""
+
+    rule = MultiDatasetSampler.PROPORTIONAL
+
+    def draw(self, epoch: int, rng: np.random.Generator) -> np.ndarray:
+        return rng.permutation(np.repeat(np.arange(len(self.parts)), self.nominal))
 
 
-def train_sampler(dataset, args, infos=None, check_only: bool = False) -> Sampler | None:
-    """The sampler of ``dataset``'s training rows for this process under the training
-    arguments ``args`` (``train_sampling_strategy``, ``train_dataloader_shuffle``,
-    ``data_seed`` / ``seed``, and mmembed's ``multi_dataset_sampler``, ``batch_sampler``,
-    ``interleave_prob``, ``stopping_strategy``): ms-swift's order for ``random`` and
-    ``sequential`` (with ``--interleave_prob``: over the interleaved rows); a
-    :class:`HomogeneousSampler` for ``proportional`` / ``round_robin`` / ``weighted`` or
-    ``--batch_sampler no_duplicates``; None for a dataset without a length (a stream) and for
-    transformers' length-grouped strategies, which the Trainer's own sampler serves.
-    ``infos``: the datasets' names and weights (``TrainingData.datasets``)."""
+class PooledSampler(ProportionalSampler):
+    """``--multi_dataset_sampler mixed --batch_sampler no_duplicates``: every dataset's rows (or the
+    rows ``--interleave_prob`` drew) pooled into the one part it is given, cut into global batches
+    with no text twice; ms-swift's ``mixed`` order itself is :class:`SwiftOrderSampler`."""
+
+    rule = MultiDatasetSampler.MIXED
+
+    @classmethod
+    def check(cls, parts: list[Part], per_device_batch: int, accumulation: int, world: int) -> None:
+        if len(parts) != 1:
+            raise ValueError(f"a pooled sampler draws from one part of all rows, got {len(parts)}")
+        size = per_device_batch * world * accumulation
+        if len(parts[0].rows) < size:
+            raise UsageError(f"--batch_sampler no_duplicates takes whole global batches: {len(parts[0].rows)} training "
+                             f"row(s) are fewer than one global batch of {size} rows "
+                             f"(--per_device_train_batch_size {per_device_batch} x {world} process(es) x "
+                             f"--gradient_accumulation_steps {accumulation})")
+
+
+class RoundRobinSampler(HomogeneousSampler):
+    """``--multi_dataset_sampler round_robin``: the datasets in turn, as many rounds as the
+    smallest has global batches; the larger ones go on where they stopped in the next epoch."""
+
+    rule = MultiDatasetSampler.ROUND_ROBIN
+
+    @staticmethod
+    def epoch_length(nominal: list[int]) -> int:
+        return min(nominal) * len(nominal)
+
+    def draw(self, epoch: int, rng: np.random.Generator) -> np.ndarray:
+        return np.tile(np.arange(len(self.parts)), min(self.nominal))
+
+    def drawn_before(self, epoch: int) -> np.ndarray:
+        return np.full(len(self.parts), epoch * min(self.nominal), dtype=np.int64)
+
+
+class WeightedSampler(HomogeneousSampler):
+    """``--multi_dataset_sampler weighted``: as many draws as ``proportional`` makes, each drawing
+    a dataset with probability ``weight / sum of weights`` (seeded with ``(seed, epoch)``); a
+    dataset whose pass is used up starts a new one (a new permutation)."""
+
+    rule = MultiDatasetSampler.WEIGHTED
+
+    def __init__(self, parts: list[Part], per_device_batch: int, accumulation: int, seed: int,
+                 rank: int = 0, world: int = 1, shuffle: bool = True, keys=None):
+        super().__init__(parts, per_device_batch, accumulation, seed, rank, world, shuffle, keys)
+        weights = np.array([p.weight for p in parts], dtype=np.float64)
+        self.probabilities = weights / weights.sum()
+
+    @classmethod
+    def check(cls, parts: list[Part], per_device_batch: int, accumulation: int, world: int) -> None:
+        super().check(parts, per_device_batch, accumulation, world)
+        weights = np.array([p.weight for p in parts], dtype=np.float64)
+        if (weights < 0).any() or not np.isfinite(weights).all() or weights.sum() <= 0:
+            raise UsageError(f"--multi_dataset_sampler weighted needs weights >= 0 with a positive sum, got "
+                             f"{', '.join(f'{p.name}={p.weight}' for p in parts)}")
+
+    def draw(self, epoch: int, rng: np.random.Generator) -> np.ndarray:
+        return rng.choice(len(self.parts), size=self.batches_per_epoch, p=self.probabilities)
+
+    def drawn_before(self, epoch: int) -> np.ndarray:
+        counts = np.zeros(len(self.parts), dtype=np.int64)
+        for e in range(epoch):
+            counts += np.bincount(self.draws(e), minlength=len(self.parts))
+        return counts
+
+
+#: the sampler of each ``--multi_dataset_sampler`` when every global batch comes from one
+#: dataset (``mixed``: with ``--batch_sampler no_duplicates``)
+HOMOGENEOUS_SAMPLERS: dict[MultiDatasetSampler, type[HomogeneousSampler]] = {
+    MultiDatasetSampler.MIXED: PooledSampler, MultiDatasetSampler.PROPORTIONAL: ProportionalSampler,
+    MultiDatasetSampler.ROUND_ROBIN: RoundRobinSampler, MultiDatasetSampler.WEIGHTED: WeightedSampler}
+
+
+# ----------------------------------------------------------------------------- the plan, the sampler
+
+@dataclasses.dataclass
+class SamplingPlan:
+    """Which sampler a run gets, decided from the flags and the datasets' sizes alone
+    (:func:`plan_sampling`): ms-swift's order over ``num_rows`` rows (or over ``rows``, those
+    ``--interleave_prob`` drew) when ``sampler`` is None, else that :class:`HomogeneousSampler`
+    over ``parts``."""
+
+    rule: MultiDatasetSampler
+    batch_sampler: BatchSamplerKind
+    shuffle: bool
+    seed: int
+    rank: int
+    world: int
+    num_rows: int
+    per_device_batch: int = 0  # (a homogeneous sampler's)
+    accumulation: int = 1
+    datasets: list[Part] | None = None  # the datasets the rows come from (where the flags need them)
+    parts: list[Part] | None = None  # the parts a homogeneous sampler draws from: the datasets, or all rows pooled
+    rows: np.ndarray | None = None  # --interleave_prob's rows
+    interleave: list[float] | None = None
+    stopping: str = "first_exhausted"
+    sampler: type[HomogeneousSampler] | None = None
+
+
+def plan_sampling(args, dataset, infos=None, rank: int = 0, world: int = 1) -> SamplingPlan | None:
+    """The sampler of ``dataset``'s training rows for process ``rank`` of ``world`` under the
+    training arguments ``args`` (``train_sampling_strategy``, ``train_dataloader_shuffle``,
+    ``data_seed`` / ``seed``, ``per_device_train_batch_size``, ``gradient_accumulation_steps``,
+    and mmembed's ``multi_dataset_sampler``, ``batch_sampler``, ``interleave_prob``,
+    ``stopping_strategy``), refusing (UsageError) what cannot work. Reads the dataset's length and
+    ``dataset_ids`` only, never a row; ``infos``: the datasets' names and weights
+    (``TrainingData.datasets``). None for a dataset without a length (a stream) and for
+    transformers' length-grouped strategies, which the Trainer's own sampler serves."""
     rule = str(getattr(args, "multi_dataset_sampler", None) or "mixed")
     no_duplicates = str(getattr(args, "batch_sampler", None) or "default") == "no_duplicates"
     interleave = getattr(args, "interleave_prob", None)
@@ -430,47 +389,101 @@ def train_sampler(dataset, args, infos=None, check_only: bool = False) -> Sample
             raise UsageError(f"--train_sampling_strategy {strategy} cannot be combined with --multi_dataset_sampler "
                              f"{rule} / --batch_sampler / --interleave_prob; leave it at random")
         return None
-    shuffle = strategy == "random" and getattr(args, "train_dataloader_shuffle", True)
-    seed = args.data_seed if args.data_seed is not None else args.seed
-    rank, size = world()
-    if check_only:
-        size = max(size, int(getattr(args, "world_size", 1) or 1))
-    parts = dataset_parts(dataset, infos) if (rule != "mixed" or no_duplicates or interleave) else None
-    rows = None
+    rule = MultiDatasetSampler(rule)
+    kind = BatchSamplerKind.NO_DUPLICATES if no_duplicates else BatchSamplerKind.DEFAULT
+    plan = SamplingPlan(rule, kind, shuffle=strategy == "random" and getattr(args, "train_dataloader_shuffle", True),
+                        seed=args.data_seed if args.data_seed is not None else args.seed, rank=rank, world=world,
+                        num_rows=len(dataset))
+    if rule != "mixed" or no_duplicates or interleave:
+        plan.datasets = plan.parts = dataset_parts(dataset, infos)
     if interleave:
+        parts = plan.datasets
         if len(interleave) != len(parts):
             raise UsageError(f"--interleave_prob gives {len(interleave)} probabilities for {len(parts)} dataset(s) "
                              f"({', '.join(p.name for p in parts)}): give one per dataset")
         empty = [p.name for p in parts if not len(p.rows)]
         if empty:
             raise UsageError(f"--interleave_prob: dataset(s) {', '.join(empty)} have no training rows")
-        stopping = str(getattr(args, "stopping_strategy", None) or "first_exhausted")
-        rows = interleaved_rows(parts, interleave, seed, stopping)
-        if not check_only and rank == 0:
-            total = float(sum(interleave))
-            logger.info("--interleave_prob %s: datasets drawn row by row with probabilities %s (normalised to sum 1), "
-                        "--stopping_strategy %s: %d training rows", " ".join(str(x) for x in interleave),
-                        ", ".join(f"{p.name} {x / total:.4g}" for p, x in zip(parts, interleave)), stopping, len(rows))
-    if rule != "mixed" or no_duplicates:
-        accumulation = int(getattr(args, "gradient_accumulation_steps", 1) or 1)
-        batch = int(args.per_device_train_batch_size)
-        keys = None
-        if no_duplicates and not check_only:  # the start-up check counts rows only
-            keys = row_keys(dataset)
-        if rule == "mixed":  # no_duplicates over every row (or the interleaved ones): one dataset
-            parts = [Part("all rows", 1.0, rows if rows is not None else np.arange(len(dataset)))]
-        elif len(parts) == 1 and not check_only and rank == 0:
-            logger.warning("--multi_dataset_sampler %s: the training rows are one dataset, so every global batch "
-                           "is from it whatever the rule (several datasets: --dataset_config)", rule)
-        sampler = HomogeneousSampler(parts, rule, batch, accumulation, seed, rank, size, shuffle, keys)
-        if sampler.batches_per_epoch == 0:
-            raise UsageError(f"{len(dataset)} training rows make no global batch of {sampler.size} rows")
-        if not check_only:
-            _log_plan(sampler)
-        return sampler
-    if rows is not None:
-        return MappedSampler(SwiftOrderSampler(len(rows), shuffle, seed, rank, size), rows)
-    return SwiftOrderSampler(len(dataset), shuffle, seed, rank, size)
+        plan.interleave, plan.stopping = interleave, str(getattr(args, "stopping_strategy", None) or "first_exhausted")
+        plan.rows = interleaved_rows(parts, interleave, plan.seed, plan.stopping)
+    if rule == "mixed" and not no_duplicates:
+        return plan
+    if rule == "mixed":  # no_duplicates over every row (or the interleaved ones): one dataset
+        plan.parts = [Part("all rows", 1.0, plan.rows if plan.rows is not None else np.arange(len(dataset)))]
+    plan.per_device_batch = int(args.per_device_train_batch_size)
+    plan.accumulation = int(getattr(args, "gradient_accumulation_steps", 1) or 1)
+    plan.sampler = HOMOGENEOUS_SAMPLERS[rule]
+    plan.sampler.check(plan.parts, plan.per_device_batch, plan.accumulation, world)
+    size = plan.per_device_batch * world * plan.accumulation
+    if plan.sampler.epoch_length([len(p.rows) // size for p in plan.parts]) == 0:
+        raise UsageError(f"{len(dataset)} training rows make no global batch of {size} rows")
+    return plan
+
+
+def check_sampling(args, dataset, infos=None) -> None:
+    """The sampler flags against the data, before the model loads (:func:`train_sampler`
+    builds the sampler when training starts): :func:`plan_sampling` with the process count of
+    the arguments (no process group runs yet): the datasets' sizes against one global batch,
+    ``--interleave_prob``'s length against the datasets."""
+    if dataset is None or not hasattr(dataset, "__len__"):
+        return
+    rank, size = world()
+    plan_sampling(args, dataset, infos, rank, max(size, int(getattr(args, "world_size", 1) or 1)))
+
+
+def build_sampler(plan: SamplingPlan, dataset) -> Sampler:
+    """The sampler ``plan`` names, over ``dataset`` (whose rows' texts a no-duplicates sampler
+    reads, :func:`~mmembed.training.batch_samplers.row_keys`), with its start-up log lines."""
+    first = plan.rank == 0
+    if plan.interleave and first:
+        total = float(sum(plan.interleave))
+        logger.info("--interleave_prob %s: datasets drawn row by row with probabilities %s (normalised to sum 1), "
+                    "--stopping_strategy %s: %d training rows", " ".join(str(x) for x in plan.interleave),
+                    ", ".join(f"{p.name} {x / total:.4g}" for p, x in zip(plan.datasets, plan.interleave)),
+                    plan.stopping, len(plan.rows))
+    if plan.sampler is None:
+        if plan.rows is not None:
+            return MappedSampler(SwiftOrderSampler(len(plan.rows), plan.shuffle, plan.seed, plan.rank, plan.world),
+                                 plan.rows)
+        return SwiftOrderSampler(plan.num_rows, plan.shuffle, plan.seed, plan.rank, plan.world)
+    keys = row_keys(dataset) if plan.batch_sampler is BatchSamplerKind.NO_DUPLICATES else None
+    if plan.rule != "mixed" and len(plan.parts) == 1 and first:
+        logger.warning("--multi_dataset_sampler %s: the training rows are one dataset, so every global batch "
+                       "is from it whatever the rule (several datasets: --dataset_config)", plan.rule)
+    sampler = plan.sampler(plan.parts, plan.per_device_batch, plan.accumulation, plan.seed, plan.rank, plan.world,
+                           plan.shuffle, keys)
+    _log_plan(sampler)
+    return sampler
+
+
+def _log_plan(sampler: HomogeneousSampler) -> None:
+    """The start-up line of a :class:`HomogeneousSampler`: per dataset, its rows, global batches
+    per pass, the rows sitting each pass out and its steps in the first epoch."""
+    if world()[0] != 0:
+        return
+    lines = []
+    counts = np.bincount(sampler.draws(0), minlength=len(sampler.parts))
+    for part, n in zip(sampler.parts, counts.tolist()):
+        left = len(part.rows) % sampler.size
+        lines.append(f"{part.name}: {len(part.rows)} rows, {len(part.rows) // sampler.size} global batches per pass"
+                     f" ({left} rows sit each pass out), {n} of the first epoch's {sampler.batches_per_epoch} steps")
+    no_duplicates = sampler.no_duplicates
+    what = ("no text twice in a global batch of %d rows" if isinstance(sampler, PooledSampler) else
+            "every global batch of %d rows from one dataset" + (", no text twice in it" if no_duplicates else ""))
+    logger.info("--multi_dataset_sampler %s%s: %s; %s", sampler.rule,
+                " --batch_sampler no_duplicates" if no_duplicates else "", what % sampler.size, "; ".join(lines))
+
+
+def train_sampler(dataset, args, infos=None) -> Sampler | None:
+    """The sampler of ``dataset``'s training rows for this process (:func:`plan_sampling` for
+    this process group, then :func:`build_sampler`): ms-swift's order for ``random`` and
+    ``sequential`` (with ``--interleave_prob``: over the interleaved rows); a
+    :class:`HomogeneousSampler` for ``proportional`` / ``round_robin`` / ``weighted`` or
+    ``--batch_sampler no_duplicates``; None for a stream and for transformers' length-grouped
+    strategies. ``infos``: the datasets' names and weights (``TrainingData.datasets``)."""
+    rank, size = world()
+    plan = plan_sampling(args, dataset, infos, rank, size)
+    return None if plan is None else build_sampler(plan, dataset)
 
 
 #: samplers that give each process its own share of every batch already

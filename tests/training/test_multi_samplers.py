@@ -21,12 +21,19 @@ from conftest import REPO, launch, stsb_pairs, write_jsonl
 import mmembed.training.samplers as samplers
 from mmembed.data.sample import Item, Sample
 from mmembed.errors import UsageError
+from mmembed.training.batch_samplers import Part, duplicate_free_batches, row_keys
 from mmembed.training.samplers import (
+    BATCH_SAMPLERS,
+    HOMOGENEOUS_SAMPLERS,
+    MULTI_DATASET_SAMPLERS,
     HomogeneousSampler,
     MappedSampler,
-    Part,
+    MultiDatasetSampler,
+    PooledSampler,
+    ProportionalSampler,
+    RoundRobinSampler,
+    WeightedSampler,
     check_resumed_state,
-    duplicate_free_batches,
     pass_through_shards,
     train_sampler,
 )
@@ -59,7 +66,7 @@ def _global_batches(rule, epoch, batch=2, accumulation=3, world=2, seed=5, parts
     ``(s * accumulation + k) * batch`` to ``+ batch``; returns ``[step][process][micro] -> rows``."""
     per_process = []
     for rank in range(world):
-        s = HomogeneousSampler(parts or _parts(), rule, batch, accumulation, seed, rank, world, keys=keys)
+        s = HOMOGENEOUS_SAMPLERS[rule](parts or _parts(), batch, accumulation, seed, rank, world, keys=keys)
         s.set_epoch(epoch)
         rows = list(s)
         assert len(rows) == len(s)
@@ -116,7 +123,7 @@ def test_weighted_shares_match_the_weights_within_sampling_error():
     batches is within 4 standard deviations of its binomial expectation."""
     weights = (1.0, 2.0, 5.0)
     counts, total = Counter(), 0
-    sampler = HomogeneousSampler(_parts(weights), "weighted", 2, 1, seed=11, rank=0, world=1)
+    sampler = WeightedSampler(_parts(weights), 2, 1, seed=11, rank=0, world=1)
     for epoch in range(60):
         sampler.set_epoch(epoch)
         rows = list(sampler)
@@ -133,7 +140,7 @@ def test_weighted_shares_match_the_weights_within_sampling_error():
 
 def test_weighted_reuses_a_dataset_only_after_a_whole_pass():
     """c weighs most but has 30 rows: its rows repeat only after every one of them was drawn once."""
-    sampler = HomogeneousSampler(_parts((1.0, 1.0, 20.0)), "weighted", 3, 1, seed=2, rank=0, world=1)
+    sampler = WeightedSampler(_parts((1.0, 1.0, 20.0)), 3, 1, seed=2, rank=0, world=1)
     c_rows = []
     for epoch in range(4):
         sampler.set_epoch(epoch)
@@ -151,7 +158,7 @@ def test_the_order_follows_the_seed():
 def test_a_dataset_smaller_than_one_global_batch_is_refused_by_name():
     parts = _parts() + [Part("tiny", 1.0, np.arange(130, 140))]
     with pytest.raises(UsageError) as e:
-        HomogeneousSampler(parts, "proportional", 4, 2, seed=0, rank=0, world=2)
+        ProportionalSampler(parts, 4, 2, seed=0, rank=0, world=2)
     message = str(e.value)
     assert "'tiny' has 10 training row(s)" in message and "global batch of 16 rows" in message
     assert "--per_device_train_batch_size 4 x 2 process(es) x --gradient_accumulation_steps 2" in message
@@ -266,7 +273,7 @@ def test_no_duplicates_reads_the_arrow_rows(tmp_path):
     rows = [{"query": "q0", "response": "same"}, {"query": "q1", "response": "same"},
             {"query": "q2", "response": "other"}, {"query": "q3", "response": "<image>same", "images": [str(img)]}]
     data = EmbeddingDataset(load_samples([write_jsonl(tmp_path / "d.jsonl", rows)], shuffle=False).dataset)
-    keys = samplers.row_keys(data)
+    keys = row_keys(data)
     texts = {data[i].anchor.text: i for i in range(4)}
     assert keys[texts["q0"]] & keys[texts["q1"]]  # the shared positive
     assert not keys[texts["q0"]] & keys[texts["q3"]] and not keys[texts["q0"]] & keys[texts["q2"]]
@@ -320,7 +327,7 @@ def test_the_recorded_position_counts_the_global_batches_drawn(tmp_path):
     """After each step of two epochs, the state's per-dataset count equals the count of that
     dataset's global batches among the steps so far; a checkpoint with the state resumes, one
     whose state another run would not reach is refused."""
-    sampler = HomogeneousSampler(_parts((1.0, 3.0, 1.0)), "weighted", 2, 3, seed=9, rank=0, world=2)
+    sampler = WeightedSampler(_parts((1.0, 3.0, 1.0)), 2, 3, seed=9, rank=0, world=2)
     seen = Counter()
     step = 0
     for epoch in range(2):
@@ -334,7 +341,7 @@ def test_the_recorded_position_counts_the_global_batches_drawn(tmp_path):
     (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 13}))
     (ckpt / samplers.STATE_FILE).write_text(json.dumps(sampler.state(13)))
     check_resumed_state(sampler, str(ckpt))
-    other = HomogeneousSampler(_parts((1.0, 3.0, 1.0)), "weighted", 2, 3, seed=10, rank=0, world=2)
+    other = WeightedSampler(_parts((1.0, 3.0, 1.0)), 2, 3, seed=10, rank=0, world=2)
     with pytest.raises(UsageError, match="would not train on the batches"):
         check_resumed_state(other, str(ckpt))
 
@@ -344,7 +351,7 @@ def test_accelerate_sharding_passes_each_processs_share_through(monkeypatch):
     from torch.utils.data import BatchSampler, DataLoader
 
     monkeypatch.setattr(samplers, "world", lambda: (1, 2))
-    sampler = HomogeneousSampler(_parts(), "round_robin", 2, 2, seed=0, rank=1, world=2)
+    sampler = RoundRobinSampler(_parts(), 2, 2, seed=0, rank=1, world=2)
     shard = BatchSamplerShard(BatchSampler(sampler, 2, drop_last=False), num_processes=2, process_index=1)
     loader = pass_through_shards(DataLoader(list(range(130)), batch_sampler=shard))
     assert [i for b in loader for i in b.tolist()] == list(sampler)
@@ -400,7 +407,7 @@ def test_two_processes_train_on_homogeneous_global_batches_and_resume_on_the_sam
     # the datasets of the steps are the draws of the unit-level sampler (whose shares are
     # tested above) for these sizes, weights and --data_seed 42: epoch 0's 4 steps, then epoch 1's
     sizes = [Part(n, WEIGHTS[n], np.arange(ROWS[n])) for n in WEIGHTS]
-    unit = HomogeneousSampler(sizes, "weighted", 2, 2, seed=42, rank=0, world=2)
+    unit = WeightedSampler(sizes, 2, 2, seed=42, rank=0, world=2)
     assert [names[s] for s in range(1, 8)] == [list(WEIGHTS)[d] for d in [*unit.draws(0), *unit.draws(1)[:3]]]
     state = json.loads((tmp_path / "full" / "checkpoint-5" / samplers.STATE_FILE).read_text())
     drawn = {d["name"]: d["global_batches_drawn"] for d in state["datasets"]}
@@ -417,7 +424,7 @@ def test_two_processes_train_on_homogeneous_global_batches_and_resume_on_the_sam
 
 @pytest.mark.parametrize("make", [
     lambda rank: samplers.SwiftOrderSampler(20, True, 42, rank=rank, world=2),
-    lambda rank: HomogeneousSampler(_parts(), "proportional", 2, 1, seed=3, rank=rank, world=2),
+    lambda rank: ProportionalSampler(_parts(), 2, 1, seed=3, rank=rank, world=2),
 ], ids=["mixed", "proportional"])
 def test_a_resumed_epoch_reaches_the_sampler_through_accelerates_skipping_loader(make, tmp_path, monkeypatch):
     """Two processes, resumed 2 steps into the second epoch: the
@@ -453,3 +460,122 @@ def test_a_resumed_epoch_reaches_the_sampler_through_accelerates_skipping_loader
         skipped.set_epoch(epoch)  # as the Trainer does
         got = [b.tolist() for b in skipped]
         assert (got == epochs[epoch][skip:]) == fixed
+
+
+# ----------------------------------------------------------------------------- each rule, written out
+
+def _dataset_batch(d: int, k: int, seed: int = 5, size: int = 12, rows=None) -> list[int]:
+    """Dataset ``d``'s ``k``-th global batch, the reference: pass ``k // per_pass`` is its rows
+    permuted with ``default_rng([seed, d, pass])``, cut into whole batches of ``size``."""
+    rows = _parts()[d].rows if rows is None else rows
+    per_pass = len(rows) // size
+    p, j = divmod(k, per_pass)
+    order = rows[np.random.default_rng([seed, d, p]).permutation(len(rows))]
+    return order[j * size:(j + 1) * size].tolist()
+
+
+def _in_order(step, world: int = 2, accumulation: int = 3) -> list[int]:
+    """A step's global batch in its order: micro-batch k of process r holds its rows (k * world + r) * B to + B."""
+    return [i for k in range(accumulation) for r in range(world) for i in step[r][k]]
+
+
+def _composed(draws_per_epoch) -> list[list[list[int]]]:
+    """Each epoch's global batches when each step takes the next global batch of the dataset drawn."""
+    drawn, epochs = Counter(), []
+    for draws in draws_per_epoch:
+        epochs.append([])
+        for d in draws:
+            epochs[-1].append(_dataset_batch(d, drawn[d]))
+            drawn[d] += 1
+    return epochs
+
+
+def _sampled(rule, epochs: int = 3, parts=None) -> list[list[list[int]]]:
+    return [[_in_order(s) for s in _global_batches(rule, e, parts=parts)] for e in range(epochs)]
+
+
+def test_round_robin_written_out():
+    """a, b, c in turn, two rounds an epoch (c has 2 global batches of 12): a's batches 0, 1 in
+    epoch 0, 2, 3 in epoch 1, ... (a new pass after its 3rd)."""
+    assert _sampled("round_robin") == _composed([[0, 1, 2, 0, 1, 2]] * 3)
+
+
+def test_proportional_written_out():
+    """Each epoch a: 3, b: 5, c: 2 global batches in the order permuted with default_rng([seed, epoch, 2])."""
+    draws = [np.random.default_rng([5, e, 2]).permutation([0, 0, 0, 1, 1, 1, 1, 1, 2, 2]).tolist() for e in range(3)]
+    assert _sampled("proportional") == _composed(draws)
+
+
+def test_weighted_written_out():
+    """Each epoch 10 draws (as many as proportional), dataset d with probability weight / sum,
+    drawn with default_rng([seed, epoch, 4]); a dataset's batches run on over the epochs."""
+    weights = np.array([1.0, 3.0, 1.0])
+    draws = [np.random.default_rng([5, e, 4]).choice(3, size=10, p=weights / weights.sum()).tolist()
+             for e in range(3)]
+    assert _sampled("weighted", parts=_parts(tuple(weights))) == _composed(draws)
+
+
+def test_pooled_is_one_dataset_of_all_rows_without_a_text_twice():
+    """mixed with no_duplicates: the rows of every dataset as one part, its global batches in turn
+    (10 an epoch of 130 rows); without repeated texts, exactly the plain batches of that part."""
+    pooled = [Part("all rows", 1.0, np.arange(130))]
+    keys = [frozenset({i}) for i in range(130)]
+    every = [_dataset_batch(0, k, rows=np.arange(130)) for k in range(30)]
+    assert [b for e in _sampled("mixed", parts=pooled) for b in e] == every
+    s = HOMOGENEOUS_SAMPLERS["mixed"](pooled, 2, 3, 5, 0, 2, keys=keys)
+    assert isinstance(s, PooledSampler) and s.no_duplicates and s.state(0)["sampler"] == "mixed"
+    with pytest.raises(ValueError, match="one part of all rows"):
+        PooledSampler(_parts(), 2, 3, 5, 0, 2)
+    with pytest.raises(UsageError, match="--batch_sampler no_duplicates takes whole global batches: 10 training"):
+        PooledSampler([Part("all rows", 1.0, np.arange(10))], 2, 3, 5, 0, 2)
+
+
+def test_the_options_are_enums_with_the_flags_values():
+    assert MULTI_DATASET_SAMPLERS == ("mixed", "proportional", "round_robin", "weighted")
+    assert BATCH_SAMPLERS == ("default", "no_duplicates")
+    assert MultiDatasetSampler("round_robin") is MultiDatasetSampler.ROUND_ROBIN == "round_robin"
+    assert f"--multi_dataset_sampler {MultiDatasetSampler.WEIGHTED}" == "--multi_dataset_sampler weighted"
+    assert {rule.value: cls.__name__ for rule, cls in HOMOGENEOUS_SAMPLERS.items()} == {
+        "mixed": "PooledSampler", "proportional": "ProportionalSampler", "round_robin": "RoundRobinSampler",
+        "weighted": "WeightedSampler"}
+
+
+class _SizesOnly:
+    """A training set whose rows must not be read: the plan needs its length and dataset ids only."""
+
+    dataset_ids = np.array([0] * 40 + [1] * 60 + [2] * 30)
+
+    def __len__(self):
+        return 130
+
+    def __getitem__(self, i):
+        raise AssertionError("the plan read a row")
+
+
+@pytest.mark.parametrize("flags, sampler, parts", [
+    ({}, None, None),
+    ({"batch_sampler": "no_duplicates"}, "PooledSampler", [("all rows", 130)]),
+    ({"multi_dataset_sampler": "proportional"}, "ProportionalSampler", [("dataset 0", 40), ("dataset 1", 60),
+                                                                        ("dataset 2", 30)]),
+    ({"multi_dataset_sampler": "round_robin", "batch_sampler": "no_duplicates"}, "RoundRobinSampler", 3),
+    ({"multi_dataset_sampler": "weighted"}, "WeightedSampler", 3),
+    ({"interleave_prob": [1, 1, 1]}, None, 3),
+])
+def test_the_plan_is_made_from_the_flags_and_the_sizes(flags, sampler, parts, monkeypatch):
+    monkeypatch.setattr(samplers, "world", lambda: (1, 2))
+    plan = samplers.plan_sampling(_args(**flags), _SizesOnly(), rank=1, world=2)
+    assert (plan.sampler.__name__ if plan.sampler else None) == sampler
+    if isinstance(parts, int):
+        assert len(plan.parts) == parts
+    else:
+        assert (parts is None and plan.parts is None) or [(p.name, len(p.rows)) for p in plan.parts] == parts
+    assert (plan.rank, plan.world, plan.seed, plan.shuffle) == (1, 2, 7, True)
+    if "interleave_prob" in flags:
+        assert plan.rows is not None and isinstance(samplers.build_sampler(plan, _SizesOnly()), MappedSampler)
+    elif sampler is None:
+        assert isinstance(samplers.build_sampler(plan, _SizesOnly()), samplers.SwiftOrderSampler)
+    elif "batch_sampler" not in flags:  # (no_duplicates reads the rows' texts when it is built)
+        built = samplers.build_sampler(plan, _SizesOnly())
+        assert type(built).__name__ == sampler and (built.rank, built.world, built.size) == (1, 2, 8)
+    assert samplers.plan_sampling(_args(train_sampling_strategy="group_by_length"), _SizesOnly()) is None
+    assert samplers.plan_sampling(_args(**flags), iter(range(3))) is None

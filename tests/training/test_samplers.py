@@ -138,3 +138,28 @@ def test_one_process_is_left_as_it_is(monkeypatch):
     loader = _sharded_loader(sampler, 2, rank=1)
     assert pass_through_shards(loader) is loader
     assert (loader.batch_sampler.num_processes, loader.batch_sampler.process_index) == (2, 1)
+
+
+# ----------------------------------------------------------------------------- the pinned orders
+
+def _pinned():
+    import importlib.util
+
+    path = os.path.join(REPO, "tests", "fixtures", "samplers", "make_orders.py")
+    spec = importlib.util.spec_from_file_location("make_orders", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_configuration_gives_the_pinned_rows_positions_and_messages():
+    """tests/fixtures/samplers/orders.json (tests/fixtures/samplers/make_orders.py): for every
+    --multi_dataset_sampler x --batch_sampler, 1 or 2 processes (each rank), 1 or 2 accumulation
+    steps, shuffled or not, and --interleave_prob: the start-up check, the log lines, the rows of
+    epochs 0-2 and the recorded positions, or the error with its message, exactly as recorded."""
+    make = _pinned()
+    recorded = json.load(open(make.FIXTURE, encoding="utf-8"))
+    now = make.record()
+    assert sorted(now) == sorted(recorded)
+    for name in recorded:
+        assert now[name] == recorded[name], name
