@@ -16,12 +16,14 @@ The file (YAML or JSON) is a list of datasets, or an object whose ``datasets`` k
 
 Keys of ``infonce`` are the fields of :class:`~mmembed.losses.InfoNCEConfig` or the names of
 the ``INFONCE_*`` variables (``temperature`` or ``INFONCE_TEMPERATURE``); a value is read as
-the variable's text would be, over the variables of the run. A relative path is taken from
-the configuration file's folder, else from the working directory. A file that breaks these rules is one :class:`ConfigError`
-naming the file, the dataset and the key; unknown keys are refused.
+the variable's text would be, over the variables of the run (the keys and values are the
+loss's: :mod:`mmembed.losses.config` checks them; this module keeps the mapping as written). A
+relative path is taken from the configuration file's folder, else from the working directory. A
+file that breaks these rules is one :class:`ConfigError` naming the file, the dataset and the
+key; unknown keys are refused.
 
 This module reads and checks the file only (no rows are read): :mod:`mmembed.training.data_assembly`
-loads the rows and builds the losses.
+loads the rows, :func:`mmembed.training.model_assembly.make_loss` builds each dataset's loss.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ class TrainingData:
     def load(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, media: MediaSettings,
              reuse: bool = False) -> TrainingData:
         """The rows of ``--dataset`` and ``--val_dataset`` (or ``--split_dataset_ratio``'s
-        share), of ``--dataset_config`` or of the stream, checked (:func:`check_rows`: their
+        share), of ``--dataset_config`` or of the stream, checked (:func:`~mmembed.training.row_checks.check_rows`: their
         URLs downloaded and their lengths measured with ``media``, the run's media settings),
         with the teacher's arrays and the teacher signal the rows carry. ``reuse``: the rows
         were just read and checked by another process of the run (:func:`read_once`): take the
@@ -117,7 +117,7 @@ class TrainingData:
     def stream(cls, checks: Checks, load_opts: dict) -> TrainingData:
         """``--streaming true``: the training rows as a stream (:mod:`mmembed.data.streaming`);
         ``--val_dataset`` is read whole as usual. The phases check the stream's rows as they are
-        read: a row the loss would fail on (:func:`check_trainable`) is a data error, or
+        read: a row the loss would fail on (:func:`~mmembed.training.row_checks.check_trainable`) is a data error, or
         skipped with ``--strict false``; rows over ``--max_length`` are dropped
         (``--truncation_strategy delete``); remote media are fetched when read."""
         args, loss = checks.args, checks.loss
@@ -174,8 +174,8 @@ class TrainingData:
                 files["val"].update(val_loaded.records)
             # its val rows are scored with its loss (eval_<name>_*) and, pooled, with the run's (eval_*)
             own = (losses.get(i) or loss).negatives_rule
-            parts.append(Part.of(with_instructions(train, entry), with_instructions(val, entry) if val is not None
-                               else None, own, (own, loss.negatives_rule), entry.name))
+            val = with_instructions(val, entry) if val is not None else None
+            parts.append(Part.of(with_instructions(train, entry), val, own, (own, loss.negatives_rule), entry.name))
         train, val = check_rows(Rows(parts, join=lambda parts: _join(parts, args)), checks).whole()
         train_set = EmbeddingDataset(train)
         val_set = EmbeddingDataset(val) if val is not None else None
