@@ -57,7 +57,7 @@ def main() -> None:
     from mmembed.data import load_samples
     from mmembed.encoding.inputs import InputBuilder
     from mmembed.encoding.templates import get_template
-    from mmembed.training.data_assembly import drop_overlong
+    from mmembed.training.length_check import drop_overlong
 
     datasets.disable_caching()
     tmp = tempfile.mkdtemp(prefix="bench_length_")

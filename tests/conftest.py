@@ -80,7 +80,7 @@ LONGEST_FIRST = [
     "training/test_resume_safety.py", "training/test_preemption.py", "training/test_untrainable.py",
     "training/test_multi_samplers.py", "model/test_instructions.py", "data/test_scale.py",
     "model/test_st_exports.py", "tools/test_swift_compat.py", "training/test_checkpoints.py",
-    "training/test_dataset_config.py", "encoding/test_media_count.py",
+    "data/test_dataset_config.py", "encoding/test_media_count.py",
     "model/test_tiny_models.py", "training/test_methods_sft.py", "training/test_charts.py",
     "training/test_sft_e2e.py", "eval/test_beir_eval.py", "data/test_bad_data.py", "encoding/test_remote_media.py",
     "training/test_bad_settings.py", "data/test_teacher_data.py", "model/test_io.py",

@@ -16,12 +16,14 @@ The file (YAML or JSON) is a list of datasets, or an object whose ``datasets`` k
 
 Keys of ``infonce`` are the fields of :class:`~mmembed.losses.InfoNCEConfig` or the names of
 the ``INFONCE_*`` variables (``temperature`` or ``INFONCE_TEMPERATURE``); a value is read as
-the variable's text would be, over the variables of the run. A relative path is taken from
-the configuration file's folder, else from the working directory. A file that breaks these rules is one :class:`ConfigError`
-naming the file, the dataset and the key; unknown keys are refused.
+the variable's text would be, over the variables of the run (the keys and values are the
+loss's: :mod:`mmembed.losses.config` checks them; this module keeps the mapping as written). A
+relative path is taken from the configuration file's folder, else from the working directory. A
+file that breaks these rules is one :class:`ConfigError` naming the file, the dataset and the
+key; unknown keys are refused.
 
 This module reads and checks the file only (no rows are read): :mod:`mmembed.training.data_assembly`
-loads the rows and builds the losses.
+loads the rows, :func:`mmembed.training.model_assembly.make_loss` builds each dataset's loss.
 """
 
 from __future__ import annotations
@@ -30,21 +32,11 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ConfigError", "DatasetEntry", "DatasetInfo", "INFONCE_KEYS", "read_dataset_config"]
-
-#: the ``infonce`` keys: field name -> variable name
-INFONCE_KEYS: dict[str, str] = {
-    "temperature": "INFONCE_TEMPERATURE",
-    "use_batch": "INFONCE_USE_BATCH",
-    "hard_negatives": "INFONCE_HARD_NEGATIVES",
-    "mask_fake_negative": "INFONCE_MASK_FAKE_NEGATIVE",
-    "fake_neg_margin": "INFONCE_FAKE_NEG_MARGIN",
-    "include_qq": "INFONCE_INCLUDE_QQ",
-    "include_dd": "INFONCE_INCLUDE_DD",
-}
+__all__ = ["ConfigError", "DatasetEntry", "DatasetInfo", "read_dataset_config"]
 
 KEYS = ("name", "path", "sample", "weight", "query_system", "document_system", "infonce", "loss_kwargs", "val")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
@@ -77,9 +69,9 @@ class DatasetEntry:
     weight: float = 1.0
     query_system: str | None = None
     document_system: str | None = None
-    # the ``infonce`` settings as the variables' text: {"INFONCE_TEMPERATURE": "0.02", ...}
-    # ("" for a value given as null: the variable unset for this dataset)
-    infonce: dict[str, str] = field(default_factory=dict)
+    # the ``infonce`` settings as written: {"temperature": 0.02, "INFONCE_USE_BATCH": false, ...}
+    # (read by mmembed.losses.config.infonce_values when the dataset's loss is built)
+    infonce: dict[str, Any] = field(default_factory=dict)
     loss_kwargs: dict[str, Any] = field(default_factory=dict)
     val: list[str] = field(default_factory=list)
 
@@ -155,35 +147,29 @@ def _system(file: str, name: str, key: str, value: Any) -> str | None:
     return value
 
 
-def _infonce(file: str, name: str, value: Any) -> dict[str, str]:
+def _infonce(file: str, name: str, value: Any, check: Callable[[Mapping[str, Any], str, str], Any] | None
+             ) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise ConfigError(file, name, "infonce", f"must be a mapping of InfoNCE settings, got {value!r}")
-    by_var = {v: k for k, v in INFONCE_KEYS.items()}
-    out: dict[str, str] = {}
+    if check is not None:
+        check(value, file, name)
     for key, raw in value.items():
-        var = INFONCE_KEYS.get(key) or (key if key in by_var else None)
-        if var is None:
-            raise ConfigError(file, name, f"infonce.{key}", f"not an InfoNCE setting; known: "
-                                                            f"{', '.join(INFONCE_KEYS)} (or their INFONCE_* names)")
-        if var in out:
-            raise ConfigError(file, name, f"infonce.{key}", f"given twice ({by_var[var]} and {var})")
-        if raw is None:
-            text = ""
-        elif isinstance(raw, bool):
-            text = "true" if raw else "false"
-        elif isinstance(raw, (int, float, str)):
-            text = str(raw)
-        else:
+        if raw is not None and not isinstance(raw, (bool, int, float, str)):
             raise ConfigError(file, name, f"infonce.{key}", f"must be a number, a boolean or null, got {raw!r}")
-        out[var] = text
-    return out
+    return dict(value)
 
 
-def read_dataset_config(path: str) -> list[DatasetEntry]:
+def read_dataset_config(path: str, check_infonce: Callable[[Mapping[str, Any], str, str], Any] | None = None
+                        ) -> list[DatasetEntry]:
     """The datasets of a ``--dataset_config`` file, checked (the files and folders exist; no
     row is read).
+
+    ``check_infonce(mapping, file, dataset)``: the check of each dataset's ``infonce`` keys,
+    raising :class:`ConfigError` naming the key (training passes
+    :func:`mmembed.losses.config.infonce_keys`: losses/ owns the keys); None: the mapping is
+    kept as written, its keys checked when the dataset's loss is built.
 
     Raises:
         ConfigError: naming the file, the dataset (its name, or its position when it has no
@@ -238,6 +224,6 @@ def read_dataset_config(path: str) -> list[DatasetEntry]:
             name=name, paths=paths, sample=sample, weight=float(weight),
             query_system=_system(file, name, "query_system", raw.get("query_system")),
             document_system=_system(file, name, "document_system", raw.get("document_system")),
-            infonce=_infonce(file, name, raw.get("infonce")), loss_kwargs=dict(loss_kwargs), val=val,
+            infonce=_infonce(file, name, raw.get("infonce"), check_infonce), loss_kwargs=dict(loss_kwargs), val=val,
         ))
     return entries

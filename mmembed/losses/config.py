@@ -19,6 +19,10 @@ variable                       default      meaning
 
 Booleans are ``true``/``false`` or ``1``/``0`` in any case. A variable set to an empty
 string counts as unset.
+
+The same settings given as values (a ``--dataset_config`` dataset's ``infonce`` mapping, keyed
+by field or variable name) are read by :meth:`InfoNCEConfig.from_values` /
+:func:`infonce_values`, with the variables' checks and messages.
 """
 
 from __future__ import annotations
@@ -28,10 +32,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..data.dataset_config import INFONCE_KEYS
+from ..data.dataset_config import ConfigError
 from .base import MIN_TEMPERATURE_TEXT, check_temperature, finite_number
 
-#: the INFONCE_* variables by field name: one table with --dataset_config's ``infonce`` keys
+#: the InfoNCE settings: field name -> its ``INFONCE_*`` variable; either name is a key of a
+#: ``--dataset_config`` dataset's ``infonce`` mapping
+INFONCE_KEYS: dict[str, str] = {
+    "temperature": "INFONCE_TEMPERATURE",
+    "use_batch": "INFONCE_USE_BATCH",
+    "hard_negatives": "INFONCE_HARD_NEGATIVES",
+    "mask_fake_negative": "INFONCE_MASK_FAKE_NEGATIVE",
+    "fake_neg_margin": "INFONCE_FAKE_NEG_MARGIN",
+    "include_qq": "INFONCE_INCLUDE_QQ",
+    "include_dd": "INFONCE_INCLUDE_DD",
+}
+
+#: the INFONCE_* variables by field name (the same table)
 ENV_VARS: dict[str, str] = INFONCE_KEYS
 
 # what each variable allows, for the message when a value does not parse
@@ -135,6 +151,103 @@ class InfoNCEConfig:
                 raise ValueError(f"{var}={raw!r}: {exc}") from None
             values[f.name] = value
         return cls(**values)
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any], file: str | None = None,
+                    dataset: str | None = None) -> InfoNCEConfig:
+        """A config from settings given as values (:func:`infonce_values`: keys are field or
+        ``INFONCE_*`` names, each value checked as its variable would be); the fields not given
+        take their defaults (the ``INFONCE_*`` variables are not read).
+
+        Raises:
+            ConfigError: with ``file`` (a ``--dataset_config`` file), naming it, ``dataset`` and
+                the key; ValueError naming the key otherwise.
+        """
+        return cls(**infonce_values(values, file, dataset))
+
+
+def infonce_keys(values: Mapping[str, Any], file: str | None = None, dataset: str | None = None) -> dict[str, Any]:
+    """``values`` (InfoNCE settings, a ``--dataset_config`` dataset's ``infonce`` mapping) keyed
+    by field name: each key is a field name or its variable's (:data:`INFONCE_KEYS`), not both.
+
+    Raises:
+        ConfigError: with ``file``: naming the file, ``dataset`` and the key (``infonce.<key>``).
+        ValueError: without ``file``: naming the key.
+    """
+    by_var = {var: name for name, var in INFONCE_KEYS.items()}
+    out: dict[str, Any] = {}
+    for key, raw in values.items():
+        name = key if key in INFONCE_KEYS else by_var.get(key)
+        if name is None:
+            raise _error(file, dataset, key, f"not an InfoNCE setting; known: {', '.join(INFONCE_KEYS)} (or their "
+                                             "INFONCE_* names)")
+        if name in out:
+            raise _error(file, dataset, key, f"given twice ({name} and {INFONCE_KEYS[name]})")
+        out[name] = raw
+    return out
+
+
+def infonce_values(values: Mapping[str, Any], file: str | None = None, dataset: str | None = None) -> dict[str, Any]:
+    """The :class:`InfoNCEConfig` fields that ``values`` gives (keys as :func:`infonce_keys`
+    takes them), each parsed from its value rather than from text.
+
+    A value is read as the variable's text would be: a boolean field takes true/false or 1/0,
+    ``hard_negatives`` an integer, the others a number; a string is parsed as the variable's
+    text; None (or an empty string) gives the field's default (the variable unset). Errors name
+    the variable and the value as its text, as :meth:`InfoNCEConfig.from_env` does.
+
+    Raises:
+        ConfigError: with ``file``: naming the file, ``dataset`` and the key (``infonce.<key>``).
+        ValueError: without ``file``: naming the key.
+    """
+    if not isinstance(values, Mapping):
+        reason = f"must be a mapping of InfoNCE settings, got {values!r}"
+        raise ConfigError(file, dataset, "infonce", reason) if file is not None else ValueError(f"InfoNCE settings {reason}")
+    for key, raw in values.items():
+        if raw is not None and not isinstance(raw, (bool, int, float, str)):
+            raise _error(file, dataset, key, f"must be a number, a boolean or null, got {raw!r}")
+    defaults = {f.name: f.default for f in fields(InfoNCEConfig)}
+    out: dict[str, Any] = {}
+    for name, raw in infonce_keys(values, file, dataset).items():
+        try:
+            out[name] = _value(name, raw, defaults[name])
+        except ValueError as e:
+            raise _error(file, dataset, name, str(e)) from None
+    return out
+
+
+def _error(file: str | None, dataset: str | None, key: Any, reason: str) -> ValueError:
+    if file is not None:
+        return ConfigError(file, dataset, f"infonce.{key}", reason)
+    return ValueError(f"InfoNCE setting {key!r}: {reason}")
+
+
+def _value(name: str, raw: bool | int | float | str | None, default: Any) -> Any:
+    """One setting's value: ``raw`` checked as its variable's text would be (the text in messages)."""
+    var = INFONCE_KEYS[name]
+    text = "" if raw is None else ("true" if raw else "false") if isinstance(raw, bool) else str(raw)
+    if text.strip() == "":
+        return default
+    allowed = ALLOWED.get(name, "")
+    if isinstance(raw, str):
+        value = _parse(var, text.strip(), default, allowed)
+    elif isinstance(default, bool):
+        if isinstance(raw, float) or raw not in (0, 1):  # (True and False are 1 and 0)
+            raise ValueError(f"{var}={text!r} is not a boolean; use true/false or 1/0")
+        value = bool(raw)
+    elif default is None:  # hard_negatives: an integer
+        if isinstance(raw, (bool, float)):
+            raise ValueError(f"{var}={text!r} is not an integer; use {allowed}")
+        value = raw
+    else:
+        if isinstance(raw, bool):
+            raise ValueError(f"{var}={text!r} is not a number; use {allowed}")
+        value = float(raw) if abs(raw) < 1e308 else float(text)  # (an integer too large for a float: inf, as its text)
+    try:
+        InfoNCEConfig(**{name: value})  # range checks, reported against the variable
+    except ValueError as exc:
+        raise ValueError(f"{var}={text!r}: {exc}") from None
+    return value
 
 
 def _parse(var: str, raw: str, default: Any, allowed: str) -> Any:

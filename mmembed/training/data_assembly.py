@@ -1,28 +1,17 @@
 """Data assembly for ``mmembed sft``: the training and eval rows as training reads them.
 
-:meth:`TrainingData.load` reads ``--dataset`` / ``--val_dataset`` (or streams them,
-``--streaming true``), downloads their remote media up front (:func:`fetch_remote_media`),
-counts the rows the loss cannot learn from under its settings (:func:`check_trainable`),
-runs the length check (:func:`drop_overlong`), opens the teacher's arrays and finds the
-teacher signal the rows carry (:func:`data_teacher`). :func:`check_drop_last` and
+:meth:`TrainingData.load` reads the rows from one of three sources: the files of
+``--dataset`` / ``--val_dataset``, those of a ``--dataset_config`` file (each dataset with its
+instructions and loss), or ``--streaming true``'s stream. Each source yields
+:class:`~mmembed.training.row_checks.Rows`; then
+:func:`~mmembed.training.row_checks.check_rows` runs the same phases over any of them, in
+order: the rows the loss cannot learn from under its settings, the remote media downloaded up
+front, the length check (:mod:`mmembed.training.row_checks`,
+:mod:`mmembed.training.length_check`). Then the source opens the teacher's arrays and finds
+the teacher signal the rows carry (:func:`data_teacher`). :func:`check_drop_last` and
 :func:`load_eval_tasks` check the rest of what training will read before the model loads.
 :func:`read_once` has one process of a run read and check the data while the others wait and
 reuse its ``datasets`` cache; each phase logs its rows, removals and time.
-
-The length check
-----------------
-``--truncation_strategy delete`` drops the rows with an input over ``--max_length``
-tokens, measured as the model sees them (media expanded); with ``left`` / ``right`` only the
-rows with media are measured (they are never truncated). Text is tokenized a batch of rows
-at a time. Media are counted as ``--check_media`` says: ``header`` (the default) reads each
-file's header (an image's size, a video's frame count, rate and size, an audio file's
-length) and applies the loader's budget and the processor's own rules, which gives the
-same counts as decoding (:mod:`mmembed.encoding.measure`; a medium the header cannot decide
-is decoded); a missing file or one whose header does not open is an error naming its row
-before training, and pixels that do not decode are found when their batch is built.
-``full`` decodes every medium and runs the processor, so a file that opens but does not
-decode is found before training too. The result is cached by ``datasets`` under
-:func:`length_check_fingerprint`.
 """
 
 from __future__ import annotations
@@ -30,31 +19,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
-import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..data import EmbeddingDataset, SpecError, load_samples
-from ..data.dataset import release_mapped, shared_heap
 from ..data.dataset_config import DatasetEntry, DatasetInfo
 from ..data.sample import DataError, Sample
 from ..data.streaming import StreamingSamples, stream_samples
 from ..data.teacher import TeacherFiles, teacher_signal
-from ..data.trainable import NegativesRule, rows_without_negatives
-from ..encoding.collator import token_lengths
-from ..encoding.inputs import InputBuilder
-from ..encoding.measure import json_text_lengths
 from ..eval.tasks import HeldOutTasks
 from ..losses import EmbeddingLoss
 from .arguments import SftArguments, UsageError
 from .flag_checks import beir_pairs
-from .model_assembly import Encoding
+from .model_assembly import Encoding, make_loss
+from .row_checks import Checks, Part, Rows, check_rows, log_phase
 
 if TYPE_CHECKING:  # the media loader is imported at the first row with media (qwen-vl-utils: about a second)
     from ..encoding.media import MediaSettings
-    from ..encoding.remote import DownloadSettings
 
 logger = logging.getLogger("mmembed")
 
@@ -84,10 +66,11 @@ class TrainingData:
     def load(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, media: MediaSettings,
              reuse: bool = False) -> TrainingData:
         """The rows of ``--dataset`` and ``--val_dataset`` (or ``--split_dataset_ratio``'s
-        share), checked, their URLs downloaded and measured with ``media`` (the run's media
-        settings), with the teacher's arrays and the teacher signal the rows carry.
-        ``reuse``: the rows were just read and checked by another process of the run
-        (:func:`read_once`): take the Arrow cache as it is. Each phase logs its rows and time."""
+        share), of ``--dataset_config`` or of the stream, checked (:func:`~mmembed.training.row_checks.check_rows`: their
+        URLs downloaded and their lengths measured with ``media``, the run's media settings),
+        with the teacher's arrays and the teacher signal the rows carry. ``reuse``: the rows
+        were just read and checked by another process of the run (:func:`read_once`): take the
+        Arrow cache as it is. Each phase logs its rows and time."""
         # ms-swift's order: --data_seed (not --seed) drives the split, #N sampling and --dataset_shuffle.
         # Every row is checked now against what the loss takes as a label and the media the
         # model takes, so a row training could not use is an error (or skipped) before training.
@@ -95,54 +78,50 @@ class TrainingData:
                          load_from_cache_file=args.load_from_cache_file,
                          columns=json.loads(args.columns) if args.columns else None,
                          label_rule=loss.label_rule, media_kinds=frozenset(encoding.template.media), reuse=reuse)
+        checks = Checks(args, encoding, loss, media)
         if getattr(args, "dataset_config", None):
-            return cls.load_config(args, encoding, loss, media, load_opts)
+            return cls.load_config(checks, load_opts)
         if args.streaming:
-            return cls.stream(args, encoding, loss, media, load_opts)
+            return cls.stream(checks, load_opts)
+        return cls.load_files(checks, load_opts)
+
+    @classmethod
+    def load_files(cls, checks: Checks, load_opts: dict) -> TrainingData:
+        """``--dataset`` (and ``--val_dataset``, or ``--split_dataset_ratio``'s share)."""
+        args, loss = checks.args, checks.loss
         loaded = load_samples(args.dataset, split_ratio=0.0 if args.val_dataset else args.split_dataset_ratio,
                               shuffle=args.dataset_shuffle, **load_opts)
-        _log_phase("parse", loaded.rows_read, loaded.seconds, f"{len(loaded.skipped)} bad row(s) skipped, " if
+        log_phase("parse", loaded.rows_read, loaded.seconds, f"{len(loaded.skipped)} bad row(s) skipped, " if
                    loaded.skipped else "", "parsed" if loaded.parsed else "from the Arrow cache")
-        train = loaded.dataset
         try:
             teacher_files = TeacherFiles.open(loaded.files, loaded.records, args.teacher_scores_file,
                                               args.teacher_embeddings_file)
         except ValueError as e:
             raise UsageError(str(e)) from None
-        files = {"train": loaded.records}
+        files, val, parsed = {"train": loaded.records}, loaded.val, loaded.parsed
         if args.val_dataset:
             val_loaded = load_samples(args.val_dataset, split_ratio=1.0, shuffle=args.val_dataset_shuffle, **load_opts)
-            val, files["val"] = val_loaded.dataset, val_loaded.records
-        else:
-            val = loaded.val
-        phase = _Phase("trainable check", train, val)
-        train = check_trainable(train, loss.negatives_rule, args.strict, "train")
-        if val is not None and loss.negatives_rule is not None and loss.negatives_rule.breaks:
-            val = check_trainable(val, loss.negatives_rule, args.strict, "val")  # the eval loss would fail on them
-        phase.done(train, val, skip=loss.negatives_rule is None)
-        phase = _Phase("remote media", train, val)
-        train, val = fetch_remote_media(train, val, args.strict, media.downloads)
-        phase.done(train, val)
-        train, val = check_lengths(args, encoding, loss, media, train, val)
+            val, files["val"], parsed = val_loaded.dataset, val_loaded.records, parsed or val_loaded.parsed
+        train, val = check_rows(Rows([Part.of(loaded.dataset, val, loss.negatives_rule)]), checks).whole()
         if len(train) == 0:  # all deleted by the length check (loading itself refuses empty data): a data error
             raise SpecError(f"no training rows left: every row of {', '.join(args.dataset)} is longer than "
-                            f"--max_length {encoding.max_length} or has media that cannot be loaded (listed above; "
-                            "--truncation_strategy delete); raise --max_length or use --truncation_strategy right")
+                            f"--max_length {checks.encoding.max_length} or has media that cannot be loaded (listed "
+                            "above; --truncation_strategy delete); raise --max_length or use --truncation_strategy right")
         data = cls(EmbeddingDataset(train, teacher_files), EmbeddingDataset(val, teacher_files) if val is not None else None,
-                   files=files, parsed=bool(loaded.parsed or (args.val_dataset and val_loaded.parsed)))
+                   files=files, parsed=bool(parsed))
         data.teacher_key, data.teacher_width = data_teacher(args, loss, data.train)
         if val is not None:  # data_teacher read the training rows with their arrays; the eval rows' must fit too
             teacher_files.check_rows(val)
         return data
 
     @classmethod
-    def stream(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, media: MediaSettings,
-               load_opts: dict) -> TrainingData:
+    def stream(cls, checks: Checks, load_opts: dict) -> TrainingData:
         """``--streaming true``: the training rows as a stream (:mod:`mmembed.data.streaming`);
-        ``--val_dataset`` is read whole as usual. Rows over ``--max_length`` are dropped as
-        they are read (``--truncation_strategy delete``), remote media fetched when read; a
-        row the loss would fail on (:func:`check_trainable`) is a data error when read, or
-        skipped with ``--strict false``."""
+        ``--val_dataset`` is read whole as usual. The phases check the stream's rows as they are
+        read: a row the loss would fail on (:func:`~mmembed.training.row_checks.check_trainable`) is a data error, or
+        skipped with ``--strict false``; rows over ``--max_length`` are dropped
+        (``--truncation_strategy delete``); remote media are fetched when read."""
+        args, loss = checks.args, checks.loss
         if loss.side.teacher and not args.teacher_model:
             raise UsageError(f"--loss_type {args.loss_type} with the teacher's signals in the rows cannot be checked "
                              "up front with --streaming true: give --teacher_model, or leave out --streaming")
@@ -153,42 +132,24 @@ class TrainingData:
         if args.val_dataset:
             val_loaded = load_samples(args.val_dataset, split_ratio=1.0, shuffle=args.val_dataset_shuffle, **load_opts)
             val, files["val"] = val_loaded.dataset, val_loaded.records
-            if loss.negatives_rule is not None and loss.negatives_rule.breaks:
-                val = check_trainable(val, loss.negatives_rule, args.strict, "val")
-            _, val = fetch_remote_media(None, val, args.strict, media.downloads)
-        # a row the loss would fail on is met as it is read: a data error naming it, or skipped
-        # and logged with --strict false (a row that merely learns nothing is kept)
-        rule = loss.negatives_rule if loss.negatives_rule is not None and loss.negatives_rule.breaks else None
-        builder = length_builder(encoding, media, args.check_media) if args.truncation_strategy == "delete" else None
-
-        def keep(sample: Sample) -> bool:
-            if rule is not None and rule.falls_short(len(sample.negatives)):
-                raise DataError(sample.source, sample.line, None, f"{rule.reason()}; {rule.fix}")
-            return builder is None or token_lengths([sample], builder, loss.layout)[0] <= encoding.max_length
-
-        if rule is not None or builder is not None:
-            train.keep = keep
+        train, val = check_rows(Rows([Part.of(train, val, loss.negatives_rule)]), checks).whole()
         train.min_rows = args.per_device_train_batch_size * args.world_size
-        if builder is not None and val is not None:
-            val = drop_overlong(val, builder, loss.layout, encoding.max_length, args.dataset_num_proc, "val", args.strict)
         return cls(train, EmbeddingDataset(val) if val is not None else None, files=files)
 
     # ------------------------------------------------------------------ --dataset_config
     @classmethod
-    def load_config(cls, args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, media: MediaSettings,
-                    load_opts: dict) -> TrainingData:
+    def load_config(cls, checks: Checks, load_opts: dict) -> TrainingData:
         """``--dataset_config``: each dataset's rows read (``sample: N`` as ``#N``), its
         instructions put on the rows that give no system of their own (``query_system`` on the
-        anchors, ``document_system`` on the positives and negatives), checked against its own
-        loss, and tagged with its index (the ``dataset_id`` column); the validation rows
-        likewise (its ``val`` files, or its ``--split_dataset_ratio`` share). Then the datasets
-        are concatenated (and shuffled together, ``--dataset_shuffle``), their remote media
-        fetched and their lengths checked as for ``--dataset``. Logs the start-up report
-        (:func:`dataset_report`)."""
-        import datasets as hf_datasets
-
+        anchors, ``document_system`` on the positives and negatives); the validation rows
+        likewise (its ``val`` files, or its ``--split_dataset_ratio`` share). The phases check
+        each dataset's rows against its own loss, then tag them with its index (the
+        ``dataset_id`` column), concatenate the datasets (shuffled together,
+        ``--dataset_shuffle``), fetch their remote media and check their lengths as for
+        ``--dataset``. Logs the start-up report (:func:`dataset_report`)."""
+        args, encoding, loss = checks.args, checks.encoding, checks.loss
         entries: list[DatasetEntry] = args.dataset_entries
-        losses = {i: own for i, e in enumerate(entries) if (own := dataset_loss(args, e)) is not None}
+        losses = dataset_losses(args, entries)
         sampler = getattr(args, "multi_dataset_sampler", None) or "mixed"  # (mixed: ms-swift's order)
         if losses and sampler == "mixed":
             named = ", ".join(entries[i].name for i in losses)
@@ -196,10 +157,9 @@ class TrainingData:
                              "own, which need every batch from one dataset; --multi_dataset_sampler mixed puts rows of "
                              "all datasets in a batch: use --multi_dataset_sampler proportional, round_robin or "
                              "weighted, or move the settings to the INFONCE_* variables / --loss_kwargs")
-        trains, vals, files = [], [], {"train": {}, "val": {}}
+        parts, files = [], {"train": {}, "val": {}}
         for i, entry in enumerate(entries):
             opts = dict(load_opts, seed=(args.data_seed or 0) + i)  # data_seed for the first: one dataset = --dataset
-            rule = (losses.get(i) or loss).negatives_rule
             ratio = 0.0 if entry.val else args.split_dataset_ratio
             try:
                 loaded = load_samples(entry.specs(), split_ratio=ratio, shuffle=args.dataset_shuffle, **opts)
@@ -213,23 +173,11 @@ class TrainingData:
                 val_loaded = load_samples(entry.val, split_ratio=1.0, shuffle=args.val_dataset_shuffle, **opts)
                 val = val_loaded.dataset
                 files["val"].update(val_loaded.records)
-            train = with_instructions(train, entry)
-            train = check_trainable(train, rule, args.strict, f"train ({entry.name})")
-            trains.append(with_dataset_id(train, i))
-            if val is not None:
-                val = with_instructions(val, entry)
-                # scored with the dataset's loss (eval_<name>_*) and, pooled, with the run's (eval_*)
-                for each in {id(r): r for r in (rule, loss.negatives_rule) if r is not None and r.breaks}.values():
-                    val = check_trainable(val, each, args.strict, f"val ({entry.name})")
-                vals.append(with_dataset_id(val, i))
-        train = trains[0] if len(trains) == 1 else hf_datasets.concatenate_datasets(trains)
-        if len(trains) > 1 and args.dataset_shuffle:
-            train = train.shuffle(seed=args.data_seed)
-        val = None if not vals else vals[0] if len(vals) == 1 else hf_datasets.concatenate_datasets(vals)
-        phase = _Phase("remote media", train, val)
-        train, val = fetch_remote_media(train, val, args.strict, media.downloads)
-        phase.done(train, val)
-        train, val = check_lengths(args, encoding, loss, media, train, val)
+            # its val rows are scored with its loss (eval_<name>_*) and, pooled, with the run's (eval_*)
+            own = (losses.get(i) or loss).negatives_rule
+            val = with_instructions(val, entry) if val is not None else None
+            parts.append(Part.of(with_instructions(train, entry), val, own, (own, loss.negatives_rule), entry.name))
+        train, val = check_rows(Rows(parts, join=lambda parts: _join(parts, args)), checks).whole()
         train_set = EmbeddingDataset(train)
         val_set = EmbeddingDataset(val) if val is not None else None
         rows = np.bincount(train_set.dataset_ids, minlength=len(entries))
@@ -245,37 +193,6 @@ class TrainingData:
         data.teacher_key, data.teacher_width = data_teacher(args, loss, data.train)
         logger.info("%s", dataset_report(infos, data.train, encoding, losses, loss, sampler))
         return data
-
-
-#: the fewest rows per process of a parallel length check (a pool of processes costs about a second)
-_MIN_ROWS_PER_PROCESS = 5000
-
-
-def check_processes(num_proc: int, rows: int) -> int:
-    """The processes the length check runs in: ``--dataset_num_proc``, fewer for few rows."""
-    return max(1, min(num_proc, rows // _MIN_ROWS_PER_PROCESS))
-
-
-class _Phase:
-    """One phase of reading the data (the trainable check, the remote media, the length check),
-    timed from its creation: ``done(train, val)`` logs the rows it took in, those it removed,
-    and its time (``skip``: the phase had nothing to do)."""
-
-    def __init__(self, name: str, train, val):
-        self.name, self.rows = name, len(train) + (len(val) if val is not None else 0)
-        self.started = time.perf_counter()
-
-    def done(self, train, val, skip: bool = False) -> None:
-        if skip:
-            return
-        left = len(train) + (len(val) if val is not None else 0)
-        removed = f"{self.rows - left} removed (listed above), " if left < self.rows else ""
-        _log_phase(self.name, self.rows, time.perf_counter() - self.started, removed)
-
-
-def _log_phase(name: str, rows: int, seconds: float, removed: str = "", how: str = "") -> None:
-    rate = f", {rows / seconds:,.0f} rows/s" if seconds > 0 and rows else ""
-    logger.info("data: %s: %s rows, %s%.1f s%s%s", name, f"{rows:,}", removed, seconds, rate, f" ({how})" if how else "")
 
 
 def read_once(args: SftArguments, read):
@@ -378,51 +295,28 @@ def load_eval_tasks(args: SftArguments, encoding: Encoding) -> HeldOutTasks | No
 # ----------------------------------------------------------------------------- --dataset_config
 
 
-def infonce_overrides(entry: DatasetEntry, file: str) -> dict[str, Any]:
-    """A dataset's ``infonce`` settings as :class:`~mmembed.losses.InfoNCEConfig` fields, each
-    read as its ``INFONCE_*`` variable's text would be (a null: the variable unset)."""
-    from ..data.dataset_config import INFONCE_KEYS, ConfigError
-    from ..losses import InfoNCEConfig
-
-    by_var = {v: k for k, v in INFONCE_KEYS.items()}
-    out: dict[str, Any] = {}
-    for var, text in entry.infonce.items():
-        name = by_var[var]
-        try:
-            out[name] = getattr(InfoNCEConfig.from_env({var: text}), name)
-        except ValueError as e:
-            raise UsageError(str(ConfigError(file, entry.name, f"infonce.{name}", str(e)))) from None
-    return out
+def dataset_losses(args: SftArguments, entries: list[DatasetEntry]) -> dict[int, EmbeddingLoss]:
+    """The losses of the datasets with loss settings of their own, by index (:func:`make_loss`)."""
+    return {i: make_loss(args, entry) for i, entry in enumerate(entries) if entry.has_loss_settings}
 
 
-def dataset_loss(args: SftArguments, entry: DatasetEntry) -> EmbeddingLoss | None:
-    """The loss of a dataset with loss settings of its own (None without): ``--loss_type``
-    built as :func:`~mmembed.training.model_assembly.make_loss` builds it, with the
-    dataset's ``loss_kwargs`` over ``--loss_kwargs`` and its ``infonce`` settings over both
-    (and over the ``INFONCE_*`` variables, which the loss reads for the settings not given)."""
-    from ..data.dataset_config import ConfigError
-    from ..errors import one_line
-    from ..losses import build_loss
+def _join(parts: list[Part], args: SftArguments) -> tuple[Any, Any]:
+    """``--dataset_config``'s datasets as one: each tagged with its index, concatenated, the
+    training rows shuffled together (``--dataset_shuffle``)."""
+    import datasets as hf_datasets
 
-    if not entry.has_loss_settings:
-        return None
-    file = os.path.abspath(args.dataset_config)
-    infonce = infonce_overrides(entry, file)
-    options = {**(json.loads(args.loss_kwargs) if args.loss_kwargs else {}), **entry.loss_kwargs, **infonce}
-    try:
-        if args.mrl_dims:
-            return build_loss("matryoshka", dims=args.mrl_dims, inner=args.loss_type, **options)
-        return build_loss(args.loss_type, **options)
-    except ValueError as e:
-        text = one_line(e)
-        key = next((f"infonce.{k}" for k in infonce if repr(k) in text), None)
-        key = key or next((f"loss_kwargs.{k}" for k in entry.loss_kwargs if repr(k) in text), "loss_kwargs")
-        raise UsageError(str(ConfigError(file, entry.name, key, f"--loss_type {args.loss_type}: {text}"))) from None
+    trains = [with_dataset_id(p.train, i) for i, p in enumerate(parts)]
+    vals = [with_dataset_id(p.val, i) for i, p in enumerate(parts) if p.val is not None]
+    train = trains[0] if len(trains) == 1 else hf_datasets.concatenate_datasets(trains)
+    if len(trains) > 1 and args.dataset_shuffle:
+        train = train.shuffle(seed=args.data_seed)
+    val = None if not vals else vals[0] if len(vals) == 1 else hf_datasets.concatenate_datasets(vals)
+    return train, val
 
 
 def sample_rows(ds, n: int, seed: int, shuffle: bool, name: str):
     """``sample: N`` over a dataset of several files: N of their rows together, drawn as
-    ms-swift's ``#N`` draws them from one file (:func:`~mmembed.data.dataset.sample_indices`)."""
+    ms-swift's ``#N`` draws them from one file (:func:`~mmembed.data.specs.sample_indices`)."""
     from ..data.specs import sample_indices
 
     if n > len(ds):
@@ -505,252 +399,3 @@ def dataset_report(infos: list[DatasetInfo], train: EmbeddingDataset, encoding: 
         settings = " ".join(repr(losses.get(i, loss)).split())
         lines.append(f"    loss: {settings}" + ("" if i in losses else " (the run's)"))
     return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------- rows that cannot train
-
-#: rows named in a message (file:line); the --strict false list names up to _LISTED
-_NAMED, _LISTED = 5, 50
-
-
-def check_trainable(ds, rule: NegativesRule | None, strict: bool = True, what: str = "train"):
-    """The rows of ``ds`` the loss can learn from, as its ``negatives_rule`` says (None:
-    every row; ``ds`` is returned as it is), checked before the model loads.
-
-    Rows with fewer negatives than the rule asks for are counted and the first few named
-    (``file:line``). None left that can train: a :class:`UsageError`, whatever ``strict`` says.
-    Some: with ``strict=False`` they are skipped and listed like the other skipped rows; with
-    ``strict`` a row the loss would fail on (``rule.breaks``: ``INFONCE_HARD_NEGATIVES`` with
-    nothing to sample) is a :class:`UsageError`, one it merely learns nothing from
-    (``INFONCE_USE_BATCH=false``) is kept, with a warning giving the count.
-    """
-    if rule is None:
-        return ds
-    short = rows_without_negatives(ds, rule)
-    if not short:
-        return ds
-    reason = rule.reason()
-    in_file_order = sorted((source, line) for _, source, line in short)  # the rows may be shuffled
-    first = ", ".join(f"{source}:{line}" for source, line in in_file_order[:_NAMED]) + (", ..." if len(short) > _NAMED else "")
-    rows = "training rows" if what == "train" else f"{what} rows"
-    if len(short) == len(ds):
-        raise UsageError(f"no {rows[:-1]} can train: every one of the {len(ds)} has {reason} ({first}); {rule.fix}")
-    if strict and rule.breaks:
-        raise UsageError(f"{len(short)} of {len(ds)} {rows} have {reason} ({first}); {rule.fix}, or pass --strict false "
-                         "to skip them")
-    if strict:
-        logger.warning("%s: %d of %d rows cannot train: they have %s (%s); they are kept (--strict false skips them); %s",
-                       what, len(short), len(ds), reason, first, rule.fix)
-        return ds
-    listed = "\n".join(f"  {source}:{line}: {reason}" for source, line in in_file_order[:_LISTED])
-    if len(short) > _LISTED:
-        listed += f"\n  ... {len(short) - _LISTED} more"
-    logger.warning("%s: skipped %d of %d row(s) that cannot train (--strict false):\n%s", what, len(short), len(ds),
-                   listed)
-    dropped = {i for i, _, _ in short}
-    return ds.select([i for i in range(len(ds)) if i not in dropped])
-
-
-# ----------------------------------------------------------------------------- remote media
-
-
-def fetch_remote_media(train, val, strict: bool = True, downloads: DownloadSettings | None = None):
-    """Download every http(s) media file of the rows into the media cache now (once; a cached
-    one is not fetched again) with ``downloads`` (the run's settings; None: the environment's),
-    so that a URL that fails does so before training, and steps,
-    epochs and data-loader workers read the cache. Logs one line per download and a summary.
-    A URL that cannot be fetched is an error naming its row, or with ``strict=False`` each row
-    naming it is skipped and listed like the other skipped rows. Returns ``(train, val)``."""
-    from ..encoding import remote
-
-    named = [(what, ds) for what, ds in (("train", train), ("val", val)) if ds is not None]
-
-    def urls(ds):
-        # most rows have no URL: find the stored rows whose JSON holds "://" in Arrow (vectorized,
-        # in storage order: no gather through a shuffle's index), then decode only those, in order
-        import numpy as np
-        import pyarrow.compute as pc
-
-        if "remote" in ds.column_names:  # marked when the rows were parsed
-            stored = np.flatnonzero(ds.data.column("remote").to_numpy(zero_copy_only=False))
-        else:
-            stored = np.flatnonzero(pc.fill_null(pc.match_substring(ds.data.column("sample"), "://"), False)
-                                    .to_numpy(zero_copy_only=False))
-        if not len(stored):
-            return
-        indices = getattr(ds, "_indices", None)
-        rows = stored if indices is None else np.flatnonzero(np.isin(indices.column(0).to_numpy(), stored))
-        for i in rows:
-            for url, where in remote.sample_urls(Sample.from_json(ds[int(i)]["sample"])):
-                yield int(i), url, where
-
-    failed: dict[str, str] | None = None if strict else {}
-    remote.prefetch(((url, where) for _, ds in named for _, url, where in urls(ds)), failed=failed, settings=downloads)
-    if not failed:
-        return train, val
-    kept = {}
-    for what, ds in named:
-        skipped: dict[int, DataError] = {}
-        for i, url, (source, line, fieldname) in urls(ds):
-            if url.strip() in failed and i not in skipped:
-                skipped[i] = DataError(source, line, fieldname,
-                                       f"cannot download ({failed[url.strip()]}): {remote.redact(url)!r}")
-        if skipped:
-            listed = "\n".join(f"  {e}" for e in skipped.values())
-            logger.warning("%s: skipped %d row(s) whose media cannot be downloaded (--strict false):\n%s", what,
-                           len(skipped), listed)
-            ds = ds.select([i for i in range(len(ds)) if i not in skipped])
-        kept[what] = ds
-    return kept.get("train", train), kept.get("val", val)
-
-
-# ----------------------------------------------------------------------------- the length check
-
-
-def check_lengths(args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, media: MediaSettings, train, val):
-    """The length check of the training and eval rows as the run's settings say (a logged
-    phase): with ``--truncation_strategy delete`` the rows over ``--max_length`` go; with
-    ``left`` / ``right`` only the rows with media are measured (they are never cut). Returns
-    ``(train, val)``."""
-    if not (args.truncation_strategy == "delete" or encoding.template.media):
-        return train, val
-    phase = _Phase("length check", train, val)
-    truncate = args.truncation_strategy != "delete"
-    builder = length_builder(encoding, media, args.check_media)
-    train = drop_overlong(train, builder, loss.layout, encoding.max_length,
-                          check_processes(args.dataset_num_proc, len(train)), "train", args.strict, truncate)
-    if val is not None:
-        val = drop_overlong(val, builder, loss.layout, encoding.max_length,
-                            check_processes(args.dataset_num_proc, len(val)), "val", args.strict, truncate)
-    phase.done(train, val)
-    return train, val
-
-
-def length_builder(encoding: Encoding, media: MediaSettings | None = None, check_media: str = "header") -> InputBuilder:
-    """The builder the length check measures with: the student's, encoding rows whole, loading
-    media with ``media`` (the run's settings, as the collator's builder) and counting their
-    tokens as ``check_media`` (``--check_media``) says: from headers, or by decoding them."""
-    return InputBuilder(encoding.template, encoding.processing, encoding.max_length, truncate=False, media=media,
-                        check_media=check_media)
-
-
-def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_proc: int, what: str,
-                  strict: bool = True, truncate: bool = False):
-    """``--truncation_strategy delete``: remove rows with any input over ``max_length`` tokens
-    (media expanded, as the model sees them), and say how many.
-
-    Measuring opens every row's media (their headers, or with the builder's
-    ``check_media="full"`` their pixels too), so a media file that is missing or does not
-    open (or with ``full``, does not decode) is found here, before training: an error naming
-    its row, or with ``strict=False`` the row is skipped and listed like the rows skipped
-    when the data was read.
-
-    With ``truncate`` (``--truncation_strategy left|right``) only the rows with media are
-    measured, for the same reason: their media are opened here (decoded with ``full``) rather
-    than first in the middle of training, and since a row with media is never truncated, one over
-    ``max_length`` is a data error naming it (or, with ``strict=False``, skipped and listed).
-    Text rows are left to be truncated.
-    """
-
-    def lengths_of(samples: list[Sample]) -> list[int]:
-        if not truncate:
-            return token_lengths(samples, builder, layout)
-        media = [i for i, s in enumerate(samples) if any(it.has_media for it in (s.anchor, *s.positives, *s.negatives))]
-        out = [0] * len(samples)
-        for i, n in zip(media, token_lengths([samples[i] for i in media], builder, layout) if media else []):
-            out[i] = n
-            if n > max_length:
-                raise DataError(samples[i].source, samples[i].line, None,
-                                f"{n} tokens with its media, over --max_length {max_length}; a row with media is not "
-                                "truncated (that would cut its media tokens): raise --max_length, lower MAX_PIXELS, or "
-                                "use --truncation_strategy delete")
-        return out
-
-    mapped = frozenset(f["filename"] for f in ds.cache_files)
-    batches = [0]
-
-    def measure(batch: dict[str, list]) -> dict[str, list]:
-        batches[0] += 1
-        if batches[0] % 4 == 0:  # the cache pages read so far leave this process's resident set
-            release_mapped(mapped)
-        if not truncate:  # text-only rows without a Sample object each (None: the general path)
-            fast = json_text_lengths(builder, batch["sample"], layout)
-            if fast is not None:
-                return {"n_tokens": fast, "load_error": [""] * len(fast)}
-        samples = [Sample.from_json(s) for s in batch["sample"]]
-        try:
-            return {"n_tokens": lengths_of(samples), "load_error": [""] * len(samples)}
-        except DataError:
-            if strict:
-                raise
-        lengths, errors = [], []
-        for sample in samples:  # one at a time, to find the rows that fail
-            try:
-                lengths.append(lengths_of([sample])[0])
-                errors.append("")
-            except DataError as e:
-                lengths.append(0)
-                errors.append(json.dumps([e.source, e.line, e.field, e.reason], ensure_ascii=False))
-        return {"n_tokens": lengths, "load_error": errors}
-
-    import datasets
-
-    # only the two new columns are written (not another copy of the rows). A result kept from
-    # an earlier run is reused only when no row could be skipped (strict): a skip recorded
-    # for a media file since mended would otherwise drop its row for good.
-    features = datasets.Features({"n_tokens": datasets.Value("int64"), "load_error": datasets.Value("string")})
-    # the rows are measured in the cache's order (a shuffled set's batch would gather its rows from
-    # all over the cache: a page read per row), then put back in the set's order
-    order = None if getattr(ds, "_indices", None) is None else np.argsort(ds._indices.column(0).to_numpy(), kind="stable")
-    stored = ds if order is None else ds.select(order, keep_in_memory=True)
-    with shared_heap(num_proc > 1):
-        measured = stored.map(measure, batched=True, num_proc=num_proc if num_proc > 1 else None, features=features,
-                              remove_columns=ds.column_names, desc=f"length check ({what})",
-                              new_fingerprint=length_check_fingerprint(ds, builder, layout, strict)
-                              + ("-media" if truncate else ""), load_from_cache_file=strict)
-    columns = measured[:]  # both columns as lists at once (a column of `datasets` 5 is read row by row)
-    lengths, errors = columns["n_tokens"], columns["load_error"]
-    if order is not None:  # stored row k is the set's row order[k]
-        back = np.empty_like(order)
-        back[order] = np.arange(len(order))
-        back = back.tolist()
-        lengths, errors = [lengths[k] for k in back], [errors[k] for k in back]
-    skipped = [DataError(*json.loads(e)) for e in errors if e]
-    if skipped:
-        listed = "\n".join(f"  {e}" for e in skipped)
-        logger.warning("%s: skipped %d row(s) whose media cannot be loaded%s (--strict false):\n%s", what,
-                       len(skipped), " or are over --max_length with them" if truncate else "", listed)
-    keep = [i for i, (n, e) in enumerate(zip(lengths, errors)) if not e and n <= max_length]
-    dropped = len(ds) - len(skipped) - len(keep)
-    if dropped:
-        logger.warning(
-            "%s: %d of %d rows are longer than --max_length %d tokens and were deleted (--truncation_strategy delete; "
-            "use left/right to truncate them instead)", what, dropped, len(ds), max_length,
-        )
-    return ds.select(keep) if len(keep) < len(ds) else ds
-
-
-def length_check_fingerprint(ds, builder: InputBuilder, layout: str, strict: bool) -> str:
-    """The name of the length check's result among ``datasets``' cache files: the rows (their
-    fingerprint), the template, the tokenizer's files, ``max_length``, the batch layout, the
-    builder's media budget and how it counts media (``--check_media``). Given explicitly,
-    because ``datasets`` would otherwise name it by pickling the measuring function with
-    everything it holds, the tokenizer included: about
-    10 seconds for a Qwen tokenizer of 151k tokens, on every run."""
-    import hashlib
-
-    h = hashlib.sha256()
-    tokenizer = builder.tokenizer
-    folder = getattr(tokenizer, "name_or_path", "") or ""
-    for part in ("stored-order", ds._fingerprint, repr(builder.template), type(tokenizer).__name__, folder, len(tokenizer),
-                 builder.max_length, builder.truncate, builder.truncation_side, layout, strict,
-                 repr(builder.media_settings().budget), type(builder.processor).__name__,
-                 getattr(builder, "check_media", "full")):
-        h.update(repr(part).encode("utf-8") + b"\0")
-    if os.path.isdir(folder):  # the files the tokenizer and processor were read from
-        for name in sorted(os.listdir(folder)):
-            if name.startswith(("tokenizer", "vocab", "merges", "special_tokens", "added_tokens", "chat_template",
-                                "preprocessor", "processor", "video_preprocessor")):
-                with open(os.path.join(folder, name), "rb") as f:
-                    h.update(name.encode("utf-8") + hashlib.sha256(f.read()).digest())
-    return h.hexdigest()[:32]

@@ -383,6 +383,7 @@ def check_dataset_config(args: SftArguments) -> None:
     its datasets kept as ``args.dataset_entries`` (empty without it); the flags it replaces
     are refused beside it. ``--eval_beir`` is checked here too (its ``name=folder`` pairs)."""
     from ..data.dataset_config import ConfigError, read_dataset_config
+    from ..losses.config import infonce_keys
 
     args.dataset_entries = []
     beir_pairs(args.eval_beir)
@@ -402,7 +403,7 @@ def check_dataset_config(args: SftArguments) -> None:
         raise UsageError(f"{' '.join(files)} cannot be used with --dataset_config (they align with --dataset's "
                          "files); give the teacher's signals in the rows, or use --dataset")
     try:
-        args.dataset_entries = read_dataset_config(args.dataset_config)
+        args.dataset_entries = read_dataset_config(args.dataset_config, check_infonce=infonce_keys)
     except ConfigError as e:
         raise UsageError(str(e)) from None
     for flag, task in (("--eval_sts", "sts"), ("--eval_beir", "beir")):  # eval_<task>_* would mean both

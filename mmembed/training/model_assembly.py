@@ -12,15 +12,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from ..data.dataset_config import ConfigError, DatasetEntry
 from ..data.teacher import SIGNALS
 from ..encoding.inputs import InputBuilder
 from ..encoding.templates import Template, get_template
 from ..errors import one_line
 from ..losses import EmbeddingLoss, Setup, build_loss
+from ..losses.config import infonce_values
 from ..model.embedding import (
     EmbeddingModel,
     default_max_length,
@@ -293,17 +296,34 @@ def build_model(args: SftArguments, template: Template, pooling: str) -> Embeddi
 # ----------------------------------------------------------------------------- the loss and its side models
 
 
-def make_loss(args: SftArguments) -> EmbeddingLoss:
+def make_loss(args: SftArguments, dataset: DatasetEntry | None = None) -> EmbeddingLoss:
     """The loss named by ``--loss_type`` with ``--loss_kwargs``, wrapped in Matryoshka when
-    ``--mrl_dims`` is given."""
+    ``--mrl_dims`` is given. For a ``--dataset_config`` dataset with loss settings of its own
+    (``dataset``): its ``loss_kwargs`` over ``--loss_kwargs`` and its ``infonce`` settings
+    (:func:`~mmembed.losses.config.infonce_values`, parsed from their values) over both; the
+    ``INFONCE_*`` variables give the settings none of them gives. A bad value is a usage error
+    naming the flag, or the file, the dataset and the key."""
     options = json.loads(args.loss_kwargs) if args.loss_kwargs else {}
+    infonce: dict[str, Any] = {}
+    if dataset is not None:
+        file = os.path.abspath(args.dataset_config)
+        try:
+            infonce = infonce_values(dataset.infonce, file, dataset.name)
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
+        options = {**options, **dataset.loss_kwargs, **infonce}
     try:
         if args.mrl_dims:
             return build_loss("matryoshka", dims=args.mrl_dims, inner=args.loss_type, **options)
         return build_loss(args.loss_type, **options)
     except ValueError as e:  # an unknown key or a bad value (the INFONCE_* variables are checked before)
-        flag = f"--loss_kwargs {args.loss_kwargs!r}" if options else f"--loss_type {args.loss_type}"
-        raise UsageError(f"{flag}: {one_line(e)}") from None
+        text = one_line(e)
+        if dataset is None:
+            flag = f"--loss_kwargs {args.loss_kwargs!r}" if options else f"--loss_type {args.loss_type}"
+            raise UsageError(f"{flag}: {text}") from None
+        key = next((f"infonce.{k}" for k in infonce if repr(k) in text), None)
+        key = key or next((f"loss_kwargs.{k}" for k in dataset.loss_kwargs if repr(k) in text), "loss_kwargs")
+        raise UsageError(str(ConfigError(file, dataset.name, key, f"--loss_type {args.loss_type}: {text}"))) from None
 
 
 @dataclasses.dataclass

@@ -5,8 +5,9 @@ data, side models, model, collator), train, save, and return the metrics.
 What each step builds lives in a module of its own: :mod:`~mmembed.training.preflight` (the
 up-front checks), :mod:`~mmembed.training.run_folder` (the output folder and resuming),
 :mod:`~mmembed.training.model_assembly` (encoding, model, loss, side models) and
-:mod:`~mmembed.training.data_assembly` (rows, remote media, the length check, teacher
-signals, held-out tasks).
+:mod:`~mmembed.training.data_assembly` (the rows of each source, checked by
+:mod:`~mmembed.training.row_checks`: remote media, the length check; teacher signals,
+held-out tasks).
 """
 
 from __future__ import annotations

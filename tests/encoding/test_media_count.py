@@ -28,7 +28,7 @@ from mmembed.encoding import measure
 from mmembed.encoding.inputs import InputBuilder
 from mmembed.encoding.media import MediaBudget, MediaSettings
 from mmembed.encoding.templates import get_template
-from mmembed.training.data_assembly import drop_overlong, length_check_fingerprint
+from mmembed.training.length_check import drop_overlong, length_check_fingerprint
 
 TEMPLATES = {"qwen2_vl": "qwen2_gme", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl_emb"}
 

@@ -19,7 +19,9 @@ from mmembed.encoding.media import MediaBudget, MediaSettings
 from mmembed.encoding.remote import DownloadSettings
 from mmembed.encoding.templates import get_template
 from mmembed.errors import UsageError
-from mmembed.training.data_assembly import check_drop_last, drop_overlong, fetch_remote_media, length_check_fingerprint
+from mmembed.training.data_assembly import check_drop_last
+from mmembed.training.length_check import drop_overlong, length_check_fingerprint
+from mmembed.training.row_checks import fetch_remote_media
 
 Q = {"query": "a man plays a flute", "response": "someone plays a flute"}
 

@@ -67,10 +67,13 @@ def write_config(path, datasets, as_json=False) -> str:
     ({"name": "a", "path": "hn.jsonl", "val": ["nope.jsonl"]}, "val", "no such file"),
 ], ids=["unknown", "path", "weight", "sample", "infonce-key", "system", "name", "val"])
 def test_a_bad_entry_is_one_error_naming_the_file_the_dataset_and_the_key(data, tmp_path, entry, key, words):
+    """(The ``infonce`` keys are the loss's: checked by the function training passes.)"""
+    from mmembed.losses.config import infonce_keys
+
     cfg = write_config(data / f"bad_{key.replace('.', '_')}.yaml",
                        [{"name": "good", "path": "pairs.jsonl"}, entry])
     with pytest.raises(ConfigError) as e:
-        read_dataset_config(cfg)
+        read_dataset_config(cfg, check_infonce=infonce_keys)
     msg = str(e.value)
     assert cfg in msg and f"dataset {entry['name']}" in msg and f"key '{key}'" in msg and words in msg, msg
     assert e.value.file == cfg and e.value.dataset == entry["name"] and e.value.key == key
@@ -98,7 +101,10 @@ def test_entries_read_as_written_relative_to_the_file(data):
     ])
     hn, pairs = read_dataset_config(cfg)
     assert hn.paths == [str(data / "hn.jsonl")] and hn.val == [str(data / "hn_val.jsonl")] and hn.weight == 3.0
-    assert hn.infonce == {"INFONCE_USE_BATCH": "false", "INFONCE_HARD_NEGATIVES": "2", "INFONCE_TEMPERATURE": "0.02"}
+    assert hn.infonce == {"use_batch": False, "INFONCE_HARD_NEGATIVES": 2, "temperature": 0.02}  # as written
+    from mmembed.losses.config import infonce_values
+
+    assert infonce_values(hn.infonce) == {"use_batch": False, "hard_negatives": 2, "temperature": 0.02}
     assert (hn.query_system, hn.document_system) == ("Q", "D") and hn.specs() == [str(data / "hn.jsonl")]
     assert pairs.paths == [str(data / "pairs.jsonl"), str(data / "own.jsonl")] and pairs.weight == 1.0
     assert not pairs.has_loss_settings and hn.has_loss_settings
@@ -272,7 +278,7 @@ def test_per_dataset_settings_precede_loss_kwargs_and_variables(minilm_path, dat
     """Order of precedence: a dataset's infonce > its loss_kwargs > --loss_kwargs > INFONCE_*;
     a dataset without settings has the run's loss; a bad value names the dataset and key."""
     from mmembed.losses import InfoNCEConfig
-    from mmembed.training.data_assembly import dataset_loss
+    from mmembed.training.data_assembly import dataset_losses
 
     monkeypatch.setenv("INFONCE_TEMPERATURE", "0.3")
     monkeypatch.setenv("INFONCE_USE_BATCH", "false")
@@ -284,7 +290,8 @@ def test_per_dataset_settings_precede_loss_kwargs_and_variables(minilm_path, dat
     ])
     args = parse_sft_args(_argv(minilm_path, "--dataset_config", cfg, "--output_dir", str(tmp_path),
                                 "--loss_kwargs", '{"temperature": 0.05, "hard_negatives": 2}'))
-    a, b, c, d = (dataset_loss(args, e) for e in args.dataset_entries)
+    losses = dataset_losses(args, args.dataset_entries)
+    a, b, c, d = (losses.get(i) for i in range(4))
     a, b, d = a.config, b.config, d.config
     assert (a.temperature, a.hard_negatives, a.use_batch) == (0.02, 2, False)
     assert (b.temperature, b.hard_negatives, b.use_batch) == (0.05, 1, False)
@@ -294,11 +301,11 @@ def test_per_dataset_settings_precede_loss_kwargs_and_variables(minilm_path, dat
     bad = write_config(data / "prec_bad.yaml", [{"name": "z", "path": "hn.jsonl", "infonce": {"temperature": "hot"}}])
     args = parse_sft_args(_argv(minilm_path, "--dataset_config", bad, "--output_dir", str(tmp_path)))
     with pytest.raises(UsageError, match=r"prec_bad.yaml: dataset z, key 'infonce.temperature': INFONCE_TEMPERATURE"):
-        dataset_loss(args, args.dataset_entries[0])
+        dataset_losses(args, args.dataset_entries)
     other = write_config(data / "prec_kw.yaml", [{"name": "z", "path": "pairs.jsonl", "loss_kwargs": {"margin": 1}}])
     args = parse_sft_args(_argv(minilm_path, "--dataset_config", other, "--output_dir", str(tmp_path)))
     with pytest.raises(UsageError, match=r"dataset z, key 'loss_kwargs.margin'"):
-        dataset_loss(args, args.dataset_entries[0])
+        dataset_losses(args, args.dataset_entries)
 
 
 def test_expected_shares_and_metric_names(minilm_path, data, tmp_path):
