@@ -22,6 +22,8 @@ from importlib.resources import files
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SchedulerType
 
+from ..environment import export
+from ..environment import read as read_environment
 from ..errors import ArgumentParser, UsageError, one_line
 
 __all__ = ["SftArguments", "UsageError", "parse_sft_args"]
@@ -210,7 +212,7 @@ class SftArguments(TrainingArguments):
         if self.learning_rate is None:
             self.learning_rate = 1e-4 if self.tuner_type == "lora" else 1e-5
         if self.gradient_accumulation_steps is None:
-            world = int(os.environ.get("WORLD_SIZE", "1"))
+            world = read_environment().launch.processes
             self.gradient_accumulation_steps = default_gradient_accumulation(self.per_device_train_batch_size, world)
         if self.warmup_ratio is not None:  # transformers 5 folded warmup_ratio into a fractional warmup_steps
             if self.warmup_steps:
@@ -247,7 +249,7 @@ class SftArguments(TrainingArguments):
             _check_deepspeed_json(self.deepspeed)
         self.deepspeed = _honour_optimizer_under_offload(self.deepspeed, str(getattr(self.optim, "value", self.optim)))
         if self.deepspeed:
-            one_process_group_env(os.environ)
+            one_process_group_env()
         self.device_defaults = device_defaults(self, _has_accelerator())
         if not _has_accelerator():
             # without use_cpu, accelerate starts the process group under torchrun but then treats
@@ -531,7 +533,7 @@ def _check_swift_flags(args: SftArguments) -> None:
             raise UsageError(f"--target_regex {args.target_regex!r} is not a regular expression ({e})") from None
     if args.max_pixels is not None:
         # the run's media settings take the flag for MAX_PIXELS (mmembed.training.preflight.media_settings)
-        env = os.environ.get("MAX_PIXELS")
+        env = read_environment().get("MAX_PIXELS")
         if env is not None and env.strip() and env.strip() != str(args.max_pixels):
             logging.getLogger("mmembed").warning("--max_pixels %d wins over MAX_PIXELS=%s", args.max_pixels, env)
     # the training rows' sampler (mmembed.training.samplers); its checks against the data come when the data is read
@@ -702,21 +704,20 @@ def _honour_optimizer_under_offload(deepspeed, optim: str):
     return {**config, "zero_force_ds_cpu_optimizer": False}
 
 
-def one_process_group_env(environ) -> bool:
+def one_process_group_env() -> bool:
     """A single process under DeepSpeed (no torchrun) gets the variables torchrun would give
     it (rank 0 of 1, a free local port). Without them DeepSpeed looks for an MPI launcher and
     fails with "No module named 'mpi4py'"; ms-swift starts torchrun even for one process.
     Returns whether anything was set; a process started by a launcher is left alone."""
-    if any(k in environ for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")):
+    if read_environment().launch.in_process_group:
         return False
     import socket
 
     with socket.socket() as s:  # the port is picked here and bound by the process group moments later
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
-    environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    environ.setdefault("MASTER_PORT", str(port))
+    export({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"},
+           defaults={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     return True
 
 
@@ -747,7 +748,7 @@ def device_defaults(args: SftArguments, cuda: bool) -> list[str]:
     if args.dataloader_num_workers is None:
         workers = 0
         if cuda:
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+            local = read_environment().launch.local_processes
             workers = max(0, min(4, (os.cpu_count() or 1) // max(local, 1) - 1))
         choose("dataloader_num_workers", workers)
         if workers and args.dataloader_prefetch_factor is None:

@@ -18,10 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..encoding.collator import EmbeddingCollator
 from ..encoding.templates import template_config
+from ..environment import Environment
+from ..environment import read as read_environment
 from ..losses import EmbeddingLoss
 from ..model.embedding import hidden_size
 from .arguments import SftArguments, check_side_flags
 from .charts import TrainingCharts, eval_similarities
+from .checkpoints import arm_test_hooks
 from .data_assembly import TrainingData, check_drop_last, load_eval_tasks, read_once
 from .model_assembly import (
     Encoding,
@@ -44,13 +47,16 @@ if TYPE_CHECKING:  # the media loader is imported at the first row with media (q
 logger = logging.getLogger("mmembed")
 
 
-def run_sft(args: SftArguments) -> dict[str, Any]:
+def run_sft(args: SftArguments, environment: Environment | None = None) -> dict[str, Any]:
     """Train as ``args`` say; returns the final metrics and the last checkpoint path (the
-    checkpoint this run wrote at its last step)."""
+    checkpoint this run wrote at its last step). ``environment``: the variables the run
+    follows (None: read now, once: every part of the run gets them from here)."""
     from transformers import set_seed
 
+    environment = read_environment(environment)
+    arm_test_hooks(environment.test_hooks)
     set_seed(args.seed)
-    media = check_settings(args)
+    media = check_settings(args, environment)
     resume = resume_checkpoint(args)
     prepare_output_dir(args, resume)
     trainer = build_trainer(args, media)
