@@ -302,7 +302,8 @@ def test_for_children(monkeypatch):
 
 def test_export(monkeypatch):
     for name in ("MMEMBED_X_ONE", "MMEMBED_X_TWO"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # so that monkeypatch removes them afterwards
+        monkeypatch.delenv(name)
     monkeypatch.setenv("MMEMBED_X_THREE", "kept")
     export({"MMEMBED_X_ONE": "1"}, defaults={"MMEMBED_X_TWO": "2", "MMEMBED_X_THREE": "3"})
     assert (os.environ["MMEMBED_X_ONE"], os.environ["MMEMBED_X_TWO"], os.environ["MMEMBED_X_THREE"]) == ("1", "2", "kept")
@@ -312,7 +313,8 @@ def test_one_process_group_env_goes_through_the_module(monkeypatch):
     from mmembed.training.arguments import one_process_group_env
 
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # so that monkeypatch puts back (or removes) what the call sets
+        monkeypatch.delenv(name)
     monkeypatch.setenv("MASTER_ADDR", "10.1.1.1")
     assert one_process_group_env()
     launch = read().launch
