@@ -49,8 +49,10 @@ logger = logging.getLogger("mmembed")
 
 def run_sft(args: SftArguments, environment: Environment | None = None) -> dict[str, Any]:
     """Train as ``args`` say; returns the final metrics and the last checkpoint path (the
-    checkpoint this run wrote at its last step). ``environment``: the variables the run
-    follows (None: read now, once: every part of the run gets them from here)."""
+    checkpoint this run wrote at its last step). ``environment``: the variables as the
+    run reads them at its start (None: read now): the up-front checks, the media settings and
+    the test hooks come from it (the loss and the data reader, library functions, read theirs
+    through :mod:`mmembed.environment` when they are built)."""
     from transformers import set_seed
 
     environment = read_environment(environment)
