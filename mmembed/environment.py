@@ -352,21 +352,21 @@ def read(environ: EnvironmentLike = None) -> Environment:
 # ----------------------------------------------------------------------------- writing
 
 
-def export(values: Mapping[str, str] = {}, defaults: Mapping[str, str] = {}) -> None:  # noqa: B006 (never changed)
+def export(values: Mapping[str, str], defaults: Mapping[str, str] | None = None) -> None:
     """Set variables in this process's environment, for the libraries that read them here
     (torch.distributed, DeepSpeed) and the children it starts: ``values`` always, ``defaults``
     where unset."""
     os.environ.update(values)
-    for name, value in defaults.items():
+    for name, value in (defaults or {}).items():
         os.environ.setdefault(name, value)
 
 
-def for_children(*, debug: bool = False, defaults: Mapping[str, str] = {}) -> dict[str, str]:  # noqa: B006
+def for_children(*, debug: bool = False, defaults: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment a child process starts with (``mmembed sft`` relaunched under
     torchrun): this process's, ``defaults`` where unset, and ``MMEMBED_DEBUG=1`` when
     ``debug`` (``--debug true``), so the children show their tracebacks too."""
     env = dict(os.environ)
-    for name, value in defaults.items():
+    for name, value in (defaults or {}).items():
         env.setdefault(name, value)
     if debug:
         env["MMEMBED_DEBUG"] = "1"
