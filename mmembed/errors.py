@@ -9,10 +9,6 @@ transformers), so every layer may raise :class:`UsageError`.
 from __future__ import annotations
 
 import argparse
-import math
-import os
-from collections.abc import Mapping
-from typing import Any
 
 _TRUE = ("1", "true", "yes", "y", "on")
 _FALSE = ("0", "false", "no", "n", "off", "")
@@ -48,13 +44,17 @@ def parse_bool(flag: str, text: str) -> bool:
     raise UsageError(f"{flag} must be true or false (or 1/0), got {text!r}")
 
 
-def take_debug(argv: list[str]) -> tuple[list[str], bool]:
+def take_debug(argv: list[str], debug: bool | None = None) -> tuple[list[str], bool]:
     """``--debug [true|false]`` taken out of ``argv``, for every command; with it (or
-    ``MMEMBED_DEBUG=1``) an error shows its traceback instead of one line. A value that is
+    ``MMEMBED_DEBUG=1``: ``debug``, read from the environment when None) an error shows its
+    traceback instead of one line. A value that is
     not a boolean (transformers' ``--debug underflow_overflow``) is left for the command's
     parser."""
     rest: list[str] = []
-    debug = parse_bool("MMEMBED_DEBUG", os.environ.get("MMEMBED_DEBUG", ""))
+    if debug is None:
+        from .environment import read
+
+        debug = read().debug
     i = 0
     while i < len(argv):
         token = argv[i]
@@ -71,20 +71,3 @@ def take_debug(argv: list[str]) -> tuple[list[str], bool]:
         debug = True if value is None else parse_bool("--debug", value)
         i += 1 if eq or value is None else 2
     return rest, debug
-
-
-def env_number(environ: Mapping[str, str], name: str, kind: type, positive: bool = False) -> Any:
-    """The variable ``name`` as a number of ``kind`` (``int`` or ``float``), None when unset or
-    blank; a ValueError naming it and its value unless it is a finite number ``>= 0`` (``> 0``
-    when ``positive``)."""
-    value = environ.get(name)
-    if value is None or not value.strip():
-        return None
-    allowed = "a number > 0" if positive else "a number >= 0"
-    try:
-        number = kind(float(value)) if kind is int else kind(value)
-    except (ValueError, OverflowError):  # int(float("inf")) overflows
-        raise ValueError(f"environment variable {name}={value!r} is not a number; use {allowed}") from None
-    if number < 0 or (positive and number == 0) or (kind is float and not math.isfinite(number)):
-        raise ValueError(f"environment variable {name}={value!r} must be {allowed}")
-    return number

@@ -30,9 +30,10 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
+from ..environment import read as read_environment
 from .formats import iter_rows_or_errors
 from .labels import LabelRule
-from .paths import ROOT_IMAGE_DIR, MediaFileError
+from .paths import MediaFileError
 from .rows import parse_row
 from .sample import DataError, Sample
 from .specs import SpecError, data_files, draw_seed, parse_spec, sample_and_split
@@ -328,7 +329,7 @@ def _load_files(
         n = min(num_proc, max(1, st.st_size // _MIN_SHARD_BYTES)) if path.lower().endswith(".jsonl") else 1
         shards += [(path, st.st_mtime_ns, st.st_size, i, n) for i in range(n)]
     gen_kwargs = {"shards": shards, "strict": strict, "verify_images": verify_images, "version": _CACHE_VERSION,
-                  "work_dir": os.getcwd(), "root_image_dir": os.environ.get(ROOT_IMAGE_DIR, ""), "columns": columns,
+                  "work_dir": os.getcwd(), "root_image_dir": read_environment().data.root_image_dir, "columns": columns,
                   "label_rule": label_rule.as_dict() if label_rule else None,
                   "media_kinds": tuple(sorted(media_kinds)) if media_kinds is not None else None}
     started = time.time()

@@ -35,6 +35,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 from urllib.request import url2pathname
 
+from ..environment import read as read_environment
 from .sample import MEDIA_KINDS, DataError, json_type
 
 __all__ = [
@@ -226,7 +227,7 @@ def _relative(path: str, kind: str, fieldname: str, ctx: RowContext) -> tuple[st
     folder) and as a data file travels with its media (against its folder): the candidate that
     exists. Two that exist as different files: an error naming both."""
     work_dir = ctx.work_dir or os.getcwd()
-    root = ctx.root_image_dir if ctx.root_image_dir is not None else os.environ.get(ROOT_IMAGE_DIR, "")
+    root = ctx.root_image_dir if ctx.root_image_dir is not None else read_environment().data.root_image_dir
     places = [(work_dir, "working directory")]
     if root:
         places.append((os.path.expanduser(root), f"{ROOT_IMAGE_DIR}={root}"))

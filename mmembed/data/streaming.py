@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
+from ..environment import read as read_environment
 from .dataset import _CACHE_VERSION, _generate
 from .labels import LabelRule
-from .paths import ROOT_IMAGE_DIR, MediaFileError
+from .paths import MediaFileError
 from .sample import DataError, Sample
 from .specs import data_files, draw_seed, parse_spec
 
@@ -55,7 +56,7 @@ def stream_samples(specs: list[str], *, strict: bool, seed: int | None, shuffle:
         shards = list((f, os.stat(f).st_mtime_ns, os.stat(f).st_size, 0, 1) for f in files)
         part = datasets.IterableDataset.from_generator(
             _generate, gen_kwargs={"shards": shards, "strict": strict, "verify_images": True, "version": _CACHE_VERSION,
-                                   "work_dir": os.getcwd(), "root_image_dir": os.environ.get(ROOT_IMAGE_DIR, ""),
+                                   "work_dir": os.getcwd(), "root_image_dir": read_environment().data.root_image_dir,
                                    "columns": columns,
                                    "label_rule": label_rule.as_dict() if label_rule else None,
                                    "media_kinds": tuple(sorted(media_kinds)) if media_kinds is not None else None})

@@ -67,7 +67,7 @@ import io
 import math
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, unquote_to_bytes, urlparse
@@ -80,7 +80,7 @@ from qwen_vl_utils import vision_process as qvu
 
 from ..data.paths import SCHEME_RE, MediaFileError
 from ..data.sample import Origin
-from ..errors import env_number
+from ..environment import EnvironmentLike, MediaVariables, read
 from . import remote
 from .remote import HTTP_TIMEOUT, DownloadSettings
 
@@ -131,28 +131,24 @@ class MediaBudget:
                              "set MIN_PIXELS below MAX_PIXELS")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> MediaBudget:
-        """The budget the environment asks for now (``os.environ`` unless ``environ``)."""
-        env = os.environ if environ is None else environ
-        reader = (env.get("FORCE_QWENVL_VIDEO_READER") or "").strip().lower() or None
-        if reader in ("av", "torchvision"):  # torchvision's reader is PyAV underneath
-            reader = "pyav"
-        fps = env_number(env, "FPS", float, positive=True)
-        min_frames = env_number(env, "FPS_MIN_FRAMES", int)
-        max_frames = env_number(env, "FPS_MAX_FRAMES", int)
-        if min_frames is not None and max_frames is not None and min_frames > max_frames:
-            raise ValueError(f"FPS_MIN_FRAMES={min_frames} is above FPS_MAX_FRAMES={max_frames}; the minimum must not "
-                             "exceed the maximum")
+    def from_env(cls, environ: EnvironmentLike = None) -> MediaBudget:
+        """The budget the environment asks for now (``os.environ`` unless ``environ``: a
+        mapping or an :class:`~mmembed.environment.Environment`)."""
+        return cls.from_variables(read(environ).media)
+
+    @classmethod
+    def from_variables(cls, media: MediaVariables) -> MediaBudget:
+        """The budget of the parsed media variables (unset ones: qwen-vl-utils' defaults)."""
         return cls(
-            max_pixels=env_number(env, "MAX_PIXELS", int, positive=True),
-            min_pixels=env_number(env, "MIN_PIXELS", int),
-            video_max_pixels=env_number(env, "VIDEO_MAX_PIXELS", int, positive=True),
-            video_min_pixels=env_number(env, "VIDEO_MIN_PIXELS", int),
-            video_total_pixels=env_number(env, "VIDEO_TOTAL_PIXELS", int, positive=True),
-            fps=qvu.FPS if fps is None else fps,
-            fps_min_frames=qvu.FPS_MIN_FRAMES if min_frames is None else min_frames,
-            fps_max_frames=qvu.FPS_MAX_FRAMES if max_frames is None else max_frames,
-            video_reader=reader,
+            max_pixels=media.max_pixels,
+            min_pixels=media.min_pixels,
+            video_max_pixels=media.video_max_pixels,
+            video_min_pixels=media.video_min_pixels,
+            video_total_pixels=media.video_total_pixels,
+            fps=qvu.FPS if media.fps is None else media.fps,
+            fps_min_frames=qvu.FPS_MIN_FRAMES if media.fps_min_frames is None else media.fps_min_frames,
+            fps_max_frames=qvu.FPS_MAX_FRAMES if media.fps_max_frames is None else media.fps_max_frames,
+            video_reader=media.video_reader,
         )
 
     def image_tokens(self, factor: int) -> tuple[int, int]:
@@ -197,15 +193,16 @@ class MediaSettings:
     downloads: DownloadSettings = field(default_factory=DownloadSettings)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, *, max_pixels: int | None = None,
+    def from_env(cls, environ: EnvironmentLike = None, *, max_pixels: int | None = None,
                  offline: bool = False) -> MediaSettings:
         """The settings of ms-swift's media variables and mmembed's download variables in
-        ``environ`` (default ``os.environ``). A command's flags take their variable's place:
+        ``environ`` (default ``os.environ``; a mapping or an
+        :class:`~mmembed.environment.Environment`). A command's flags take their variable's place:
         ``max_pixels`` (``--max_pixels``) that of ``MAX_PIXELS``, ``offline`` (``--offline
         true``) that of ``MMEMBED_OFFLINE=1``. A malformed variable is a ValueError naming it."""
-        env = os.environ if environ is None else environ
+        env = read(environ)
         if max_pixels is not None:
-            env = {**env, "MAX_PIXELS": str(max_pixels)}
+            env = env.with_values(MAX_PIXELS=str(max_pixels))
         return cls(MediaBudget.from_env(env), DownloadSettings.from_env(env, offline=offline))
 
 

@@ -49,7 +49,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
@@ -60,7 +60,7 @@ except ImportError:  # Windows: no lock between processes (a race costs a second
     fcntl = None
 
 from ..data.sample import Origin, Sample
-from ..errors import env_number
+from ..environment import DownloadVariables, EnvironmentLike, media_cache_folder, read
 
 __all__ = [
     "HTTP_TIMEOUT", "MAX_BYTES", "DownloadSettings", "Tally", "cache_dir", "cache_path", "fetch", "is_url", "prefetch",
@@ -83,8 +83,6 @@ _CHUNK = 1 << 16
 _PREFETCH_THREADS = 8
 _URL_RE = re.compile(r"(?i)^https?://")
 _SUFFIX_RE = re.compile(r"\.[A-Za-z0-9]{1,8}$")
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
 
 
 def is_url(ref: object) -> bool:
@@ -109,15 +107,10 @@ def redact(url: str) -> str:
 # ----------------------------------------------------------------------------- settings
 
 
-def cache_dir(environ: Mapping[str, str] | None = None) -> str:
+def cache_dir(environ: EnvironmentLike = None) -> str:
     """The folder of cached downloads (``MMEMBED_MEDIA_CACHE``, else ``~/.cache/mmembed/media``)
     as ``environ`` (default ``os.environ``) names it."""
-    env = os.environ if environ is None else environ
-    folder = env.get(CACHE_ENV, "").strip()
-    if not folder:
-        base = env.get("XDG_CACHE_HOME", "").strip() or os.path.join("~", ".cache")
-        folder = os.path.join(base, "mmembed", "media")
-    return os.path.abspath(os.path.expanduser(folder))
+    return media_cache_folder(read(environ).variables)
 
 
 @dataclass(frozen=True)
@@ -135,27 +128,23 @@ class DownloadSettings:
     timeout: float = HTTP_TIMEOUT
     max_bytes: int = MAX_BYTES
     offline: str = ""
-    cache: str = field(default_factory=lambda: cache_dir({}))
+    cache: str = field(default_factory=lambda: media_cache_folder({}))
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, *, offline: bool = False) -> DownloadSettings:
-        """The settings ``environ`` (default ``os.environ``) asks for; ``offline`` (a command's
+    def from_env(cls, environ: EnvironmentLike = None, *, offline: bool = False) -> DownloadSettings:
+        """The settings ``environ`` (default ``os.environ``; a mapping or an
+        :class:`~mmembed.environment.Environment`) asks for; ``offline`` (a command's
         ``--offline true``) switches downloads off as ``MMEMBED_OFFLINE=1`` does. A malformed
         variable is a ValueError naming it and its value (a switch too, which would otherwise be
         taken as off)."""
-        env = os.environ if environ is None else environ
-        timeout = env_number(env, TIMEOUT_ENV, float, positive=True)
-        limit = env_number(env, MAX_BYTES_ENV, int, positive=True)
-        switches = {}
-        for name in (OFFLINE_ENV, "HF_HUB_OFFLINE"):
-            value = env.get(name)
-            if value is not None and value.strip().lower() not in _TRUE + _FALSE:
-                raise ValueError(f"environment variable {name}={value!r} must be true or false (1/0, yes/no, on/off)")
-            switches[name] = "1" if offline and name == OFFLINE_ENV else value
-        on = " and ".join(f"{name}={value}" for name, value in switches.items()
-                          if value is not None and value.strip().lower() in _TRUE)
-        return cls(HTTP_TIMEOUT if timeout is None else timeout, MAX_BYTES if limit is None else limit, on,
-                   cache_dir(env))
+        return cls.from_variables(read(environ).downloads, offline=offline)
+
+    @classmethod
+    def from_variables(cls, downloads: DownloadVariables, *, offline: bool = False) -> DownloadSettings:
+        """The settings of the parsed download variables (unset ones: the defaults above)."""
+        return cls(HTTP_TIMEOUT if downloads.timeout is None else downloads.timeout,
+                   MAX_BYTES if downloads.max_bytes is None else downloads.max_bytes,
+                   downloads.offline_switches(offline), downloads.cache)
 
 
 def redact_text(text: str, url: str) -> str:

@@ -27,12 +27,12 @@ by field or variable name) are read by :meth:`InfoNCEConfig.from_values` /
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from ..data.dataset_config import ConfigError
+from ..environment import EnvironmentLike, InfoNCEVariables, read
 from .base import MIN_TEMPERATURE_TEXT, check_temperature, finite_number
 
 #: the InfoNCE settings: field name -> its ``INFONCE_*`` variable; either name is a key of a
@@ -113,11 +113,12 @@ class InfoNCEConfig:
             raise ValueError(f"InfoNCE hard_negatives must be an integer >= 1 or None, got {hn!r}")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> InfoNCEConfig:
+    def from_env(cls, environ: EnvironmentLike = None, **overrides: Any) -> InfoNCEConfig:
         """Read the ``INFONCE_*`` variables, as ms-swift does when it builds the loss.
 
         Args:
-            environ: Where to read the variables; ``os.environ`` when None.
+            environ: Where to read the variables; ``os.environ`` when None (a mapping, or an
+                :class:`~mmembed.environment.Environment` a command read at its start).
             **overrides: Field values that win over the environment. A variable whose
                 field is overridden is not read, so a bad value there is not an error.
 
@@ -130,7 +131,11 @@ class InfoNCEConfig:
                 negatives < 1), or an
                 override that is not a field.
         """
-        env = os.environ if environ is None else environ
+        return cls.from_variables(read(environ).infonce, **overrides)
+
+    @classmethod
+    def from_variables(cls, variables: InfoNCEVariables, **overrides: Any) -> InfoNCEConfig:
+        """:meth:`from_env` on the ``INFONCE_*`` variables as :mod:`mmembed.environment` read them."""
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(overrides) - names)
         if unknown:
@@ -141,7 +146,7 @@ class InfoNCEConfig:
                 values[f.name] = overrides[f.name]
                 continue
             var = ENV_VARS[f.name]
-            raw = env.get(var)
+            raw = variables.get(var)
             if raw is None or raw.strip() == "":
                 continue
             value = _parse(var, raw.strip(), f.default, ALLOWED.get(f.name, ""))
@@ -270,13 +275,13 @@ def _parse(var: str, raw: str, default: Any, allowed: str) -> Any:
         raise ValueError(f"{var}={raw!r} is not a number; use {allowed}") from None
 
 
-def env_temperature(default: float, environ: Mapping[str, str] | None = None) -> float:
+def env_temperature(default: float, environ: EnvironmentLike = None) -> float:
     """``INFONCE_TEMPERATURE`` when it is set (parsed and validated as for InfoNCE, so a bad
     value is an error naming the variable), else ``default``: for losses other than InfoNCE
     that share the variable."""
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_VARS["temperature"])
+    variables = read(environ).infonce
+    raw = variables.get(ENV_VARS["temperature"])
     if raw is None or raw.strip() == "":
         return default
     others = {f.name: f.default for f in fields(InfoNCEConfig) if f.name != "temperature"}
-    return InfoNCEConfig.from_env(env, **others).temperature
+    return InfoNCEConfig.from_variables(variables, **others).temperature

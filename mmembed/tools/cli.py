@@ -13,6 +13,8 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
+from ..environment import Environment, for_children
+from ..environment import read as read_environment
 from ..errors import ArgumentParser, UsageError, one_line, take_debug
 
 if TYPE_CHECKING:
@@ -30,44 +32,31 @@ commands:
 """
 
 
-def _setup_logging() -> None:
-    level = logging.INFO if int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))) == 0 else logging.WARNING
+def _setup_logging(environment: Environment) -> None:
+    level = logging.INFO if environment.launch.local_process == 0 else logging.WARNING
     logging.basicConfig(level=level, format="[%(levelname)s:%(name)s] %(message)s")
     logging.getLogger("mmembed").setLevel(level)
 
 
-def _env_int(name: str, default: int, low: int, high: int | None = None) -> int:
-    """An integer launch variable in ``[low, high]``, or a UsageError naming it."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = None
-    if value is None or value < low or (high is not None and value > high):
-        allowed = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
-        raise UsageError(f"{name}={raw!r} must be {allowed}")
-    return value
-
-
-def _maybe_relaunch(argv: list[str]) -> int | None:
+def _maybe_relaunch(argv: list[str], environment: Environment) -> int | None:
     """ms-swift's launch habit: NPROC_PER_NODE (with NNODES, NODE_RANK, MASTER_ADDR,
     MASTER_PORT) re-runs the command under torchrun, once per process."""
-    nproc = _env_int("NPROC_PER_NODE", 1, 1)
-    nnodes = _env_int("NNODES", 1, 1)
-    if (nproc <= 1 and nnodes <= 1) or "LOCAL_RANK" in os.environ:
+    launch = environment.launch
+    nproc = launch.integer("NPROC_PER_NODE", 1, 1)
+    nnodes = launch.integer("NNODES", 1, 1)
+    if (nproc <= 1 and nnodes <= 1) or launch.launched:
         return None
-    node_rank = _env_int("NODE_RANK", 0, 0, nnodes - 1)
-    port = _env_int("MASTER_PORT", 29500, 1, 65535)
+    node_rank = launch.integer("NODE_RANK", 0, 0, nnodes - 1)
+    port = launch.integer("MASTER_PORT", 29500, 1, 65535)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--nnodes={nnodes}",
-           f"--node_rank={node_rank}", f"--master_addr={os.environ.get('MASTER_ADDR', '127.0.0.1')}",
+           f"--node_rank={node_rank}", f"--master_addr={launch.address}",
            f"--master_port={port}", "-m", "mmembed.tools.cli", *argv]
     # a preemption signal sent to this process (Kubernetes signals the container's first
     # process) goes on to torchrun, which passes it to every worker: they save the step and
     # exit 143 (mmembed.training.preemption). torchrun passes SIGUSR1 on only when named here.
-    env = dict(os.environ)
-    env.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+    # --debug true: the processes torchrun starts show their tracebacks too (MMEMBED_DEBUG=1).
+    env = for_children(debug=environment.debug,
+                       defaults={"TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"})
     child = subprocess.Popen(cmd, env=env)
     received: list[int] = []
 
@@ -90,8 +79,8 @@ def _maybe_relaunch(argv: list[str]) -> int | None:
     return code
 
 
-def cmd_sft(argv: list[str]) -> int:
-    code = _maybe_relaunch(["sft", *argv])
+def cmd_sft(argv: list[str], environment: Environment | None = None) -> int:
+    code = _maybe_relaunch(["sft", *argv], read_environment(environment))
     if code is not None:
         return code
     from ..training.arguments import parse_sft_args
@@ -100,7 +89,9 @@ def cmd_sft(argv: list[str]) -> int:
 
     args = parse_sft_args(argv)  # every flag checked: a UsageError names the bad one
     try:
-        metrics = run_sft(args)  # the settings that need the model's folder, checked before it loads
+        # the settings that need the model's folder, checked before it loads; the run reads the
+        # variables once at its start (after the flags: DeepSpeed alone sets its rank variables)
+        metrics = run_sft(args)
     except Preempted as e:  # SIGTERM / SIGUSR1: the step saved; one line on how to resume, 128 + SIGTERM
         if args.should_save:
             print(f"mmembed sft: {e}", file=sys.stderr)
@@ -131,10 +122,10 @@ def _close_process_group(code: int) -> None:
             os._exit(code)
 
 
-def check_model_flags(a, *flags: str) -> None:
+def check_model_flags(a, *flags: str, environment: Environment | None = None) -> None:
     """The flags every embedding command shares, checked before a model loads: the model
     folders named by ``flags`` (when given), ``--batch_size``, ``--torch_dtype`` and the
-    media variables (``MAX_PIXELS``, ``FPS``, ...)."""
+    media variables (``MAX_PIXELS``, ``FPS``, ...) of ``environment`` (None: read now)."""
     from ..encoding.media import MediaBudget
     from ..model.embedding import check_model_folder, check_torch_dtype
 
@@ -144,7 +135,7 @@ def check_model_flags(a, *flags: str) -> None:
             check_model_folder(path, flag)
     check_torch_dtype(a.torch_dtype)
     try:
-        MediaBudget.from_env()
+        MediaBudget.from_env(environment)
     except ValueError as e:
         raise UsageError(str(e)) from None
     batch_size = getattr(a, "batch_size", None)
@@ -152,14 +143,14 @@ def check_model_flags(a, *flags: str) -> None:
         raise UsageError(f"--batch_size must be an integer >= 1, got {batch_size}")
 
 
-def media_settings(offline: bool = False) -> MediaSettings:
+def media_settings(offline: bool = False, environment: Environment | None = None) -> MediaSettings:
     """The command's :class:`~mmembed.encoding.media.MediaSettings`, parsed once at its start
-    from the environment (``MAX_PIXELS``, ``FPS``, ..., the download variables) and its
-    ``--offline`` flag; a malformed variable is a usage error naming it."""
+    from the environment (``MAX_PIXELS``, ``FPS``, ..., the download variables; None: read
+    now) and its ``--offline`` flag; a malformed variable is a usage error naming it."""
     from ..encoding.media import MediaSettings
 
     try:
-        return MediaSettings.from_env(offline=offline)
+        return MediaSettings.from_env(environment, offline=offline)
     except ValueError as e:
         raise UsageError(str(e)) from None
 
@@ -173,7 +164,7 @@ def check_input_files(*flags_and_paths: tuple[str, str | None]) -> None:
             raise SpecError(f"{flag} {path}: no such file")
 
 
-def cmd_embed(argv: list[str]) -> int:
+def cmd_embed(argv: list[str], environment: Environment | None = None) -> int:
     p = ArgumentParser(prog="mmembed embed", allow_abbrev=False)
     p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder")
     p.add_argument("--input", required=True, help=".txt (one text per line) or .jsonl/.json/.csv rows with query/text (+ images/videos/audios) or messages")
@@ -191,8 +182,8 @@ def cmd_embed(argv: list[str]) -> int:
                         "for that side (--query_system / --document_system; what sentence-transformers' encode_query / "
                         "encode_document give); default: as they are")
     a = p.parse_args(argv)
-    check_model_flags(a, "--model")
-    media = media_settings(offline=a.offline)
+    check_model_flags(a, "--model", environment=environment)
+    media = media_settings(offline=a.offline, environment=environment)
     check_input_files(("--input", a.input))
     if a.teacher_arrays and a.input_type:
         raise UsageError("--input_type does not go with --teacher_arrays, which embeds a training file's rows as they are")
@@ -231,7 +222,7 @@ def _bool(s: str) -> bool:
     return string_to_bool(s)
 
 
-def cmd_export(argv: list[str]) -> int:
+def cmd_export(argv: list[str], environment: Environment | None = None) -> int:
     p = ArgumentParser(prog="mmembed export", allow_abbrev=False)
     p.add_argument("--adapters", "--ckpt_dir", dest="adapters", required=True, help="checkpoint folder")
     p.add_argument("--merge_lora", type=_bool, default=True)
@@ -250,7 +241,7 @@ def cmd_export(argv: list[str]) -> int:
     return 0
 
 
-def cmd_eval(argv: list[str]) -> int:
+def cmd_eval(argv: list[str], environment: Environment | None = None) -> int:
     p = ArgumentParser(prog="mmembed eval", allow_abbrev=False)
     p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder")
     p.add_argument("--sts", help="scored pairs (rows with query, response, label in [0, 1] or 0-5)")
@@ -264,7 +255,7 @@ def cmd_eval(argv: list[str]) -> int:
     a = p.parse_args(argv)
     if not a.sts and not a.beir:
         raise UsageError("pass --sts FILE and/or --beir FOLDER (neither was given)")
-    check_model_flags(a, "--model")
+    check_model_flags(a, "--model", environment=environment)
     check_input_files(("--sts", a.sts))
     from ..data import SpecError
     from ..eval.beir import evaluate_beir, load_beir
@@ -298,7 +289,7 @@ def cmd_eval(argv: list[str]) -> int:
     return 0
 
 
-def cmd_mine(argv: list[str]) -> int:
+def cmd_mine(argv: list[str], environment: Environment | None = None) -> int:
     p = ArgumentParser(prog="mmembed mine", allow_abbrev=False,
                        description="Add hard negatives to a data file (see mmembed/tools/mining.py for the rules).")
     p.add_argument("--dataset", "--input", dest="dataset", required=True, help="rows in either ms-swift form")
@@ -329,7 +320,7 @@ def cmd_mine(argv: list[str]) -> int:
         check_output_path(a.output)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    check_model_flags(a, "--model", "--guide_model")
+    check_model_flags(a, "--model", "--guide_model", environment=environment)
     check_input_files(("--dataset", a.dataset), ("--corpus", a.corpus))
     stats = mine_file(a.dataset, a.output, model=a.model, guide_model=a.guide_model, corpus=a.corpus,
                       config=config, torch_dtype=a.torch_dtype)
@@ -338,11 +329,11 @@ def cmd_mine(argv: list[str]) -> int:
     return 0
 
 
-def cmd_serve(argv: list[str]) -> int:
+def cmd_serve(argv: list[str], environment: Environment | None = None) -> int:
     from .serve import parse_serve_args, serve
 
     config = parse_serve_args(argv)
-    check_model_flags(config, "--model")
+    check_model_flags(config, "--model", environment=environment)
     serve(config)
     return 0
 
@@ -378,16 +369,17 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"mmembed: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
+    environment = read_environment()  # every variable the command follows, read once here
     try:
-        rest, debug = take_debug(rest)
+        rest, debug = take_debug(rest, environment.debug)
     except UsageError as e:  # a bad MMEMBED_DEBUG
         print(f"mmembed {command}: error: {e}", file=sys.stderr)
         return 2
-    if debug:
-        os.environ["MMEMBED_DEBUG"] = "1"  # the processes torchrun starts (NPROC_PER_NODE) show theirs too
-    _setup_logging()
+    if debug and not environment.debug:  # --debug true: the processes torchrun starts show theirs too
+        environment = environment.with_values(MMEMBED_DEBUG="1")
+    _setup_logging(environment)
     try:
-        return COMMANDS[command](rest)
+        return COMMANDS[command](rest, environment)
     except KeyboardInterrupt:  # Ctrl-C: what was written whole stays (checkpoints, outputs are renamed when done)
         if debug:
             raise

@@ -11,12 +11,12 @@ deleted (``--truncation_strategy delete``).
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from importlib.resources import files
 
 from transformers import HfArgumentParser, TrainingArguments
 
+from ..environment import read as read_environment
 from ..errors import ArgumentParser, UsageError, one_line
 
 __all__ = ["SftArguments", "UsageError", "parse_sft_args"]
@@ -171,7 +171,7 @@ class SftArguments(TrainingArguments):
         if self.learning_rate is None:
             self.learning_rate = 1e-4 if self.tuner_type == "lora" else 1e-5
         if self.gradient_accumulation_steps is None:
-            world = int(os.environ.get("WORLD_SIZE", "1"))
+            world = read_environment().launch.processes
             self.gradient_accumulation_steps = default_gradient_accumulation(self.per_device_train_batch_size, world)
         if self.warmup_ratio is not None:  # transformers 5 folded warmup_ratio into a fractional warmup_steps
             if self.warmup_steps:
@@ -208,7 +208,7 @@ class SftArguments(TrainingArguments):
             check_deepspeed_json(self.deepspeed)
         self.deepspeed = honour_optimizer_under_offload(self.deepspeed, str(getattr(self.optim, "value", self.optim)))
         if self.deepspeed:
-            one_process_group_env(os.environ)
+            one_process_group_env()
         self.device_defaults = device_defaults(self, has_accelerator())
         if not has_accelerator():
             # without use_cpu, accelerate starts the process group under torchrun but then treats

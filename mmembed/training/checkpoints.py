@@ -37,7 +37,8 @@ a full disk (``RLIMIT_FSIZE`` 0, SIGXFSZ ignored, so writes get EFBIG from the k
 the file ``MMEMBED_TEST_PAUSE_FILE`` (``.rankR`` appended under torchrun), holding the point's name
 and the process id, and waits (up to 10 minutes) until the test removes it, so a test can send a
 signal at a known point (:mod:`mmembed.training.preemption`; besides the points
-above, ``train:step`` is reached at the start of every optimizer step).
+above, ``train:step`` is reached at the start of every optimizer step). The hooks are read once,
+where a run starts (:func:`arm_test_hooks`, from :func:`mmembed.training.sft.run_sft`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import signal
 import time
 from collections import Counter
 
+from ..environment import TestHooks
 from ..files import HashingWriter, WriteError, sync_folder, sync_tree
 
 COMPLETE_MARKER = "mmembed_complete"
@@ -543,14 +545,25 @@ def save_failure(final: str, exc: BaseException, last_complete: str | None) -> C
 
 
 _hits: Counter = Counter()
+_armed = {"hooks": TestHooks()}  # the run's, read once when it starts (arm_test_hooks)
+
+
+def arm_test_hooks(hooks: TestHooks) -> None:
+    """The run's test-only hooks (``MMEMBED_TEST_*``, read once where the run starts): every
+    :func:`test_point` of the run follows these, counted from 0."""
+    _armed["hooks"] = hooks
+    _hits.clear()
 
 
 def test_point(name: str) -> None:
     """Test-only hooks (see the module docstring); nothing happens unless
-    ``MMEMBED_TEST_KILL_AT``, ``MMEMBED_TEST_FULL_AT`` or ``MMEMBED_TEST_PAUSE_AT`` names this point."""
-    _test_pause(name)
-    for var in ("MMEMBED_TEST_KILL_AT", "MMEMBED_TEST_FULL_AT"):
-        spec = os.environ.get(var)
+    ``MMEMBED_TEST_KILL_AT``, ``MMEMBED_TEST_FULL_AT`` or ``MMEMBED_TEST_PAUSE_AT`` names this
+    point (as :func:`arm_test_hooks` was given them at the run's start)."""
+    hooks = _armed["hooks"]
+    if not hooks:
+        return
+    _test_pause(name, hooks)
+    for var, spec in (("MMEMBED_TEST_KILL_AT", hooks.kill_at), ("MMEMBED_TEST_FULL_AT", hooks.full_at)):
         if not spec:
             continue
         point, _, count = spec.rpartition(":")
@@ -567,16 +580,18 @@ def test_point(name: str) -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
 
-def _test_pause(name: str) -> None:
-    spec = os.environ.get("MMEMBED_TEST_PAUSE_AT")
+def _test_pause(name: str, hooks: TestHooks) -> None:
+    spec = hooks.pause_at
     if not spec:
         return
     _hits["MMEMBED_TEST_PAUSE_AT", name] += 1
     if f"{name}:{_hits['MMEMBED_TEST_PAUSE_AT', name]}" not in spec.split(","):
         return
-    flag = os.environ["MMEMBED_TEST_PAUSE_FILE"]
-    if os.environ.get("RANK"):  # under torchrun: one file per process
-        flag += f".rank{os.environ['RANK']}"
+    if hooks.pause_file is None:
+        raise KeyError("MMEMBED_TEST_PAUSE_FILE")
+    flag = hooks.pause_file
+    if hooks.rank:  # under torchrun: one file per process
+        flag += f".rank{hooks.rank}"
     with open(flag + ".tmp", "w", encoding="utf-8") as f:
         f.write(f"{name} {os.getpid()}")
     os.replace(flag + ".tmp", flag)  # the test sees the file whole

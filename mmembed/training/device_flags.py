@@ -13,6 +13,8 @@ import math
 import os
 from typing import TYPE_CHECKING
 
+from ..environment import export
+from ..environment import read as read_environment
 from .flag_checks import check_prefetch
 
 if TYPE_CHECKING:
@@ -39,21 +41,20 @@ def honour_optimizer_under_offload(deepspeed, optim: str):
     return {**config, "zero_force_ds_cpu_optimizer": False}
 
 
-def one_process_group_env(environ) -> bool:
+def one_process_group_env() -> bool:
     """A single process under DeepSpeed (no torchrun) gets the variables torchrun would give
     it (rank 0 of 1, a free local port). Without them DeepSpeed looks for an MPI launcher and
     fails with "No module named 'mpi4py'"; ms-swift starts torchrun even for one process.
     Returns whether anything was set; a process started by a launcher is left alone."""
-    if any(k in environ for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")):
+    if read_environment().launch.in_process_group:
         return False
     import socket
 
     with socket.socket() as s:  # the port is picked here and bound by the process group moments later
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
-    environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    environ.setdefault("MASTER_PORT", str(port))
+    export({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"},
+           defaults={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     return True
 
 
@@ -84,7 +85,7 @@ def device_defaults(args: SftArguments, cuda: bool) -> list[str]:
     if args.dataloader_num_workers is None:
         workers = 0
         if cuda:
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+            local = read_environment().launch.local_processes
             workers = max(0, min(4, (os.cpu_count() or 1) // max(local, 1) - 1))
         choose("dataloader_num_workers", workers)
         if workers and args.dataloader_prefetch_factor is None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from transformers import TrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SchedulerType
 
+from ..environment import read as read_environment
 from ..errors import UsageError, one_line
 
 if TYPE_CHECKING:
@@ -341,7 +342,7 @@ def check_swift_flags(args: SftArguments) -> None:
             raise UsageError(f"--target_regex {args.target_regex!r} is not a regular expression ({e})") from None
     if args.max_pixels is not None:
         # the run's media settings take the flag for MAX_PIXELS (mmembed.training.preflight.media_settings)
-        env = os.environ.get("MAX_PIXELS")
+        env = read_environment().get("MAX_PIXELS")
         if env is not None and env.strip() and env.strip() != str(args.max_pixels):
             logging.getLogger("mmembed").warning("--max_pixels %d wins over MAX_PIXELS=%s", args.max_pixels, env)
     # the training rows' sampler (mmembed.training.samplers); its checks against the data come when the data is read

@@ -19,6 +19,8 @@ from torch import nn
 from ..data import SpecError
 from ..data.specs import parse_spec
 from ..encoding.templates import Template
+from ..environment import Environment
+from ..environment import read as read_environment
 from ..losses import EmbeddingLoss, Setup
 from ..model.embedding import check_model_folder, hidden_size
 from .arguments import SftArguments, UsageError
@@ -45,16 +47,17 @@ class RunSetup:
     loss: EmbeddingLoss
 
 
-def check_settings(args: SftArguments) -> RunSetup:
+def check_settings(args: SftArguments, environment: Environment | None = None) -> RunSetup:
     """What of the flags and environment can be checked without the model's weights, as usage
     errors before anything loads and before ``--output_dir`` is touched (the flags' own values
     were checked when they were parsed): the model folders, the template and ``--max_length``
     against the model's config, the variables, the loss with its options and side flags, and
     last that the data files the flags name are there (the user's data: exit status 1).
 
+    ``environment``: the variables the run read at its start (None: read now).
     Returns the :class:`RunSetup` read and built on the way."""
     check_model_folders(args)
-    media = check_environment(args)
+    media = check_environment(args, environment)
     config = read_model_config(args.model)
     template = resolve_template(args.model, args.template, args.model_type, args.system, config)
     limit = getattr(config, "max_position_embeddings", None)
@@ -101,38 +104,41 @@ def check_model_folders(args: SftArguments) -> None:
             raise UsageError(f"--adapters {path}: {what} (a LoRA checkpoint folder to train on)")
 
 
-def check_environment(args: SftArguments) -> MediaSettings:
+def check_environment(args: SftArguments, environment: Environment | None = None) -> MediaSettings:
     """The variables ms-swift's scripts set, read now whichever loss or model is used, so that
     a malformed one is refused at start rather than ignored or met mid-training: every
     ``INFONCE_*`` variable, the media budgets (``MAX_PIXELS``, ``FPS``, ...) and the download
     variables (``MMEMBED_HTTP_TIMEOUT``, ``MMEMBED_MEDIA_MAX_BYTES``, the offline switches).
+    ``environment``: the variables as the run read them at its start (None: read now).
     Returns the run's media settings (:func:`media_settings`)."""
     from ..losses import InfoNCEConfig
     from ..losses.config import ENV_VARS
 
+    environment = read_environment(environment)
     try:
-        InfoNCEConfig.from_env()
+        InfoNCEConfig.from_variables(environment.infonce)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    media = media_settings(args)
-    unknown = sorted(k for k in os.environ if k.startswith("INFONCE_") and k not in ENV_VARS.values())
+    media = media_settings(args, environment)
+    unknown = sorted(k for k in environment.infonce.values if k not in ENV_VARS.values())
     if unknown:
         logger.warning("%s: not an InfoNCE variable, so it changes nothing (known: %s)", ", ".join(unknown),
                        ", ".join(ENV_VARS.values()))
     return media
 
 
-def media_settings(args: SftArguments) -> MediaSettings:
+def media_settings(args: SftArguments, environment: Environment | None = None) -> MediaSettings:
     """How the run loads media, parsed once: ms-swift's media variables (``MAX_PIXELS``,
     ``MIN_PIXELS``, ``VIDEO_MAX_PIXELS``, ``FPS``, ``FPS_MAX_FRAMES``, ...) and the download
     variables, with ``--max_pixels`` in the place of ``MAX_PIXELS`` and ``--offline true`` in
     that of ``MMEMBED_OFFLINE=1``. Every builder of the run (the collator's, the length
     check's, the side models') loads with these, data-loader workers included; a malformed
-    variable is a usage error naming it."""
+    variable is a usage error naming it. ``environment``: the variables the run read at its
+    start (None: read now)."""
     from ..encoding.media import MediaSettings
 
     try:
-        return MediaSettings.from_env(max_pixels=args.max_pixels, offline=args.offline)
+        return MediaSettings.from_env(environment, max_pixels=args.max_pixels, offline=args.offline)
     except ValueError as e:
         raise UsageError(str(e)) from None
 

@@ -19,10 +19,13 @@ from typing import Any
 
 from ..encoding.collator import EmbeddingCollator
 from ..encoding.templates import template_config
+from ..environment import Environment
+from ..environment import read as read_environment
 from ..losses import EmbeddingLoss
 from ..model.embedding import hidden_size
 from .arguments import SftArguments
 from .charts import TrainingCharts, eval_similarities
+from .checkpoints import arm_test_hooks
 from .data_assembly import TrainingData, check_drop_last, load_eval_tasks, read_once
 from .model_assembly import (
     Encoding,
@@ -41,13 +44,18 @@ from .trainer import EmbeddingTrainer
 logger = logging.getLogger("mmembed")
 
 
-def run_sft(args: SftArguments) -> dict[str, Any]:
+def run_sft(args: SftArguments, environment: Environment | None = None) -> dict[str, Any]:
     """Train as ``args`` say; returns the final metrics and the last checkpoint path (the
-    checkpoint this run wrote at its last step)."""
+    checkpoint this run wrote at its last step). ``environment``: the variables as the
+    run reads them at its start (None: read now): the up-front checks, the media settings and
+    the test hooks come from it (the loss and the data reader, library functions, read theirs
+    through :mod:`mmembed.environment` when they are built)."""
     from transformers import set_seed
 
+    environment = read_environment(environment)
+    arm_test_hooks(environment.test_hooks)
     set_seed(args.seed)
-    setup = check_settings(args)
+    setup = check_settings(args, environment)
     resume = resume_checkpoint(args)
     prepare_output_dir(args, resume)
     trainer = build_trainer(args, setup)
