@@ -253,7 +253,7 @@ def test_serve_takes_input_type(runs):
 def test_multimodal_folder_records_the_instructions(tmp_path):
     """A GME folder gets no sentence-transformers files: its mmembed.json and model card hold
     the instructions, and the card's rendering of each side is the template's."""
-    from mmembed.model.io import write_saved_folder
+    from mmembed.model.folder import write_saved_folder
 
     config = {"base_model": "/models/gme", "template": "qwen2_gme", "default_system": "You are a helpful assistant.",
               "pooling": "last", "media": ["image", "video"], "normalize": True, "max_length": 64, "tuner_type": "full",
