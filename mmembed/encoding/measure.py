@@ -49,6 +49,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from ..data.sample import Item, Origin
+from .layout import Layout
 from .templates import MEDIA_TAGS
 
 if TYPE_CHECKING:
@@ -459,7 +460,7 @@ def _arrow_sample_schema():
                       ("label", pa.float64())])
 
 
-def json_text_lengths(builder: InputBuilder, rows: Sequence[str], layout) -> list[int] | None:
+def json_text_lengths(builder: InputBuilder, rows: Sequence[str], layout: Layout) -> list[int] | None:
     """The length check's number for each row (the longest of its encoded inputs, as
     :func:`~mmembed.encoding.collator.token_lengths` gives it) when every row is text only:
     ``rows`` are the Arrow cache's Sample JSON texts, read by Arrow's JSON parser (the fields
@@ -473,11 +474,9 @@ def json_text_lengths(builder: InputBuilder, rows: Sequence[str], layout) -> lis
     import pyarrow.compute as pc
     import pyarrow.json as paj
 
-    from .layout import Layout
-
     if not rows:
         return []
-    group = Layout(layout) is Layout.GROUP
+    group = layout is Layout.GROUP
     try:
         table = paj.read_json(
             pa.BufferReader("\n".join(rows).encode("utf-8")),

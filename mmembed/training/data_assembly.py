@@ -45,6 +45,7 @@ from ..data.teacher import TeacherFiles, teacher_signal
 from ..data.trainable import NegativesRule, rows_without_negatives
 from ..encoding.collator import token_lengths
 from ..encoding.inputs import InputBuilder
+from ..encoding.layout import Layout
 from ..encoding.measure import json_text_lengths
 from ..eval.tasks import HeldOutTasks
 from ..losses import EmbeddingLoss
@@ -633,7 +634,7 @@ def length_builder(encoding: Encoding, media: MediaSettings | None = None, check
                         check_media=check_media)
 
 
-def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_proc: int, what: str,
+def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, num_proc: int, what: str,
                   strict: bool = True, truncate: bool = False):
     """``--truncation_strategy delete``: remove rows with any input over ``max_length`` tokens
     (media expanded, as the model sees them), and say how many.
@@ -729,7 +730,7 @@ def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_p
     return ds.select(keep) if len(keep) < len(ds) else ds
 
 
-def length_check_fingerprint(ds, builder: InputBuilder, layout: str, strict: bool) -> str:
+def length_check_fingerprint(ds, builder: InputBuilder, layout: Layout, strict: bool) -> str:
     """The name of the length check's result among ``datasets``' cache files: the rows (their
     fingerprint), the template, the tokenizer's files, ``max_length``, the batch layout, the
     builder's media budget and how it counts media (``--check_media``). Given explicitly,
