@@ -1,5 +1,6 @@
 """The package's shape: each folder imports only from the folders before it in the flow,
-and outside losses/ no code decides anything by comparing loss names."""
+no module comes back to itself through its imports (a circle), and outside losses/ no code
+decides anything by comparing loss names."""
 
 import ast
 import os
