@@ -56,6 +56,7 @@ def main() -> None:
 
     from mmembed.data import load_samples
     from mmembed.encoding.inputs import InputBuilder
+    from mmembed.encoding.layout import Layout
     from mmembed.encoding.templates import get_template
     from mmembed.training.length_check import drop_overlong
 
@@ -79,7 +80,7 @@ def main() -> None:
     if hasattr(b, "check_media"):
         b.check_media = a.check_media
     start, cpu = time.perf_counter(), time.process_time()
-    kept = drop_overlong(ds, b, "group", 8192, a.num_proc, "train")
+    kept = drop_overlong(ds, b, Layout.GROUP, 8192, a.num_proc, "train")
     took, cpu = time.perf_counter() - start, time.process_time() - cpu
     print(f"{a.kind} rows: {len(ds)} measured in {took:.2f} s = {len(ds) / took:,.0f} rows/s, {a.num_proc} process(es) "
           f"(main process CPU {cpu:.2f} s; check_media {getattr(b, 'check_media', 'full (before --check_media)')}; "

@@ -1,5 +1,6 @@
 """The package's shape: each folder imports only from the folders before it in the flow,
-and outside losses/ no code decides anything by comparing loss names."""
+no module comes back to itself through its imports (a circle), and outside losses/ no code
+decides anything by comparing loss names."""
 
 import ast
 import os
@@ -54,3 +55,131 @@ def test_no_loss_name_is_compared_outside_losses():
             if pattern.search(line):
                 found.append(f"{os.path.relpath(path, REPO)}:{i}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+def _module_name(path):
+    parts = os.path.relpath(path, REPO)[: -len(".py")].split(os.sep)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _all_modules():
+    """Every module of mmembed/ by its dotted name -> its file."""
+    found = {}
+    for folder, _, names in os.walk(PACKAGE):
+        for name in names:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                found[_module_name(path)] = path
+    return found
+
+
+def _type_checking_only(tree):
+    """The import nodes under an ``if TYPE_CHECKING:`` (run by type checkers, never at run time)."""
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                skipped.update(id(n) for n in ast.walk(child))
+    return skipped
+
+
+def import_graph():
+    """mmembed's module import graph, read from the source: module -> {module: first line}.
+
+    Imports at module level and inside functions both count (a function's import runs when it
+    is called, and the circle is still there); only those under ``if TYPE_CHECKING:`` do not.
+    ``from A import n`` is an edge to ``A.n`` when that is a module, else to ``A``; a package's
+    ``__init__`` run on the way to its submodule is not counted as an edge.
+    """
+    modules = _all_modules()
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        skipped = _type_checking_only(tree)
+        package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+        edges = graph.setdefault(name, {})
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[: len(base) - (node.level - 1)]
+                    source = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    source = node.module or ""
+                for alias in node.names:
+                    sub = f"{source}.{alias.name}"
+                    targets.append(sub if sub in modules else source)
+            for target in targets:
+                if target in modules and target != name:
+                    edges.setdefault(target, node.lineno)
+    return graph
+
+
+def _cycles(graph):
+    """One circle (a list of modules, first == last) per strongly connected part of the graph,
+    with the part's other modules (on other circles through it) after it."""
+    index, low, stack, on_stack, parts = {}, {}, [], set(), []
+
+    def visit(node):  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph.get(node, {})):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            part = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                part.add(member)
+                if member == node:
+                    break
+            if len(part) > 1:
+                parts.append(part)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    cycles = []
+    for part in parts:  # the shortest way back to the part's first module, inside the part
+        start = min(part)
+        paths = {start: [start]}
+        queue = [start]
+        while queue:
+            node = queue.pop(0)
+            for succ in sorted(graph[node]):
+                if succ == start:
+                    cycles.append((paths[node] + [start], sorted(part - set(paths[node]))))
+                    queue = []
+                    break
+                if succ in part and succ not in paths:
+                    paths[succ] = paths[node] + [succ]
+                    queue.append(succ)
+    return sorted(cycles)
+
+
+def test_the_cycle_finder_names_a_circle():
+    graph = {"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3, "d": 4}, "d": {}, "e": {"e": 5}}
+    assert _cycles(graph) == [(["a", "b", "c", "a"], [])]
+    graph["b"]["f"] = 6
+    graph["f"] = {"b": 7}
+    assert _cycles(graph) == [(["a", "b", "c", "a"], ["f"])]
+
+
+def test_no_module_imports_itself_in_a_circle():
+    graph = import_graph()
+    assert "mmembed.losses.registry" in graph["mmembed.losses"]  # the graph is read at all
+    circles = []
+    for cycle, others in _cycles(graph):
+        steps = [f"{a} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:])]
+        circles.append(" -> ".join(steps + [cycle[-1]]) + (f"; also in the circle: {', '.join(others)}" if others else ""))
+    assert not circles, "import circles:\n" + "\n".join(circles)

@@ -1,7 +1,7 @@
 """Samples -> a tokenized batch in ms-swift's row layout.
 
 Two layouts; the loss says which (its ``layout``, a :class:`~mmembed.encoding.layout.Layout`;
-the functions here take the enum, or its value as a string, converted once on entry):
+the functions here take the enum only):
 
 - ``group`` (InfoNCE and other group losses): rows ``a0, p0, n0_0, ..., a1, p1, ...``;
   ``labels`` is float ``[N - B]``, 1.0 for each positive and 0.0 for each negative.
@@ -59,34 +59,34 @@ def raise_batch_error(batch: Any) -> None:
         raise batch[DATA_ERROR]
 
 
-def sample_items(sample: Sample, layout: Layout | str) -> tuple[list[Item], list[float]]:
+def sample_items(sample: Sample, layout: Layout) -> tuple[list[Item], list[float]]:
     """The rows one sample contributes, and their labels (see the module docstring)."""
     if not sample.positives:
         raise DataError(sample.source, sample.line, "response", "a positive (response / positive_messages) is required")
-    if Layout(layout) is Layout.PAIR:
+    if layout is Layout.PAIR:
         if sample.label is None:
             raise DataError(sample.source, sample.line, "label", "pair losses need a numeric label on every row")
         return [sample.anchor, sample.positives[0]], [float(sample.label)]
     return [sample.anchor, sample.positives[0], *sample.negatives], [1.0] + [0.0] * len(sample.negatives)
 
 
-def item_sides(sample: Sample, layout: Layout | str) -> list[str]:
+def item_sides(sample: Sample, layout: Layout) -> list[str]:
     """The side of each row ``sample_items`` gives: the anchor (a pair's ``sentence1``) is the
     query, the positive and the negatives (a pair's ``sentence2``) are documents."""
-    return ["query"] + ["document"] * (1 + (len(sample.negatives) if Layout(layout) is Layout.GROUP else 0))
+    return ["query"] + ["document"] * (1 + (len(sample.negatives) if layout is Layout.GROUP else 0))
 
 
-def sided_items(sample: Sample, layout: Layout | str, template: Template) -> list[Item]:
+def sided_items(sample: Sample, layout: Layout, template: Template) -> list[Item]:
     """``sample_items``' rows as ``template`` renders them: each with its side's instruction
     (:meth:`Template.with_side`)."""
     items, _ = sample_items(sample, layout)
     return [template.with_side(it, side) for it, side in zip(items, item_sides(sample, layout))]
 
 
-def item_origins(sample: Sample, layout: Layout | str) -> list[tuple[str, int, str]]:
+def item_origins(sample: Sample, layout: Layout) -> list[tuple[str, int, str]]:
     """(file, line, field) of each row ``sample_items`` gives, for error messages."""
     names = ["query", "response"]
-    if Layout(layout) is Layout.GROUP:
+    if layout is Layout.GROUP:
         names += [f"rejected_response[{k}]" for k in range(len(sample.negatives))]
     return [(sample.source, sample.line, n) for n in names]
 
@@ -150,7 +150,7 @@ class EmbeddingCollator:
 
     template: Template
     tokenizer: Any  # the tokenizer, or the processor for a multimodal template
-    layout: Layout = Layout.GROUP  # the loss's; its value as a string ("group", "pair") is converted
+    layout: Layout = Layout.GROUP  # the loss's
     max_length: int | None = None
     truncation_side: str = "right"
     truncate: bool = True
@@ -174,10 +174,8 @@ class EmbeddingCollator:
     strict: bool = True
 
     def __post_init__(self):
-        try:
-            self.layout = Layout(self.layout)
-        except ValueError:
-            raise ValueError(f"layout must be 'group' or 'pair', got {self.layout!r}") from None
+        if not isinstance(self.layout, Layout):
+            raise TypeError(f"layout must be Layout.GROUP or Layout.PAIR (the loss's layout), got {self.layout!r}")
         self.builder = InputBuilder(self.template, self.tokenizer, self.max_length, self.truncation_side, self.truncate,
                                     bucket=self.bucket, media=self.media)
 
@@ -278,11 +276,10 @@ def teacher_tensor(samples: Sequence[Sample], key: str) -> torch.Tensor | None:
     return out
 
 
-def token_lengths(samples: Sequence[Sample], builder: InputBuilder, layout: Layout | str) -> list[int]:
+def token_lengths(samples: Sequence[Sample], builder: InputBuilder, layout: Layout) -> list[int]:
     """The longest encoded row of each sample, media expanded (what ``--truncation_strategy delete``
     checks): every row of the samples measured in one ``builder.lengths`` call (one tokenizer
     call for their text; media counted as the builder's ``check_media`` says)."""
-    layout = Layout(layout)
     flat: list[Item] = []
     owner: list[int] = []
     origins: list[tuple[str, int, str]] | None = [] if builder.multimodal else None  # only media rows name theirs

@@ -32,6 +32,7 @@ import torch
 
 from ..data.sample import DataError, Item, Origin
 from .buckets import bucket_width, pad_to_width
+from .measure import MediaCounter, TextCounter, header_lengths
 from .templates import Template
 
 if TYPE_CHECKING:  # the media loader is imported at the first row with media (qwen-vl-utils: about a second)
@@ -112,8 +113,25 @@ class InputBuilder:
         self.check_media = check_media
 
     def __getstate__(self) -> dict[str, Any]:
-        # the length counters' caches (mmembed.encoding.measure) stay in the process that filled them
+        # the length counters' caches (text_lengths, media_counter) stay in the process that filled them
         return {k: v for k, v in self.__dict__.items() if k not in ("_text_counter", "_media_counter")}
+
+    def text_lengths(self, texts: Sequence[str]) -> list[int]:
+        """Tokens of each rendered text (special tokens as the template adds them, no
+        truncation), many per call of the fast tokenizer's backend; the counts of texts
+        already seen are kept (:class:`~mmembed.encoding.measure.TextCounter`)."""
+        counter = self.__dict__.get("_text_counter")
+        if counter is None or counter.tokenizer is not self.tokenizer:
+            counter = self._text_counter = TextCounter(self.tokenizer, self.template.add_special_tokens)
+        return counter(texts)
+
+    def media_counter(self) -> MediaCounter:
+        """This builder's media tokens from the files' headers
+        (:class:`~mmembed.encoding.measure.MediaCounter`), made at the first call and kept."""
+        counter = self.__dict__.get("_media_counter")
+        if counter is None or counter.processor is not self.processor:
+            counter = self._media_counter = MediaCounter(self)
+        return counter
 
     @property
     def multimodal(self) -> bool:
@@ -155,14 +173,12 @@ class InputBuilder:
         """Tokens per item as the model would see them (media expanded), untruncated. Media
         are counted as ``check_media`` says (the counts agree); text in one tokenizer call.
         A medium that cannot be read is a ``DataError`` naming file, line and field."""
-        from .measure import _counter, header_lengths
-
         if self.check_media == "header":
             return header_lengths(self, items, origins)
         out: list[int] = [0] * len(items)
         text_rows = [i for i, it in enumerate(items) if not (self.multimodal and it.has_media)]
         if text_rows:
-            for i, n in zip(text_rows, _counter(self)([self.template.render(items[i]) for i in text_rows])):
+            for i, n in zip(text_rows, self.text_lengths([self.template.render(items[i]) for i in text_rows])):
                 out[i] = n
         for i, it in enumerate(items):
             if self.multimodal and it.has_media:  # one at a time: the media of one row in memory
@@ -215,7 +231,7 @@ class InputBuilder:
 
         settings = self.media_settings()
         budget, downloads = settings.budget, settings.downloads
-        patch = self._patch_size()
+        patch = self.patch_size
         images, videos, audios = [], [], []
         for i, it in enumerate(items):
             base = origins[i] if origins else ("<input>", 0, "")
@@ -249,7 +265,9 @@ class InputBuilder:
                 raise DataError(base[0], base[1], base[2] or None,
                                 f"template '{self.template.name}' takes no {kind} inputs, but the row has {len(refs)}")
 
-    def _patch_size(self) -> int:
+    @property
+    def patch_size(self) -> int:
+        """The vision processor's patch size (14 when it names none)."""
         for name in ("image_processor", "video_processor"):
             size = getattr(getattr(self.processor, name, None), "patch_size", None)
             if size:

@@ -49,6 +49,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from ..data.sample import Item, Origin
+from .layout import Layout
 from .templates import MEDIA_TAGS
 
 if TYPE_CHECKING:
@@ -264,7 +265,7 @@ class MediaCounter:
         name = type(processor).__name__
         settings = builder.media_settings()
         self.budget, self.downloads = settings.budget, settings.downloads
-        self.patch = builder._patch_size()
+        self.patch = builder.patch_size
         self.factor = self.patch * M.qvu.SPATIAL_MERGE_SIZE
         self.kinds: set[str] = set()
         added = tokenizer_added(builder.tokenizer)
@@ -422,12 +423,11 @@ def header_lengths(builder: InputBuilder, items: Sequence[Item], origins: Sequen
     """Tokens per item as the model would see them (media expanded), untruncated: the same
     numbers as ``builder.lengths(items, origins, check_media="full")``, from headers (see the
     module docstring). Raises the ``DataError`` of the first bad item."""
-    counter = _counter(builder)
     texts = [builder.template.render(it) for it in items]
     extra = [0] * len(items)
     decode: list[int] = []
     if builder.multimodal:
-        media = _media_counter(builder)
+        media = builder.media_counter()
         for i, it in enumerate(items):
             if not it.has_media:
                 continue
@@ -439,7 +439,7 @@ def header_lengths(builder: InputBuilder, items: Sequence[Item], origins: Sequen
                 decode.append(i)
     if decode:  # these items the old way, one at a time (the media of one item in memory)
         slow = set(decode)
-        counted = counter([t for i, t in enumerate(texts) if i not in slow])
+        counted = builder.text_lengths([t for i, t in enumerate(texts) if i not in slow])
         out, k = [], 0
         for i in range(len(items)):
             if i in slow:
@@ -448,7 +448,7 @@ def header_lengths(builder: InputBuilder, items: Sequence[Item], origins: Sequen
                 out.append(counted[k] + extra[i])
                 k += 1
         return out
-    return [n + e for n, e in zip(counter(texts), extra)]
+    return [n + e for n, e in zip(builder.text_lengths(texts), extra)]
 
 
 def _arrow_sample_schema():
@@ -460,7 +460,7 @@ def _arrow_sample_schema():
                       ("label", pa.float64())])
 
 
-def json_text_lengths(builder: InputBuilder, rows: Sequence[str], layout) -> list[int] | None:
+def json_text_lengths(builder: InputBuilder, rows: Sequence[str], layout: Layout) -> list[int] | None:
     """The length check's number for each row (the longest of its encoded inputs, as
     :func:`~mmembed.encoding.collator.token_lengths` gives it) when every row is text only:
     ``rows`` are the Arrow cache's Sample JSON texts, read by Arrow's JSON parser (the fields
@@ -474,11 +474,9 @@ def json_text_lengths(builder: InputBuilder, rows: Sequence[str], layout) -> lis
     import pyarrow.compute as pc
     import pyarrow.json as paj
 
-    from .layout import Layout
-
     if not rows:
         return []
-    group = Layout(layout) is Layout.GROUP
+    group = layout is Layout.GROUP
     try:
         table = paj.read_json(
             pa.BufferReader("\n".join(rows).encode("utf-8")),
@@ -524,23 +522,10 @@ def json_text_lengths(builder: InputBuilder, rows: Sequence[str], layout) -> lis
         texts.append(render(p_text[p], p_sys[p] if p_sys[p] is not None else document))
         for k in range(int(negatives[i]), int(negatives[i + 1])):
             texts.append(render(n_text[k], n_sys[k] if n_sys[k] is not None else document))
-    lengths = _counter(builder)(texts)
+    lengths = builder.text_lengths(texts)
     out, k = [], 0
     for n in (2 + np.diff(negatives)).tolist():
         out.append(max(lengths[k:k + n]))
         k += n
     return out
 
-
-def _counter(builder: InputBuilder) -> TextCounter:
-    counter = builder.__dict__.get("_text_counter")
-    if counter is None or counter.tokenizer is not builder.tokenizer:
-        counter = builder.__dict__["_text_counter"] = TextCounter(builder.tokenizer, builder.template.add_special_tokens)
-    return counter
-
-
-def _media_counter(builder: InputBuilder) -> MediaCounter:
-    counter = builder.__dict__.get("_media_counter")
-    if counter is None or counter.processor is not builder.processor:
-        counter = builder.__dict__["_media_counter"] = MediaCounter(builder)
-    return counter

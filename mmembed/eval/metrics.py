@@ -414,7 +414,7 @@ def embedding_eval_metrics(
     return out
 
 
-def layout_metrics(layout: Layout | str, embeddings: Any, labels: Any, *,
+def layout_metrics(layout: Layout, embeddings: Any, labels: Any, *,
                    candidates: Iterable[tuple[Any, Any]] | None = None) -> dict[str, float]:
     """The evaluation metrics of a set in the batch ``layout`` (a loss's ``layout``).
 
@@ -425,10 +425,10 @@ def layout_metrics(layout: Layout | str, embeddings: Any, labels: Any, *,
       over the same rows, so ``margin`` / ``mean_neg`` are over what the loss weighs).
 
     Raises:
-        ValueError: A malformed layout (the splitters' errors), an unknown ``layout``, or
-            ``candidates`` with the pair layout (it has none).
+        ValueError: A malformed layout (the splitters' errors), or ``candidates`` with the
+            pair layout (it has none).
     """
-    if Layout(layout) is Layout.PAIR:
+    if layout is Layout.PAIR:
         if candidates is not None:
             raise ValueError("candidates rank a group's documents; the pair layout has none")
         emb = _to_numpy(embeddings, "embeddings", 2)

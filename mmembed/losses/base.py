@@ -327,6 +327,18 @@ class EmbeddingLoss(nn.Module):
     #: the batch layout the collator builds for this loss
     layout: ClassVar[Layout] = Layout.GROUP
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A user's class that declares its ``layout`` by the value (``"pair"``) gets the
+        enum, here, once: everything downstream takes a :class:`Layout` only."""
+        super().__init_subclass__(**kwargs)
+        declared = cls.__dict__.get("layout")
+        if isinstance(declared, str) and not isinstance(declared, Layout):
+            try:
+                cls.layout = Layout(declared)
+            except ValueError:
+                raise ValueError(f"{cls.__name__}.layout must be Layout.GROUP or Layout.PAIR, "
+                                 f"got {declared!r}") from None
+
     @property
     def side(self) -> SideNeeds:
         """What the loss takes beside the student's embeddings (default: nothing)."""

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from .base import Setup, WrapperLoss, finite_number
 from .parts import Parts
+from .registry import build_loss, register_loss
 
 
 def parse_dims(dims: Mapping[int | str, float] | str) -> dict[int, float]:
@@ -123,8 +124,6 @@ class MatryoshkaLoss(WrapperLoss):
         if isinstance(inner, str):
             if inner == "matryoshka":
                 raise ValueError("matryoshka cannot wrap itself; give the inner loss's name, e.g. inner='infonce'")
-            from . import build_loss  # the registry imports this module
-
             inner = build_loss(inner, **inner_options)
         elif inner_options:
             raise ValueError(f"options {sorted(inner_options)} are for an inner loss given by name, not a module")
@@ -201,3 +200,6 @@ class MatryoshkaLoss(WrapperLoss):
                                                           query_rows=query_rows)
             total = term if total is None else total + term
         return total
+
+
+register_loss("matryoshka", MatryoshkaLoss)  # the registry cannot import this module: it builds the inner loss

@@ -1,6 +1,7 @@
 """The one place where loss names mean something: ms-swift's names (and mmembed's own) to
 classes, a user's own losses added with :func:`register_loss`, or named as
-``package.module:ClassName``."""
+``package.module:ClassName``. The Matryoshka wrapper builds its inner loss by name here, so
+it registers itself (``matryoshka.py``) instead of being imported here."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from .base import EmbeddingLoss
 from .distill import DistillCosineLoss, DistillKLLoss, DistillMarginalLoss, DistillMSELoss
 from .gist import GISTLoss
 from .infonce import InfoNCELoss
-from .matryoshka import MatryoshkaLoss
 from .pairs import ContrastiveLoss, CosineSimilarityLoss, OnlineContrastiveLoss
 
 LOSSES: dict[str, type[EmbeddingLoss]] = {
@@ -26,8 +26,7 @@ LOSSES: dict[str, type[EmbeddingLoss]] = {
     "distill_mse": DistillMSELoss,
     "distill_marginal": DistillMarginalLoss,
     "distill_kl": DistillKLLoss,
-    "matryoshka": MatryoshkaLoss,
-}
+}  # and "matryoshka": MatryoshkaLoss, registered by mmembed.losses.matryoshka
 
 
 def register_loss(name: str, cls: type[EmbeddingLoss] | None = None):

@@ -2,7 +2,7 @@
 and how to embed with it in mmembed, sentence-transformers and plain transformers.
 
 Everything comes from the folder's ``mmembed.json`` fields (``write_saved_folder`` in
-``io.py``): the base model, template and pooling, the data files and their row counts, the
+``folder.py``): the base model, template and pooling, the data files and their row counts, the
 loss and its settings, and ``training`` (steps, time, the last logged metrics), which
 ``training_record`` builds from the Trainer's log history at each save. The usage snippets
 are code that runs as written (the tests run them and compare with ``mmembed.Embedder``).
@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .io import TextForm
+from .io import TextForm, configured_template, instructions_of
 
 CARD = "README.md"
 EXAMPLE_TEXTS = ["A man is playing a flute.", "Someone plays music."]
@@ -118,8 +117,6 @@ def _model_section(config: dict[str, Any], template) -> str:
 def _instruction_rows(config: dict[str, Any]) -> list[tuple[str, str]]:
     """The instructions of each side (``--query_system``, ``--document_system``) and of each
     dataset the model was trained with, as they are put where the system prompt goes."""
-    from .io import instructions_of
-
     def shown(text: str) -> str:
         return "`" + text.replace("\n", "\\n") + "`" if text else "(none)"
 
@@ -234,7 +231,6 @@ def _transformers_text_usage(path: str, config: dict[str, Any], form: TextForm, 
     text = f"### transformers\n\n{_POOL_NAME[pooling]}, then L2 normalization. {note}\n\n{code}"
     if _has_instructions(config):
         from ..data.sample import Item
-        from .io import configured_template
 
         sided = configured_template(config)
         query, document = (sided.render(Item(text="\x00"), side).partition("\x00")[0] for side in ("query", "document"))
@@ -262,7 +258,6 @@ def _side_renderings(config: dict[str, Any]) -> str:
     if not _has_instructions(config):
         return ""
     from ..data.sample import Item
-    from .io import configured_template
 
     template = configured_template(config)
     lines = []

@@ -293,43 +293,6 @@ def write_sentence_transformers_config(output_dir: str, dim: int, pooling: str, 
     })
 
 
-def write_saved_folder(output_dir: str, config: dict[str, Any], dim: int, log_history: list[dict] | None = None,
-                       final_path: str | None = None, global_step: int | None = None) -> dict[str, Any]:
-    """Everything a saved folder (training checkpoint or ``mmembed export``) holds beside the
-    weights and the tokenizer, from its ``mmembed.json`` fields: ``mmembed.json`` itself (with
-    a summary of the training so far when ``log_history``, the Trainer's, is given), the
-    saved tokenizer set to append the template's suffix, the sentence-transformers files
-    (``writes_sentence_transformers``) and the model card (``README.md``, naming the folder
-    ``final_path`` when it is written under a temporary name). Returns the fields written to
-    ``mmembed.json``."""
-    from .card import training_record, write_model_card
-
-    config = dict(config)
-    if log_history is not None:
-        config["training"] = training_record(config, log_history, global_step)
-    form = text_form(config)
-    tokenizer_ok = form is not None and write_tokenizer_suffix(
-        output_dir, form, config.get("padding_side") or _template_padding_side(config))
-    st = tokenizer_ok and writes_sentence_transformers(config)
-    config.pop("sentence_transformers_prompts", None)  # an exported checkpoint's: written anew below
-    if st:
-        prompts, default_name = sentence_transformers_prompts(
-            config, read_sentence_transformers_prompts(base_model_folder(config)))
-        write_sentence_transformers_config(output_dir, dim, config["pooling"], config.get("max_length"),
-                                           prompts=prompts, default_prompt_name=default_name)
-        config["sentence_transformers_prompts"] = prompts
-    config["sentence_transformers"] = st
-    write_mmembed_config(output_dir, **config)
-    write_model_card(output_dir, config, form if tokenizer_ok else None, final_path)
-    return config
-
-
-def _template_padding_side(config: dict[str, Any]) -> str:
-    from ..encoding.templates import template_from_config
-
-    return template_from_config(config["template"]).padding_side
-
-
 def _write_json(path: str, value: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(value, f, indent=2)

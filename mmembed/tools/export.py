@@ -14,7 +14,8 @@ from ..encoding.templates import template_config
 from ..files import folder_replaced_when_done
 from ..model.embedder import load_embedding_model
 from ..model.embedding import hidden_size
-from ..model.io import read_mmembed_config, write_saved_folder
+from ..model.folder import write_saved_folder
+from ..model.io import read_mmembed_config
 
 
 def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora: bool = True) -> str:

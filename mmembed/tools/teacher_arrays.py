@@ -10,6 +10,7 @@ import numpy as np
 
 from ..data.reader import read_file
 from ..encoding.collator import item_origins, sample_items
+from ..encoding.layout import Layout
 
 
 def teacher_arrays(embedder: Any, path: str, batch_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
@@ -30,9 +31,9 @@ def teacher_arrays(embedder: Any, path: str, batch_size: int = 32) -> tuple[np.n
     samples = read_file(path)
     items, origins, sizes = [], [], []
     for s in samples:
-        its, _ = sample_items(s, "group")
+        its, _ = sample_items(s, Layout.GROUP)
         items += its
-        origins += item_origins(s, "group")
+        origins += item_origins(s, Layout.GROUP)
         sizes.append(len(its))
     flat = np.asarray(embedder.encode(items, batch_size=batch_size, origins=origins), dtype=np.float32)
     width = max(sizes, default=2)

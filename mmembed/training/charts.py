@@ -195,7 +195,7 @@ def pair_similarities(emb: np.ndarray, labels: np.ndarray, layout: Layout) -> Si
     InfoNCE). Pairs (``s1, s2, ...``, one score per pair): ``positive`` for pairs scored
     above 0.5, ``negative`` for the rest."""
     unit = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
-    if Layout(layout) is Layout.PAIR:
+    if layout is Layout.PAIR:
         s1, s2 = split_pair_rows(unit, len(labels))
         cos = np.sum(s1 * s2, axis=1)
         return {"positive": cos[labels > 0.5], "negative": cos[labels <= 0.5]}

@@ -27,6 +27,7 @@ from ..data.dataset import release_mapped, shared_heap
 from ..data.sample import DataError, Sample
 from ..encoding.collator import token_lengths
 from ..encoding.inputs import InputBuilder
+from ..encoding.layout import Layout
 from ..encoding.measure import json_text_lengths
 from ..losses import EmbeddingLoss
 from .arguments import SftArguments
@@ -66,7 +67,7 @@ def check_lengths(args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, m
     return checked[0], checked[1]
 
 
-def length_filter(encoding: Encoding, media: MediaSettings | None, check_media: str, layout: str):
+def length_filter(encoding: Encoding, media: MediaSettings | None, check_media: str, layout: Layout):
     """``--truncation_strategy delete`` on rows read one at a time (``--streaming``):
     ``keep(sample)``, False for a row over ``--max_length``."""
     builder = length_builder(encoding, media, check_media)
@@ -85,7 +86,7 @@ def length_builder(encoding: Encoding, media: MediaSettings | None = None, check
                         check_media=check_media)
 
 
-def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_proc: int, what: str,
+def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, num_proc: int, what: str,
                   strict: bool = True, truncate: bool = False):
     """``--truncation_strategy delete``: remove rows with any input over ``max_length`` tokens
     (media expanded, as the model sees them), and say how many.
@@ -181,7 +182,7 @@ def drop_overlong(ds, builder: InputBuilder, layout: str, max_length: int, num_p
     return ds.select(keep) if len(keep) < len(ds) else ds
 
 
-def length_check_fingerprint(ds, builder: InputBuilder, layout: str, strict: bool) -> str:
+def length_check_fingerprint(ds, builder: InputBuilder, layout: Layout, strict: bool) -> str:
     """The name of the length check's result among ``datasets``' cache files: the rows (their
     fingerprint), the template, the tokenizer's files, ``max_length``, the batch layout, the
     builder's media budget and how it counts media (``--check_media``). Given explicitly,

@@ -38,7 +38,7 @@ import torch
 from ..encoding.templates import template_from_config
 from ..model.adapters import is_adapter, write_lora_layout
 from ..model.embedding import EmbeddingModel, hidden_size
-from ..model.io import write_saved_folder
+from ..model.folder import write_saved_folder
 from ..model.weights import load_backbone_weights
 from . import checkpoints
 from .guards import any_process, merged_dicts

@@ -246,7 +246,7 @@ def test_a_worker_hands_its_data_error_to_the_main_process(minilm_path):
     from mmembed.encoding.templates import get_template
 
     unlabeled = Sample(anchor=Item("a"), positives=[Item("b")], source="d.jsonl", line=7)
-    collator = EmbeddingCollator(get_template("bert"), AutoTokenizer.from_pretrained(minilm_path), "pair")
+    collator = EmbeddingCollator(get_template("bert"), AutoTokenizer.from_pretrained(minilm_path), Layout.PAIR)
     loader = torch.utils.data.DataLoader([unlabeled], batch_size=1, collate_fn=collator, num_workers=1)
     [batch] = list(loader)
     assert set(batch) == {DATA_ERROR}

@@ -195,10 +195,11 @@ def test_rows_ids_instructions_and_sample(minilm_path, data, tmp_path, caplog):
     assert got.val.dataset_ids.tolist() == [0] * 4 and got.val[0].anchor.system == "Q-HN"
     # the collator hands the ids on
     from mmembed.encoding.collator import EmbeddingCollator
+    from mmembed.encoding.layout import Layout
     from mmembed.training.model_assembly import Encoding
 
     enc = Encoding.resolve(args)
-    batch = EmbeddingCollator(enc.template, enc.processing, "group", 64, with_dataset_ids=True)(samples[6:10])
+    batch = EmbeddingCollator(enc.template, enc.processing, Layout.GROUP, 64, with_dataset_ids=True)(samples[6:10])
     assert batch["dataset_ids"].tolist() == [0, 0, 1, 1] and batch["dataset_ids"].dtype == torch.long
 
 

@@ -172,6 +172,7 @@ def test_corrupt_pixels_are_found_when_the_batch_is_built(corrupt_rows, tiny_mod
 
     from mmembed.data import EmbeddingDataset
     from mmembed.encoding.collator import EmbeddingCollator
+    from mmembed.encoding.layout import Layout
     from mmembed.encoding.templates import get_template
 
     path, cache = corrupt_rows
@@ -179,7 +180,7 @@ def test_corrupt_pixels_are_found_when_the_batch_is_built(corrupt_rows, tiny_mod
         assert im.size == (56, 56)
     ds = EmbeddingDataset(load_samples(path, cache_dir=cache))  # read: the header is fine
     assert len(ds) == 6
-    collator = EmbeddingCollator(get_template("qwen2_gme"), processing(tiny_model("qwen2_vl")), "group")
+    collator = EmbeddingCollator(get_template("qwen2_gme"), processing(tiny_model("qwen2_vl")), Layout.GROUP)
     with pytest.raises(DataError) as e:
         collator([ds[i] for i in range(4)])
     assert (e.value.source, e.value.line) == (path, 3) and e.value.field == "query images[0]"
@@ -189,13 +190,14 @@ def test_corrupt_pixels_are_found_when_the_batch_is_built(corrupt_rows, tiny_mod
 def test_strict_false_skips_a_corrupt_row_and_keeps_the_batch_size(corrupt_rows, tiny_model, caplog):
     from mmembed.data import EmbeddingDataset
     from mmembed.encoding.collator import EmbeddingCollator
+    from mmembed.encoding.layout import Layout
     from mmembed.encoding.templates import get_template
 
     path, cache = corrupt_rows
     ds = EmbeddingDataset(load_samples(path, cache_dir=cache))
     proc = processing(tiny_model("qwen2_vl"))
-    lenient = EmbeddingCollator(get_template("qwen2_gme"), proc, "group", strict=False)
-    strict = EmbeddingCollator(get_template("qwen2_gme"), proc, "group")
+    lenient = EmbeddingCollator(get_template("qwen2_gme"), proc, Layout.GROUP, strict=False)
+    strict = EmbeddingCollator(get_template("qwen2_gme"), proc, Layout.GROUP)
     batch_rows = [ds[i] for i in range(4)]
     with caplog.at_level("INFO", logger="mmembed"):
         batch = lenient(batch_rows)
@@ -209,7 +211,7 @@ def test_strict_false_skips_a_corrupt_row_and_keeps_the_batch_size(corrupt_rows,
     for key in ("input_ids", "attention_mask", "pixel_values", "image_grid_thw"):
         assert torch_equal(batch[key], reference[key]), key
     # the same stand-in again: in another epoch, and in another process's collator
-    again = EmbeddingCollator(get_template("qwen2_gme"), proc, "group", strict=False)([ds[i] for i in range(4)])
+    again = EmbeddingCollator(get_template("qwen2_gme"), proc, Layout.GROUP, strict=False)([ds[i] for i in range(4)])
     assert torch_equal(again["input_ids"], batch["input_ids"])
     # a row that is not from an EmbeddingDataset has no stand-in: its error is raised
     from mmembed.data.reader import read_file

@@ -190,6 +190,7 @@ def test_a_row_field_and_an_array_for_the_same_signal_conflict(tmp_path):
 def test_collator_pads_scores_and_lines_up_embeddings_with_the_batch_rows(minilm_path, tmp_path):
     from mmembed.data import DataError, read_file
     from mmembed.encoding.collator import EmbeddingCollator
+    from mmembed.encoding.layout import Layout
     from mmembed.training.model_assembly import load_processing, resolve_template
 
     rows = _rows()
@@ -199,12 +200,12 @@ def test_collator_pads_scores_and_lines_up_embeddings_with_the_batch_rows(minilm
     samples = read_file(_write_jsonl(tmp_path / "d.jsonl", rows))
     template = resolve_template(minilm_path, None, None, None)
     processing = load_processing(minilm_path, template)
-    batch = EmbeddingCollator(template, processing, "group", 32, teacher_signal="teacher_scores")(samples)
+    batch = EmbeddingCollator(template, processing, Layout.GROUP, 32, teacher_signal="teacher_scores")(samples)
     nan = float("nan")
     torch.testing.assert_close(batch["side"].teacher_scores, torch.tensor(
         [[20.0, 21.0, 22.0], [0.0, nan, nan], [10.0, 11.0, nan]]), equal_nan=True)
     assert batch["side"].teacher_embeddings is None
-    collator = EmbeddingCollator(template, processing, "group", 32, teacher_signal="teacher_embeddings")
+    collator = EmbeddingCollator(template, processing, Layout.GROUP, 32, teacher_signal="teacher_embeddings")
     batch = collator(samples)
     n = batch["input_ids"].shape[0]
     emb = batch["side"].teacher_embeddings
@@ -230,9 +231,10 @@ def _teacher_views(teacher_path, data_path, n_rows):
     from mmembed import Embedder
     from mmembed.data import read_file
     from mmembed.encoding.collator import sample_items
+    from mmembed.encoding.layout import Layout
 
     samples = read_file(data_path)[:n_rows]
-    items = [sample_items(s, "group")[0] for s in samples]
+    items = [sample_items(s, Layout.GROUP)[0] for s in samples]
     width_items = max(len(i) for i in items)
     flat = Embedder.from_pretrained(teacher_path).encode([it.text for its in items for it in its])
     emb = np.full((len(samples), width_items, flat.shape[1]), np.nan, dtype=np.float32)

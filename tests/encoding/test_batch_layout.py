@@ -18,8 +18,9 @@ import torch
 from conftest import REPO
 
 from mmembed.data.sample import Item, Sample
-from mmembed.encoding.collator import item_origins, sample_items
+from mmembed.encoding.collator import EmbeddingCollator, item_origins, sample_items
 from mmembed.encoding.layout import Layout, split_groups, split_groups_numpy, split_pair_rows
+from mmembed.encoding.templates import get_template
 
 
 def group_labels(neg_counts: list[int]) -> list[float]:
@@ -154,19 +155,22 @@ def test_split_pair_rows_on_torch_and_numpy():
         assert str(from_numpy.value) == str(from_torch.value)
 
 
-def test_the_collator_rows_follow_the_layout_given_as_the_enum_or_its_value():
+def test_the_collator_rows_follow_the_layout_given_as_the_enum():
+    """The functions take the enum only: a value (``"pair"``) is converted where it enters
+    (``Layout("pair")``, or a loss class's declaration), and the collator refuses anything else."""
     sample = Sample(Item("q"), [Item("p"), Item("p2")], [Item("n0"), Item("n1")], label=0.5, source="f.jsonl", line=3)
-    for group in (Layout.GROUP, "group"):
-        items, labels = sample_items(sample, group)
-        assert [it.text for it in items] == ["q", "p", "n0", "n1"] and labels == [1.0, 0.0, 0.0]
-        assert [o[2] for o in item_origins(sample, group)] == [
-            "query", "response", "rejected_response[0]", "rejected_response[1]"]
-    for pair in (Layout.PAIR, "pair"):
-        items, labels = sample_items(sample, pair)
-        assert [it.text for it in items] == ["q", "p"] and labels == [0.5]
-        assert [o[2] for o in item_origins(sample, pair)] == ["query", "response"]
+    items, labels = sample_items(sample, Layout.GROUP)
+    assert [it.text for it in items] == ["q", "p", "n0", "n1"] and labels == [1.0, 0.0, 0.0]
+    assert [o[2] for o in item_origins(sample, Layout.GROUP)] == [
+        "query", "response", "rejected_response[0]", "rejected_response[1]"]
+    items, labels = sample_items(sample, Layout.PAIR)
+    assert [it.text for it in items] == ["q", "p"] and labels == [0.5]
+    assert [o[2] for o in item_origins(sample, Layout.PAIR)] == ["query", "response"]
     with pytest.raises(ValueError, match="triplet"):
-        sample_items(sample, "triplet")
+        Layout("triplet")
+    for value in ("pair", "triplet"):
+        with pytest.raises(TypeError, match=f"layout must be Layout.GROUP or Layout.PAIR .*got '{value}'"):
+            EmbeddingCollator(get_template("bert"), None, value)
 
 
 def test_the_layout_is_parsed_in_one_place():

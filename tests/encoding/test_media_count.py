@@ -26,6 +26,7 @@ from mmembed.data import load_samples
 from mmembed.data.sample import DataError, Item
 from mmembed.encoding import measure
 from mmembed.encoding.inputs import InputBuilder
+from mmembed.encoding.layout import Layout
 from mmembed.encoding.media import MediaBudget, MediaSettings
 from mmembed.encoding.templates import get_template
 from mmembed.training.length_check import drop_overlong, length_check_fingerprint
@@ -355,9 +356,9 @@ def test_text_rows_read_by_arrow_count_as_each_text_alone(minilm_path, processor
         for query, document in ((None, None), ("Find the passage for: ", None), ("Q", "D")):
             template = dataclasses.replace(get_template(name), query_system=query, document_system=document)
             b = InputBuilder(template, processing, None, truncate=False, check_media="header")
-            for layout in ("group", "pair"):
+            for layout in (Layout.GROUP, Layout.PAIR):
                 want = [max([alone(tok, template, r.anchor, "query"), alone(tok, template, r.positives[0], "document"),
-                             *(alone(tok, template, n, "document") for n in (r.negatives if layout == "group" else []))])
+                             *(alone(tok, template, n, "document") for n in (r.negatives if layout is Layout.GROUP else []))])
                         for r in rows]
                 assert measure.json_text_lengths(b, [r.to_json() for r in rows], layout) == want, (name, query, layout)
     b = InputBuilder(get_template("qwen2_gme"), processors["qwen2_vl"], None, truncate=False, check_media="header")
@@ -366,10 +367,10 @@ def test_text_rows_read_by_arrow_count_as_each_text_alone(minilm_path, processor
     tag = dataclasses.replace(rows[3], anchor=Item(text="see <video>"))
     no_positive = dataclasses.replace(rows[3], positives=[])
     no_label = dataclasses.replace(rows[3], label=None)
-    assert measure.json_text_lengths(b, plain, "pair") is not None
-    for odd, layout in ((media, "group"), (tag, "group"), (no_positive, "group"), (no_label, "pair")):
+    assert measure.json_text_lengths(b, plain, Layout.PAIR) is not None
+    for odd, layout in ((media, Layout.GROUP), (tag, Layout.GROUP), (no_positive, Layout.GROUP), (no_label, Layout.PAIR)):
         assert measure.json_text_lengths(b, [*plain, odd.to_json()], layout) is None
-    assert measure.json_text_lengths(b, [*plain, no_label.to_json()], "group") is not None
+    assert measure.json_text_lengths(b, [*plain, no_label.to_json()], Layout.GROUP) is not None
 
 
 # ----------------------------------------------------------------------------- the length check
@@ -396,10 +397,10 @@ def test_missing_or_unreadable_image_is_named_before_training(processors, tmp_pa
         f.write(b"not an image at all")
     b = builder(processors, "qwen2_vl", BUDGETS["small"], max_length=4096)
     with pytest.raises(DataError) as e:
-        drop_overlong(ds, b, "group", 4096, 1, "train")
+        drop_overlong(ds, b, Layout.GROUP, 4096, 1, "train")
     assert f"{data}:2 field 'query images[0]'" in str(e.value) and "image file not found" in str(e.value)
     with caplog.at_level(logging.WARNING, logger="mmembed"):
-        kept = drop_overlong(ds, b, "group", 4096, 1, "train", strict=False)
+        kept = drop_overlong(ds, b, Layout.GROUP, 4096, 1, "train", strict=False)
     assert len(kept) == 2
     assert f"{data}:2 field 'query images[0]'" in caplog.text and f"{data}:3 field 'query images[0]'" in caplog.text
     assert "cannot read image (UnidentifiedImageError" in caplog.text
@@ -413,10 +414,10 @@ def test_image_over_max_length_deleted_or_refused(processors, tmp_path, monkeypa
     lengths = [b.full_length(Item(text=f"q{k} <image>", images=[p])) for k, p in enumerate(paths)]
     limit = sorted(lengths)[1]  # the first two fit, the third does not
     header_only(monkeypatch)
-    kept = drop_overlong(ds, b, "group", limit, 1, "train")
+    kept = drop_overlong(ds, b, Layout.GROUP, limit, 1, "train")
     assert [json.loads(s)["line"] for s in kept["sample"]] == [1, 2, 4]
     with pytest.raises(DataError, match=rf"{data}:3: {lengths[2]} tokens with its media, over --max_length {limit}"):
-        drop_overlong(ds, b, "group", limit, 1, "train", truncate=True)
+        drop_overlong(ds, b, Layout.GROUP, limit, 1, "train", truncate=True)
 
 
 def test_corrupt_pixels_pass_header_but_not_full(processors, tmp_path):
@@ -437,10 +438,10 @@ def test_corrupt_pixels_pass_header_but_not_full(processors, tmp_path):
     ds = load_samples([data]).dataset
     header = builder(processors, "qwen2_vl", BUDGETS["small"], max_length=4096)
     full = builder(processors, "qwen2_vl", BUDGETS["small"], max_length=4096, check_media="full")
-    assert len(drop_overlong(ds, header, "group", 4096, 1, "train")) == 4
+    assert len(drop_overlong(ds, header, Layout.GROUP, 4096, 1, "train")) == 4
     with pytest.raises(DataError, match=rf"{data}:1 field 'query images\[0\]': cannot read image"):
-        drop_overlong(ds, full, "group", 4096, 1, "train")
-    assert length_check_fingerprint(ds, header, "group", True) != length_check_fingerprint(ds, full, "group", True)
+        drop_overlong(ds, full, Layout.GROUP, 4096, 1, "train")
+    assert length_check_fingerprint(ds, header, Layout.GROUP, True) != length_check_fingerprint(ds, full, Layout.GROUP, True)
 
 
 def test_check_media_flag(tmp_path, minilm_path):

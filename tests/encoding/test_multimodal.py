@@ -19,6 +19,7 @@ from mmembed.data import read_file
 from mmembed.data.sample import DataError, Item
 from mmembed.encoding.collator import EmbeddingCollator
 from mmembed.encoding.inputs import InputBuilder, select_rows
+from mmembed.encoding.layout import Layout
 from mmembed.encoding.templates import get_template
 
 MM = os.path.join(DATA, "mm")
@@ -246,7 +247,7 @@ def test_audio_rows_batch_with_text_rows(tiny_model):
 
 def test_collator_lays_out_groups_with_variable_negatives(tiny_model):
     samples = read_file(os.path.join(MM, "gme_train.jsonl"))
-    collator = EmbeddingCollator(get_template("qwen2_gme"), processing(tiny_model("qwen2_vl")), "group")
+    collator = EmbeddingCollator(get_template("qwen2_gme"), processing(tiny_model("qwen2_vl")), Layout.GROUP)
     batch = collator(samples[:6])
     n_rows = sum(2 + len(s.negatives) for s in samples[:6])
     assert batch["input_ids"].shape[0] == n_rows
@@ -261,7 +262,7 @@ def test_unreadable_video_is_an_error_naming_file_line_and_field(tiny_model, tmp
     data.write_text(json.dumps({"query": "a cat", "response": "x"}) + "\n"
                     + json.dumps({"query": "clip", "response": "x", "rejected_response": ["<video>"], "videos": ["bad.mp4"]}) + "\n")
     samples = read_file(str(data), verify_images=False)  # reading would refuse it already: this is the collator's check
-    collator = EmbeddingCollator(get_template("qwen2_gme"), processing(tiny_model("qwen2_vl")), "group")
+    collator = EmbeddingCollator(get_template("qwen2_gme"), processing(tiny_model("qwen2_vl")), Layout.GROUP)
     with pytest.raises(DataError) as e:
         collator(samples)
     msg = str(e.value)

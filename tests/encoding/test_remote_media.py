@@ -201,13 +201,14 @@ def test_collator_steps_read_each_url_once(tiny_model, server, cache):
     from transformers import AutoProcessor
 
     from mmembed.encoding.collator import EmbeddingCollator
+    from mmembed.encoding.layout import Layout
     from mmembed.encoding.templates import get_template
 
     red, blue = server.url("/red_circle.png"), server.url("/blue_square.png")
     samples = [Sample(Item("<image>", images=[red]), [Item("a red circle")], [Item("<image>", images=[blue])],
                       source="rows.jsonl", line=n) for n in (1, 2)]
     collator = EmbeddingCollator(get_template("qwen2_gme"), AutoProcessor.from_pretrained(tiny_model("qwen2_vl")),
-                                 "group")
+                                 Layout.GROUP)
     batches = [collator(samples[:1]), collator(samples[1:]), collator(samples)]  # three steps
     assert server.gets == {"/red_circle.png": 1, "/blue_square.png": 1}
     assert batches[0]["pixel_values"].equal(batches[1]["pixel_values"])

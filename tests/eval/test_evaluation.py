@@ -368,13 +368,12 @@ def test_layout_metrics_are_the_pair_or_the_group_metrics():
     pairs = np.array([A[0], P[0], A[1], P[1], A[0], N[2]])  # cosines .8, .8, 0
     scores = np.array([0.9, 0.7, 0.1])
     want = pair_metrics(pairs[0::2], pairs[1::2], scores)
-    for layout in (Layout.PAIR, "pair"):
-        got = layout_metrics(layout, pairs, scores)
-        assert got.keys() == want.keys()
-        assert all(got[k] == pytest.approx(want[k], nan_ok=True) for k in want)
+    got = layout_metrics(Layout.PAIR, pairs, scores)
+    assert got.keys() == want.keys()
+    assert all(got[k] == pytest.approx(want[k], nan_ok=True) for k in want)
     assert layout_metrics(Layout.GROUP, ROWS, ROW_LABELS) == embedding_eval_metrics(ROWS, ROW_LABELS)
     candidates = [(np.array([[0.8, 0.6], [0.8, 0.0]]), np.array([0, 0]))]
-    assert layout_metrics("group", ROWS, ROW_LABELS, candidates=iter(candidates)) == \
+    assert layout_metrics(Layout.GROUP, ROWS, ROW_LABELS, candidates=iter(candidates)) == \
         embedding_eval_metrics(ROWS, ROW_LABELS, candidates=iter(candidates))
     with pytest.raises(ValueError, match="alternate sentence1, sentence2"):
         layout_metrics(Layout.PAIR, pairs[:5], scores)
@@ -384,8 +383,6 @@ def test_layout_metrics_are_the_pair_or_the_group_metrics():
         layout_metrics(Layout.PAIR, pairs, scores, candidates=iter(candidates))
     with pytest.raises(ValueError, match="start with a 1.0"):
         layout_metrics(Layout.GROUP, ROWS[:6], np.array([0.0, 1.0, 1.0, 0.0]))
-    with pytest.raises(ValueError, match="triplet"):
-        layout_metrics("triplet", ROWS, ROW_LABELS)
 
 
 # --------------------------------------------------------------------------------------

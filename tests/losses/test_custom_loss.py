@@ -77,6 +77,18 @@ def test_registry_takes_module_class_and_registered_names(monkeypatch):
         build_loss("custom_loss:SymmetricInfoNCE", no_such_option=1)
 
 
+def test_a_layout_declared_by_its_value_is_the_enum():
+    """A user's loss may write ``layout = "pair"``: the class holds ``Layout.PAIR`` from its
+    definition on (everything after it takes the enum only); an unknown value is an error there."""
+    class ByValue(EmbeddingLoss):
+        layout = "pair"
+
+    assert ByValue.layout is Layout.PAIR and ByValue().label_rule is not None
+    with pytest.raises(ValueError, match="Triplets.layout must be Layout.GROUP or Layout.PAIR, got 'triplet'"):
+        class Triplets(EmbeddingLoss):
+            layout = "triplet"
+
+
 @pytest.mark.parametrize("loss_class_name", ["SymmetricInfoNCE", "Exploding"])
 def test_custom_loss_trains_from_the_command_line(minilm_path, tmp_path, loss_class_name):
     """The CLI builds the user's class by ``module:Class``; a loss that raises shows its

@@ -81,10 +81,11 @@ def test_collator_puts_each_sides_instruction_on_its_rows(tiny_model):
     from transformers import AutoTokenizer
 
     from mmembed.encoding.collator import EmbeddingCollator, token_lengths
+    from mmembed.encoding.layout import Layout
 
     tok = AutoTokenizer.from_pretrained(tiny_model("qwen3"))
     template = dataclasses.replace(get_template("qwen3_emb"), query_system=QUERY, document_system="Passage:")
-    collator = EmbeddingCollator(template, tok, "group", max_length=128)
+    collator = EmbeddingCollator(template, tok, Layout.GROUP, max_length=128)
 
     def decoded(batch):
         return [tok.decode([i for i, m in zip(ids, mask) if m]) for ids, mask in
@@ -94,11 +95,11 @@ def test_collator_puts_each_sides_instruction_on_its_rows(tiny_model):
         QUERY + " the question<|endoftext|>", "Passage: the answer<|endoftext|>", "Passage: a wrong answer<|endoftext|>",
         "Row says: the question<|endoftext|>", "Passage: the answer<|endoftext|>", "Row doc: a wrong answer<|endoftext|>",
     ]
-    pairs = EmbeddingCollator(template, tok, "pair", max_length=128)
+    pairs = EmbeddingCollator(template, tok, Layout.PAIR, max_length=128)
     assert decoded(pairs([_sample(label=1.0)])) == [QUERY + " the question<|endoftext|>", "Passage: the answer<|endoftext|>"]
     # the longest row of the sample is the anchor with its instruction
     want = len(tok(QUERY + " the question<|endoftext|>", add_special_tokens=False)["input_ids"])
-    assert token_lengths([_sample()], collator.builder, "group") == [want]
+    assert token_lengths([_sample()], collator.builder, Layout.GROUP) == [want]
 
 
 def test_flags_reach_the_run_template(tiny_model, tmp_path):
@@ -253,7 +254,7 @@ def test_serve_takes_input_type(runs):
 def test_multimodal_folder_records_the_instructions(tmp_path):
     """A GME folder gets no sentence-transformers files: its mmembed.json and model card hold
     the instructions, and the card's rendering of each side is the template's."""
-    from mmembed.model.io import write_saved_folder
+    from mmembed.model.folder import write_saved_folder
 
     config = {"base_model": "/models/gme", "template": "qwen2_gme", "default_system": "You are a helpful assistant.",
               "pooling": "last", "media": ["image", "video"], "normalize": True, "max_length": 64, "tuner_type": "full",

@@ -15,6 +15,7 @@ from transformers import AutoProcessor, AutoTokenizer
 from mmembed.data import DataError, load_samples
 from mmembed.data.paths import MediaFileError
 from mmembed.encoding.inputs import InputBuilder
+from mmembed.encoding.layout import Layout
 from mmembed.encoding.media import MediaBudget, MediaSettings
 from mmembed.encoding.remote import DownloadSettings
 from mmembed.encoding.templates import get_template
@@ -38,12 +39,12 @@ def test_the_length_check_drops_the_rows_over_max_length_and_says_how_many(minil
     ds = load_samples([path], cache_dir=str(tmp_path / "cache")).dataset
     builder = InputBuilder(get_template("bert"), AutoTokenizer.from_pretrained(minilm_path), 16, truncate=False)
     with caplog.at_level(logging.WARNING, logger="mmembed"):
-        kept = drop_overlong(ds, builder, "group", 16, 1, "train")
+        kept = drop_overlong(ds, builder, Layout.GROUP, 16, 1, "train")
     assert kept["line"] == [1, 3]
     assert ("train: 1 of 3 rows are longer than --max_length 16 tokens and were deleted (--truncation_strategy delete; "
             "use left/right to truncate them instead)") in caplog.text
-    assert len(drop_overlong(ds, builder, "group", 64, 1, "train")) == 3
-    assert len(drop_overlong(ds, builder, "group", 16, 1, "train", truncate=True)) == 3
+    assert len(drop_overlong(ds, builder, Layout.GROUP, 64, 1, "train")) == 3
+    assert len(drop_overlong(ds, builder, Layout.GROUP, 16, 1, "train", truncate=True)) == 3
 
 
 @pytest.mark.parametrize("num_proc", [1, 2])
@@ -59,7 +60,7 @@ def test_a_shuffled_set_is_measured_in_the_caches_order_and_keeps_its_own(minilm
     assert ds._indices is not None and ds["line"] != sorted(ds["line"])
     want = [line for line in ds["line"] if len(tok(rows[line - 1]["response"])["input_ids"]) <= 16]
     assert 0 < len(want) < len(ds)
-    assert drop_overlong(ds, builder, "group", 16, num_proc, "train")["line"] == want
+    assert drop_overlong(ds, builder, Layout.GROUP, 16, num_proc, "train")["line"] == want
 
 
 def test_the_length_check_result_is_named_by_its_settings(minilm_path, tmp_path):
@@ -77,21 +78,21 @@ def test_the_length_check_result_is_named_by_its_settings(minilm_path, tmp_path)
                             media=media)
 
     # a response of 10*i + 5 words is 10*i + 7 tokens here: max_length 32 keeps i <= 2, 64 keeps all
-    assert len(drop_overlong(ds, builder(32), "group", 32, 1, "train")) == 3
-    assert len(drop_overlong(ds, builder(64), "group", 64, 1, "train")) == 6
-    assert len(drop_overlong(ds, builder(32), "group", 32, 1, "train")) == 3
-    base = length_check_fingerprint(ds, builder(32), "group", True)
-    assert length_check_fingerprint(ds, builder(32), "group", True) == base
-    assert length_check_fingerprint(ds, builder(32, template="modernbert"), "group", True) != base
-    assert length_check_fingerprint(ds, builder(64), "group", True) != base
-    assert length_check_fingerprint(ds, builder(32, media=MediaSettings(MediaBudget(max_pixels=784))), "group",
+    assert len(drop_overlong(ds, builder(32), Layout.GROUP, 32, 1, "train")) == 3
+    assert len(drop_overlong(ds, builder(64), Layout.GROUP, 64, 1, "train")) == 6
+    assert len(drop_overlong(ds, builder(32), Layout.GROUP, 32, 1, "train")) == 3
+    base = length_check_fingerprint(ds, builder(32), Layout.GROUP, True)
+    assert length_check_fingerprint(ds, builder(32), Layout.GROUP, True) == base
+    assert length_check_fingerprint(ds, builder(32, template="modernbert"), Layout.GROUP, True) != base
+    assert length_check_fingerprint(ds, builder(64), Layout.GROUP, True) != base
+    assert length_check_fingerprint(ds, builder(32, media=MediaSettings(MediaBudget(max_pixels=784))), Layout.GROUP,
                                     True) != base
-    assert length_check_fingerprint(ds, builder(32), "pair", True) != base
-    assert length_check_fingerprint(ds, builder(32), "group", False) != base
-    assert length_check_fingerprint(ds.select(range(5)), builder(32), "group", True) != base
+    assert length_check_fingerprint(ds, builder(32), Layout.PAIR, True) != base
+    assert length_check_fingerprint(ds, builder(32), Layout.GROUP, False) != base
+    assert length_check_fingerprint(ds.select(range(5)), builder(32), Layout.GROUP, True) != base
     config = tok_dir / "tokenizer_config.json"
     config.write_text(config.read_text().replace('"do_lower_case": true', '"do_lower_case": false'))
-    assert length_check_fingerprint(ds, builder(32), "group", True) != base
+    assert length_check_fingerprint(ds, builder(32), Layout.GROUP, True) != base
 
 
 def test_the_length_check_skips_rows_whose_media_fail_to_decode_with_strict_false(tiny_model, tmp_path, caplog):
@@ -106,9 +107,9 @@ def test_the_length_check_skips_rows_whose_media_fail_to_decode_with_strict_fals
     builder = InputBuilder(get_template("qwen2_gme"), AutoProcessor.from_pretrained(tiny_model("qwen2_vl")), 4096,
                            truncate=False)
     with pytest.raises(DataError, match=f"^{path}:1 field 'query videos\\[0\\]': .*at least 2.*one.mp4"):
-        drop_overlong(ds, builder, "group", 4096, 1, "train")
+        drop_overlong(ds, builder, Layout.GROUP, 4096, 1, "train")
     with caplog.at_level(logging.WARNING, logger="mmembed"):
-        kept = drop_overlong(ds, builder, "group", 4096, 1, "train", strict=False)
+        kept = drop_overlong(ds, builder, Layout.GROUP, 4096, 1, "train", strict=False)
     assert kept["line"] == [2, 3]
     assert "train: skipped 1 row(s) whose media cannot be loaded" in caplog.text and f"{path}:1 field" in caplog.text
 

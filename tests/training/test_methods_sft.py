@@ -27,6 +27,7 @@ def test_guide_and_teacher_embed_the_same_rows_as_the_student(minilm_path, tiny_
     from mmembed import Embedder
     from mmembed.data import read_file
     from mmembed.encoding.collator import EmbeddingCollator, sample_items
+    from mmembed.encoding.layout import Layout
     from mmembed.losses import build_loss
     from mmembed.training.arguments import parse_sft_args
     from mmembed.training.model_assembly import SideModels, build_model, load_processing, make_loss, resolve_template
@@ -36,7 +37,7 @@ def test_guide_and_teacher_embed_the_same_rows_as_the_student(minilm_path, tiny_
                            "--loss_kwargs", '{"margin": 0.05, "temperature": 0.05}', "--tuner_type", "full"])
     template = resolve_template(minilm_path, None, None, None)
     side_models = SideModels.load(args)
-    collator = EmbeddingCollator(template, load_processing(minilm_path, template), "group", 128,
+    collator = EmbeddingCollator(template, load_processing(minilm_path, template), Layout.GROUP, 128,
                                  guide=side_models.builders["guide"])
     samples = read_file(TRAIN)[:5]
     batch = collator(samples)
@@ -47,7 +48,7 @@ def test_guide_and_teacher_embed_the_same_rows_as_the_student(minilm_path, tiny_
         student = model(**batch)["last_hidden_state"]
         loss = make_loss(args)({"last_hidden_state": student, "guide_hidden_state": guide}, labels)
 
-    texts = [it.text for s in samples for it in sample_items(s, "group")[0]]
+    texts = [it.text for s in samples for it in sample_items(s, Layout.GROUP)[0]]
     want_guide = Embedder.from_pretrained(guide_dir).encode(texts)
     want_student = Embedder.from_pretrained(minilm_path).encode(texts)
     np.testing.assert_allclose(guide.numpy(), want_guide, atol=1e-5)
