@@ -269,7 +269,7 @@ class InfoNCEVariables:
 @dataclass(frozen=True)
 class TestHooks:
     """The test-only hooks of :mod:`mmembed.training.checkpoints`, as text (None: unset):
-    read once when a run starts (:func:`mmembed.training.checkpoints.arm_test_hooks`)."""
+    read once when a run starts (:func:`mmembed.training.hooks.arm_test_hooks`)."""
 
     __test__ = False  # not a pytest class
 

@@ -266,9 +266,9 @@ def test_test_hooks():
 
 
 def test_test_hooks_are_read_once_per_run(monkeypatch, tmp_path):
-    """checkpoints.test_point follows the hooks the run was armed with, not the environment of
-    the moment."""
-    from mmembed.training import checkpoints
+    """hooks.test_point follows the hooks the run was armed with, not the environment of the
+    moment."""
+    from mmembed.training import hooks as checkpoints
 
     flag = tmp_path / "pause"
     monkeypatch.setenv("MMEMBED_TEST_PAUSE_AT", "x:1")

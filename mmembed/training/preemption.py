@@ -26,7 +26,7 @@ from collections.abc import Iterator
 
 from transformers import TrainerCallback
 
-from . import checkpoints
+from . import hooks
 from .guards import any_process
 
 EXIT_CODE = 143  # 128 + SIGTERM
@@ -75,7 +75,7 @@ class PreemptionStop(TrainerCallback):
 
     # ---- the callback ---------------------------------------------------------------
     def on_step_begin(self, args, state, control, **kwargs):
-        checkpoints.test_point("train:step")  # test-only: a test can signal at a known step
+        hooks.test_point("train:step")  # test-only: a test can signal at a known step
         return control
 
     def on_step_end(self, args, state, control, **kwargs):

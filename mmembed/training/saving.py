@@ -40,7 +40,7 @@ from ..model.adapters import is_adapter, write_lora_layout
 from ..model.embedding import EmbeddingModel, hidden_size
 from ..model.folder import write_saved_folder
 from ..model.weights import load_backbone_weights
-from . import checkpoints
+from . import checkpoints, hooks
 from .guards import any_process, merged_dicts
 from .samplers import STATE_FILE, sampler_state
 
@@ -87,7 +87,7 @@ class CheckpointSaving:
         if self.hp_search_backend is None and trial is None:
             self.store_flos()
         if publisher:
-            checkpoints.test_point("save:begin")
+            hooks.test_point("save:begin")
         self._agreed(lambda: checkpoints.prepare_staging(final) if publisher else None, final)
         staging = checkpoints.staging_folder(final)
         if self.state.best_global_step:
@@ -120,7 +120,7 @@ class CheckpointSaving:
         not resume training. A failed write raises :class:`CheckpointWriteError` naming ``final``."""
         publisher = self.args.should_save
         if publisher:
-            checkpoints.test_point("save:begin")
+            hooks.test_point("save:begin")
         self._agreed(lambda: checkpoints.prepare_staging(final) if publisher else None, final)
         staging = checkpoints.staging_folder(final)
         written: dict[str, str] = {}
@@ -131,7 +131,7 @@ class CheckpointSaving:
 
         self._agreed(write, final)
         if publisher:
-            checkpoints.test_point("save:model")
+            hooks.test_point("save:model")
         written = merged_dicts(written)
         self._agreed(lambda: checkpoints.publish(final, self.state.global_step, model_only=True, written=written)
                      if publisher else None, final)
@@ -145,7 +145,7 @@ class CheckpointSaving:
 
         self.save_model(staging, _internal_call=True)
         if self.args.should_save:
-            checkpoints.test_point("save:model")
+            hooks.test_point("save:model")
         if not self.args.save_only_model:
             self._save_optimizer_and_scheduler(staging)
             self._save_scaler(staging)

@@ -25,8 +25,8 @@ from ..losses import EmbeddingLoss
 from ..model.embedding import hidden_size
 from .arguments import SftArguments
 from .charts import TrainingCharts, eval_similarities
-from .checkpoints import arm_test_hooks
 from .data_assembly import TrainingData, check_drop_last, load_eval_tasks, read_once
+from .hooks import arm_test_hooks
 from .model_assembly import (
     Encoding,
     SideModels,
