@@ -37,7 +37,7 @@ variable                          section        meaning
 ``ROOT_IMAGE_DIR``                data           ms-swift's third place for relative media paths
 ``INFONCE_*``                     infonce        the InfoNCE settings, as text (parsed by :class:`mmembed.losses.InfoNCEConfig`)
 ``MMEMBED_DEBUG``                 debug          true: an error shows its traceback (``--debug true``)
-``MMEMBED_TEST_KILL_AT``          test_hooks     test-only, ``POINT:N``: SIGKILL there (:mod:`mmembed.training.checkpoints`)
+``MMEMBED_TEST_KILL_AT``          test_hooks     test-only, ``POINT:N``: SIGKILL there (:mod:`mmembed.training.hooks`)
 ``MMEMBED_TEST_FULL_AT``          test_hooks     test-only, ``POINT:N``: every later write fails as on a full disk
 ``MMEMBED_TEST_PAUSE_AT``         test_hooks     test-only, ``POINT:N[,POINT:N...]``: pause there
 ``MMEMBED_TEST_PAUSE_FILE``       test_hooks     test-only: the file a pause creates and waits on
