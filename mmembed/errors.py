@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-_TRUE = ("1", "true", "yes", "y", "on")
-_FALSE = ("0", "false", "no", "n", "off", "")
+TRUE_WORDS = ("1", "true", "yes", "y", "on")
+FALSE_WORDS = ("0", "false", "no", "n", "off", "")
 
 
 class UsageError(ValueError):
@@ -37,37 +37,8 @@ def one_line(error: BaseException | str) -> str:
 def parse_bool(flag: str, text: str) -> bool:
     """true/false, yes/no, 1/0 (any case) as a bool, or a UsageError naming ``flag``."""
     low = text.strip().lower()
-    if low in _TRUE:
+    if low in TRUE_WORDS:
         return True
-    if low in _FALSE:
+    if low in FALSE_WORDS:
         return False
     raise UsageError(f"{flag} must be true or false (or 1/0), got {text!r}")
-
-
-def take_debug(argv: list[str], debug: bool | None = None) -> tuple[list[str], bool]:
-    """``--debug [true|false]`` taken out of ``argv``, for every command; with it (or
-    ``MMEMBED_DEBUG=1``: ``debug``, read from the environment when None) an error shows its
-    traceback instead of one line. A value that is
-    not a boolean (transformers' ``--debug underflow_overflow``) is left for the command's
-    parser."""
-    rest: list[str] = []
-    if debug is None:
-        from .environment import read
-
-        debug = read().debug
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        name, eq, inline = token.partition("=")
-        if name != "--debug":
-            rest.append(token)
-            i += 1
-            continue
-        value = inline if eq else (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else None)
-        if value is not None and value.strip().lower() not in _TRUE + _FALSE:
-            rest.append(token)  # not ours
-            i += 1
-            continue
-        debug = True if value is None else parse_bool("--debug", value)
-        i += 1 if eq or value is None else 2
-    return rest, debug

@@ -233,7 +233,7 @@ def test_debug(value, expected):
 
 
 def test_take_debug_reads_through_the_module(monkeypatch):
-    from mmembed.errors import take_debug
+    from mmembed.tools.cli import take_debug
 
     monkeypatch.setenv("MMEMBED_DEBUG", "1")
     assert take_debug([]) == ([], True)

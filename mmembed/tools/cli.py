@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..environment import Environment, for_children
 from ..environment import read as read_environment
-from ..errors import ArgumentParser, UsageError, one_line, take_debug
+from ..errors import FALSE_WORDS, TRUE_WORDS, ArgumentParser, UsageError, one_line, parse_bool
 
 if TYPE_CHECKING:
     from ..encoding.media import MediaSettings
@@ -30,6 +30,33 @@ commands:
   mine          add hard negatives to a data file (BM25 or a dense model, false-negative filters)
   serve         OpenAI-compatible POST /v1/embeddings with dynamic batching (FastAPI + uvicorn)
 """
+
+
+def take_debug(argv: list[str], debug: bool | None = None) -> tuple[list[str], bool]:
+    """``--debug [true|false]`` taken out of ``argv``, for every command; with it (or
+    ``MMEMBED_DEBUG=1``: ``debug``, read from the environment when None) an error shows its
+    traceback instead of one line. A value that is
+    not a boolean (transformers' ``--debug underflow_overflow``) is left for the command's
+    parser."""
+    rest: list[str] = []
+    if debug is None:
+        debug = read_environment().debug
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        name, eq, inline = token.partition("=")
+        if name != "--debug":
+            rest.append(token)
+            i += 1
+            continue
+        value = inline if eq else (argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else None)
+        if value is not None and value.strip().lower() not in TRUE_WORDS + FALSE_WORDS:
+            rest.append(token)  # not ours
+            i += 1
+            continue
+        debug = True if value is None else parse_bool("--debug", value)
+        i += 1 if eq or value is None else 2
+    return rest, debug
 
 
 def _setup_logging(environment: Environment) -> None:

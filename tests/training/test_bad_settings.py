@@ -394,7 +394,7 @@ def test_debug_shows_the_traceback(places, minilm_path, tmp_path, monkeypatch):
     assert r.returncode != 0 and "Traceback" in r.stderr
     assert "UsageError: --lora_rank must be an integer >= 1, got 0" in r.stderr
     # transformers' own --debug takes other values; those are left to it
-    from mmembed.errors import take_debug
+    from mmembed.tools.cli import take_debug
 
     monkeypatch.delenv("MMEMBED_DEBUG", raising=False)
     assert take_debug(["--debug", "underflow_overflow"]) == (["--debug", "underflow_overflow"], False)
