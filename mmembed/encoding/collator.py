@@ -22,6 +22,7 @@ for the same rows, or the teacher signals the data carries.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -32,6 +33,7 @@ import torch.utils.data
 
 from ..data.sample import DataError, Item, Sample
 from .inputs import InputBuilder
+from .instructions import Instructions
 from .layout import Layout
 from .templates import Template
 
@@ -172,12 +174,16 @@ class EmbeddingCollator:
     # --strict false: a row whose media fail to load here is skipped, logged, and replaced in
     # its batch by a stand-in drawn from its dataset (see collate); True: the DataError is raised
     strict: bool = True
+    # --dataset_config's instructions of each dataset, over the template's (the row's own system
+    # first; mmembed.encoding.instructions): a sample's dataset_id picks its dataset's
+    instructions: Instructions = dataclasses.field(default_factory=Instructions)
 
     def __post_init__(self):
         if not isinstance(self.layout, Layout):
             raise TypeError(f"layout must be Layout.GROUP or Layout.PAIR (the loss's layout), got {self.layout!r}")
         self.builder = InputBuilder(self.template, self.tokenizer, self.max_length, self.truncation_side, self.truncate,
                                     bucket=self.bucket, media=self.media)
+        self._templates = self.instructions.templates(self.template)  # the datasets with instructions of their own
 
     def __call__(self, samples: Sequence[Sample]) -> dict[str, Any]:
         try:
@@ -238,9 +244,11 @@ class EmbeddingCollator:
             items.extend(its)
             origins.extend(item_origins(s, self.layout))
             labels.extend(labs)
-        # the student's rows carry their side's instruction (the guide and the teacher have their own templates)
-        sides = [side for s in samples for side in item_sides(s, self.layout)]
-        batch: dict[str, Any] = self.builder([self.template.with_side(it, sd) for it, sd in zip(items, sides)], origins)
+        # the student's rows carry their side's instruction, their dataset's where it has one (the
+        # guide and the teacher have their own templates)
+        sides = [(side, self._templates.get(s.dataset_id, self.template))
+                 for s in samples for side in item_sides(s, self.layout)]
+        batch: dict[str, Any] = self.builder([tpl.with_side(it, sd) for it, (sd, tpl) in zip(items, sides)], origins)
         side = SideBatch(
             guide_inputs=self.guide(items, origins) if self.guide is not None else None,
             teacher_inputs=self.teacher(items, origins) if self.teacher is not None else None,

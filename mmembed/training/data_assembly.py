@@ -25,9 +25,10 @@ import numpy as np
 
 from ..data import EmbeddingDataset, SpecError, load_samples
 from ..data.dataset_config import DatasetEntry, DatasetInfo
-from ..data.sample import DataError, Sample
+from ..data.sample import DataError
 from ..data.streaming import StreamingSamples, stream_samples
 from ..data.teacher import TeacherFiles, teacher_signal
+from ..encoding.instructions import Instructions
 from ..eval.tasks import HeldOutTasks
 from ..losses import EmbeddingLoss
 from .arguments import SftArguments, UsageError
@@ -139,10 +140,10 @@ class TrainingData:
     # ------------------------------------------------------------------ --dataset_config
     @classmethod
     def load_config(cls, checks: Checks, load_opts: dict) -> TrainingData:
-        """``--dataset_config``: each dataset's rows read (``sample: N`` as ``#N``), its
-        instructions put on the rows that give no system of their own (``query_system`` on the
-        anchors, ``document_system`` on the positives and negatives); the validation rows
-        likewise (its ``val`` files, or its ``--split_dataset_ratio`` share). The phases check
+        """``--dataset_config``: each dataset's rows read (``sample: N`` as ``#N``) and its
+        validation rows (its ``val`` files, or its ``--split_dataset_ratio`` share); its
+        instructions are not written into the rows but applied where rows are rendered, by each
+        row's dataset index (:mod:`mmembed.encoding.instructions`). The phases check
         each dataset's rows against its own loss, then tag them with its index (the
         ``dataset_id`` column), concatenate the datasets (shuffled together,
         ``--dataset_shuffle``), fetch their remote media and check their lengths as for
@@ -175,8 +176,7 @@ class TrainingData:
                 files["val"].update(val_loaded.records)
             # its val rows are scored with its loss (eval_<name>_*) and, pooled, with the run's (eval_*)
             own = (losses.get(i) or loss).negatives_rule
-            val = with_instructions(val, entry) if val is not None else None
-            parts.append(Part.of(with_instructions(train, entry), val, own, (own, loss.negatives_rule), entry.name))
+            parts.append(Part.of(train, val, own, (own, loss.negatives_rule), entry.name))
         train, val = check_rows(Rows(parts, join=lambda parts: _join(parts, args)), checks).whole()
         train_set = EmbeddingDataset(train)
         val_set = EmbeddingDataset(val) if val is not None else None
@@ -324,32 +324,6 @@ def sample_rows(ds, n: int, seed: int, shuffle: bool, name: str):
     return ds.select(sample_indices(len(ds), n, np.random.RandomState(seed), shuffle))
 
 
-def with_instructions(ds, entry: DatasetEntry):
-    """``ds`` with the dataset's ``query_system`` on every anchor and ``document_system`` on
-    every positive and negative whose row gives no system of its own (a row's own wins)."""
-    if entry.query_system is None and entry.document_system is None:
-        return ds
-    import hashlib
-
-    query, document = entry.query_system, entry.document_system
-
-    def apply(batch: dict[str, list]) -> dict[str, list]:
-        out = []
-        for text in batch["sample"]:
-            sample = Sample.from_json(text)
-            if query is not None and sample.anchor.system is None:
-                sample.anchor.system = query
-            if document is not None:
-                for item in (*sample.positives, *sample.negatives):
-                    if item.system is None:
-                        item.system = document
-            out.append(sample.to_json())
-        return {"sample": out}
-
-    key = hashlib.sha256(json.dumps([ds._fingerprint, query, document]).encode()).hexdigest()[:32]
-    return ds.map(apply, batched=True, new_fingerprint=key, desc=f"instructions ({entry.name})")
-
-
 def with_dataset_id(ds, index: int):
     """``ds`` with its ``dataset_id`` column (:data:`~mmembed.data.dataset.DATASET_ID`) set to ``index``."""
     from ..data.dataset import DATASET_ID
@@ -384,6 +358,7 @@ def dataset_report(infos: list[DatasetInfo], train: EmbeddingDataset, encoding: 
     (instructions applied, template rendered) and the loss settings in force."""
     sampler_name = sampler or "mixed"
     shares = expected_shares(infos, sampler_name)
+    instructions = Instructions.of([info.entry for info in infos if info.entry is not None])
     ids = train.dataset_ids
     lines = [f"{len(infos)} training datasets (--multi_dataset_sampler {sampler_name}: shares "
              f"{SHARES.get(sampler_name, 'by size')}):"]
@@ -393,9 +368,10 @@ def dataset_report(infos: list[DatasetInfo], train: EmbeddingDataset, encoding: 
         lines.append(f"  {info.name}: {info.rows} rows" + (f" (+{info.val_rows} val)" if info.val_rows else "")
                      + f", weight {info.weight:g}, expected share {share:.1%}")
         if sample is not None:
-            lines.append(f"    query:    {encoding.template.render(sample.anchor)!r}")
+            template = instructions.template_for(encoding.template, i)
+            lines.append(f"    query:    {template.render(sample.anchor, 'query')!r}")
             if sample.positives:
-                lines.append(f"    document: {encoding.template.render(sample.positives[0])!r}")
+                lines.append(f"    document: {template.render(sample.positives[0], 'document')!r}")
         settings = " ".join(repr(losses.get(i, loss)).split())
         lines.append(f"    loss: {settings}" + ("" if i in losses else " (the run's)"))
     return "\n".join(lines)

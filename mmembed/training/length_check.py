@@ -16,6 +16,7 @@ decode is found before training too. The result is cached by ``datasets`` under
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -23,10 +24,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..data.dataset import release_mapped, shared_heap
+from ..data.dataset import DATASET_ID, release_mapped, shared_heap
 from ..data.sample import DataError, Sample
 from ..encoding.collator import token_lengths
 from ..encoding.inputs import InputBuilder
+from ..encoding.instructions import Instructions
 from ..encoding.layout import Layout
 from ..encoding.measure import json_text_lengths
 from ..losses import EmbeddingLoss
@@ -58,11 +60,16 @@ def check_lengths(args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, m
         return train, val
     truncate = args.truncation_strategy != "delete"
     builder = length_builder(encoding, media, args.check_media)
+    # the datasets with instructions of their own (--dataset_config) measure with their template
+    own = Instructions.of(getattr(args, "dataset_entries", None) or []).templates(encoding.template)
+    builders = {d: length_builder(dataclasses.replace(encoding, template=t), media, args.check_media)
+                for d, t in own.items()}
     checked = []
     for what, ds in (("train", train), ("val", val)):
         if ds is not None:
             ds = drop_overlong(ds, builder, loss.layout, encoding.max_length,
-                               check_processes(args.dataset_num_proc, len(ds)), what, args.strict, truncate)
+                               check_processes(args.dataset_num_proc, len(ds)), what, args.strict, truncate,
+                               builders=builders)
         checked.append(ds)
     return checked[0], checked[1]
 
@@ -87,7 +94,7 @@ def length_builder(encoding: Encoding, media: MediaSettings | None = None, check
 
 
 def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, num_proc: int, what: str,
-                  strict: bool = True, truncate: bool = False):
+                  strict: bool = True, truncate: bool = False, builders: dict[int, InputBuilder] | None = None):
     """``--truncation_strategy delete``: remove rows with any input over ``max_length`` tokens
     (media expanded, as the model sees them), and say how many.
 
@@ -102,9 +109,14 @@ def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, nu
     than first in the middle of training, and since a row with media is never truncated, one over
     ``max_length`` is a data error naming it (or, with ``strict=False``, skipped and listed).
     Text rows are left to be truncated.
-    """
 
-    def lengths_of(samples: list[Sample]) -> list[int]:
+    ``builders``: ``{dataset: builder}`` for the rows whose ``dataset_id`` names a dataset with
+    instructions of its own (its template's; :mod:`mmembed.encoding.instructions`), measured
+    with it; the other rows with ``builder``.
+    """
+    builders = builders or {}
+
+    def lengths_of(samples: list[Sample], builder: InputBuilder) -> list[int]:
         if not truncate:
             return token_lengths(samples, builder, layout)
         media = [i for i, s in enumerate(samples) if any(it.has_media for it in (s.anchor, *s.positives, *s.negatives))]
@@ -121,29 +133,43 @@ def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, nu
     mapped = frozenset(f["filename"] for f in ds.cache_files)
     batches = [0]
 
-    def measure(batch: dict[str, list]) -> dict[str, list]:
-        batches[0] += 1
-        if batches[0] % 4 == 0:  # the cache pages read so far leave this process's resident set
-            release_mapped(mapped)
+    def measure_rows(rows: list[str], builder: InputBuilder) -> dict[str, list]:
         if not truncate:  # text-only rows without a Sample object each (None: the general path)
-            fast = json_text_lengths(builder, batch["sample"], layout)
+            fast = json_text_lengths(builder, rows, layout)
             if fast is not None:
                 return {"n_tokens": fast, "load_error": [""] * len(fast)}
-        samples = [Sample.from_json(s) for s in batch["sample"]]
+        samples = [Sample.from_json(s) for s in rows]
         try:
-            return {"n_tokens": lengths_of(samples), "load_error": [""] * len(samples)}
+            return {"n_tokens": lengths_of(samples, builder), "load_error": [""] * len(samples)}
         except DataError:
             if strict:
                 raise
         lengths, errors = [], []
         for sample in samples:  # one at a time, to find the rows that fail
             try:
-                lengths.append(lengths_of([sample])[0])
+                lengths.append(lengths_of([sample], builder)[0])
                 errors.append("")
             except DataError as e:
                 lengths.append(0)
                 errors.append(json.dumps([e.source, e.line, e.field, e.reason], ensure_ascii=False))
         return {"n_tokens": lengths, "load_error": errors}
+
+    def measure(batch: dict[str, list]) -> dict[str, list]:
+        batches[0] += 1
+        if batches[0] % 4 == 0:  # the cache pages read so far leave this process's resident set
+            release_mapped(mapped)
+        if not builders or DATASET_ID not in batch:
+            return measure_rows(batch["sample"], builder)
+        groups: dict[int | None, list[int]] = {}
+        for i, d in enumerate(batch[DATASET_ID]):
+            groups.setdefault(d if d in builders else None, []).append(i)
+        out = {"n_tokens": [0] * len(batch["sample"]), "load_error": [""] * len(batch["sample"])}
+        for d, rows in groups.items():
+            got = measure_rows([batch["sample"][i] for i in rows], builders.get(d, builder))
+            for k, v in got.items():
+                for i, x in zip(rows, v):
+                    out[k][i] = x
+        return out
 
     import datasets
 
@@ -158,7 +184,7 @@ def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, nu
     with shared_heap(num_proc > 1):
         measured = stored.map(measure, batched=True, num_proc=num_proc if num_proc > 1 else None, features=features,
                               remove_columns=ds.column_names, desc=f"length check ({what})",
-                              new_fingerprint=length_check_fingerprint(ds, builder, layout, strict)
+                              new_fingerprint=length_check_fingerprint(ds, builder, layout, strict, builders)
                               + ("-media" if truncate else ""), load_from_cache_file=strict)
     columns = measured[:]  # both columns as lists at once (a column of `datasets` 5 is read row by row)
     lengths, errors = columns["n_tokens"], columns["load_error"]
@@ -182,10 +208,12 @@ def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, nu
     return ds.select(keep) if len(keep) < len(ds) else ds
 
 
-def length_check_fingerprint(ds, builder: InputBuilder, layout: Layout, strict: bool) -> str:
+def length_check_fingerprint(ds, builder: InputBuilder, layout: Layout, strict: bool,
+                             builders: dict[int, InputBuilder] | None = None) -> str:
     """The name of the length check's result among ``datasets``' cache files: the rows (their
-    fingerprint), the template, the tokenizer's files, ``max_length``, the batch layout, the
-    builder's media budget and how it counts media (``--check_media``). Given explicitly,
+    fingerprint), the template (and each dataset's of ``builders``), the tokenizer's files,
+    ``max_length``, the batch layout, the builder's media budget and how it counts media
+    (``--check_media``). Given explicitly,
     because ``datasets`` would otherwise name it by pickling the measuring function with
     everything it holds, the tokenizer included: about
     10 seconds for a Qwen tokenizer of 151k tokens, on every run."""
@@ -199,6 +227,8 @@ def length_check_fingerprint(ds, builder: InputBuilder, layout: Layout, strict: 
                  repr(builder.media_settings().budget), type(builder.processor).__name__,
                  getattr(builder, "check_media", "full")):
         h.update(repr(part).encode("utf-8") + b"\0")
+    for d, own in sorted((builders or {}).items()):
+        h.update(repr((d, repr(own.template))).encode("utf-8") + b"\0")
     if os.path.isdir(folder):  # the files the tokenizer and processor were read from
         for name in sorted(os.listdir(folder)):
             if name.startswith(("tokenizer", "vocab", "merges", "special_tokens", "added_tokens", "chat_template",

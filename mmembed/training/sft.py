@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from ..encoding.collator import EmbeddingCollator
+from ..encoding.instructions import Instructions
 from ..encoding.templates import template_config
 from ..environment import Environment
 from ..environment import read as read_environment
@@ -120,6 +121,7 @@ def build_trainer(args: SftArguments, setup: RunSetup | None = None) -> Embeddin
         media=media,
         with_dataset_ids=True,
         strict=args.strict,
+        instructions=Instructions.of(args.dataset_entries),
     )
     trainer = EmbeddingTrainer(
         model=model,

@@ -153,8 +153,8 @@ def _load(args):
 
 def test_rows_ids_instructions_and_sample(minilm_path, data, tmp_path, caplog):
     """Each dataset's rows carry its index; sample: N over two files draws as #N over their
-    rows together; instructions go on rows without a system of their own; val rows are tagged
-    too; the start-up report shows each dataset's rows, share and rendered texts."""
+    rows together; instructions apply to the texts without a system of their own, where the
+    rows are rendered (the rows are not rewritten); val rows are tagged too; the start-up report shows each dataset's rows, share and rendered texts."""
     import logging
 
     from mmembed.data import load_samples
@@ -185,21 +185,40 @@ def test_rows_ids_instructions_and_sample(minilm_path, data, tmp_path, caplog):
     assert [s.line for s in samples[8:14]] == want
     # the single-path #N is ms-swift's own path#3
     assert [s.anchor.text for s in samples[14:]] == [p["query"] for p in PAIRS[20:23]]
-    # instructions: query side and document side; a row's own system wins; none where none is given
-    assert all(s.anchor.system == "Q-HN" and {x.system for x in s.positives + s.negatives} == {"D-HN"}
-               for s in samples[:8])
+    # the instructions are not written into the rows: only a row's own system is there
+    assert all(x.system is None for s in samples[:8] + samples[14:] for x in (s.anchor, *s.positives, *s.negatives))
     own = [s for s in samples[8:14] if s.source.endswith("own.jsonl")]
-    assert {s.anchor.system for s in samples[8:14] if not s.source.endswith("own.jsonl")} == {"Q-MIX"}
-    assert all(s.anchor.system == ("ROW SYSTEM" if s.line == 1 else "Q-MIX") for s in own)
-    assert all(s.positives[0].system is None for s in samples[8:])
-    assert got.val.dataset_ids.tolist() == [0] * 4 and got.val[0].anchor.system == "Q-HN"
-    # the collator hands the ids on
+    assert [s.anchor.system for s in own] == ["ROW SYSTEM" if s.line == 1 else None for s in own]
+    # they are applied where the rows are rendered: the collator's inputs, against the tokenizer
+    # on the text written out (MiniLM's template: '{system} {content}'). Query side and document
+    # side; a row's own system wins; none where none is given
     from mmembed.encoding.collator import EmbeddingCollator
+    from mmembed.encoding.instructions import Instructions
     from mmembed.encoding.layout import Layout
     from mmembed.training.model_assembly import Encoding
 
     enc = Encoding.resolve(args)
-    batch = EmbeddingCollator(enc.template, enc.processing, Layout.GROUP, 64, with_dataset_ids=True)(samples[6:10])
+    collator = EmbeddingCollator(enc.template, enc.processing, Layout.GROUP, 64, with_dataset_ids=True,
+                                 instructions=Instructions.of(args.dataset_entries))
+
+    def fed(sample) -> list[list[int]]:
+        batch = collator([sample])
+        return [row[m.bool()].tolist() for row, m in zip(batch["input_ids"], batch["attention_mask"])]
+
+    def written(sample, query: str | None, document: str | None) -> list[list[int]]:
+        texts = [(sample.anchor.system or query, sample.anchor.text)]
+        texts += [(document, x.text) for x in (*sample.positives, *sample.negatives)]
+        return [enc.processing(f"{system} {text}" if system else text)["input_ids"] for system, text in texts]
+
+    for s in samples[:8]:
+        assert fed(s) == written(s, "Q-HN", "D-HN")
+    for s in samples[8:14]:
+        assert fed(s) == written(s, "Q-MIX", None)
+    for s in samples[14:]:
+        assert fed(s) == written(s, None, None)
+    assert got.val.dataset_ids.tolist() == [0] * 4 and fed(got.val[0]) == written(got.val[0], "Q-HN", "D-HN")
+    # the collator hands the ids on
+    batch = collator(samples[6:10])
     assert batch["dataset_ids"].tolist() == [0, 0, 1, 1] and batch["dataset_ids"].dtype == torch.long
 
 
