@@ -222,6 +222,29 @@ def test_rows_ids_instructions_and_sample(minilm_path, data, tmp_path, caplog):
     assert batch["dataset_ids"].tolist() == [0, 0, 1, 1] and batch["dataset_ids"].dtype == torch.long
 
 
+def test_the_length_check_measures_each_row_with_its_datasets_instructions(minilm_path, data, tmp_path):
+    """The same rows in two datasets, one with a long query instruction: with
+    --truncation_strategy delete the rows that the instruction takes over --max_length go from
+    that dataset only, and exactly those (the tokenizer's count of the text written out)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(minilm_path)
+    long = "Given a question about the scene described, find the sentence that describes the same scene"
+    cfg = write_config(data / "long.yaml", [{"name": "plain", "path": "pairs.jsonl"},
+                                            {"name": "long", "path": "pairs.jsonl", "query_system": long}])
+    rows = PAIRS[20:28]
+    with_long = [len(tok(f"{long} {p['query']}")["input_ids"]) for p in rows]
+    alone = [max(len(tok(p["query"])["input_ids"]), len(tok(p["response"])["input_ids"])) for p in rows]
+    limit = sorted(with_long)[len(with_long) // 2]  # about half the rows fit with the instruction
+    assert max(alone) <= limit < max(with_long)
+    args = parse_sft_args(_argv(minilm_path, "--dataset_config", cfg, "--output_dir", str(tmp_path),
+                                "--dataset_shuffle", "false", "--max_length", str(limit)))
+    got = _load(args)
+    assert [(d.name, d.rows) for d in got.datasets] == [("plain", 8), ("long", sum(n <= limit for n in with_long))]
+    kept = [got.train[i].anchor.text for i in range(len(got.train)) if got.train[i].dataset_id == 1]
+    assert kept == [p["query"] for p, n in zip(rows, with_long) if n <= limit]
+
+
 def test_a_plain_dataset_run_has_one_dataset_of_zeros(minilm_path, data, tmp_path):
     args = parse_sft_args(_argv(minilm_path, "--dataset", str(data / "hn.jsonl"), "--output_dir", str(tmp_path)))
     got = _load(args)
