@@ -4,6 +4,7 @@ decides anything by comparing loss names."""
 
 import ast
 import os
+import pathlib
 import re
 
 from conftest import REPO
@@ -183,3 +184,12 @@ def test_no_module_imports_itself_in_a_circle():
         steps = [f"{a} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:])]
         circles.append(" -> ".join(steps + [cycle[-1]]) + (f"; also in the circle: {', '.join(others)}" if others else ""))
     assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_test_files_have_unique_names():
+    """The test folders are not packages, so pytest imports each test file by its base name: two
+    files of one name in different folders break the collection of the second."""
+    import collections
+
+    names = collections.Counter(p.name for p in pathlib.Path(REPO, "tests").rglob("test_*.py"))
+    assert not [n for n, k in names.items() if k > 1], names.most_common(3)
