@@ -43,6 +43,11 @@ def gather_sizes(n: int, device: torch.device) -> list[int]:
     return [int(x.item()) for x in out]
 
 
+def max_over_processes(n: int, device: torch.device) -> int:
+    """The largest ``n`` of all processes (this one's alone without a process group of several)."""
+    return max(gather_sizes(n, device)) if world()[1] > 1 else n
+
+
 def _gather_padded(x: Tensor, sizes: list[int]) -> Tensor:
     """Concatenate every process's ``x`` (rows ``sizes[r]``) in rank order, without graph."""
     width = max(sizes)

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Subset
 from ..encoding.collator import CollatedBatch
 from ..eval.metrics import layout_metrics
 from ..losses import Layout
-from .distributed import all_gather_no_grad, world
+from .distributed import all_gather_no_grad, max_over_processes, world
 
 
 @torch.no_grad()
@@ -101,9 +101,7 @@ def embed_eval_set(trainer, dataset, each: Callable[[CollatedBatch, dict[str, An
     was_training = model.training
     model.eval()
     loader = eval_loader(dataset, trainer.args, trainer.data_collator)
-    rounds = torch.tensor([len(loader)], device=device)
-    if world()[1] > 1:
-        torch.distributed.all_reduce(rounds, op=torch.distributed.ReduceOp.MAX)
+    rounds = max_over_processes(len(loader), device)
     embs, labels, batch = [], [], None
     try:
         for raw in loader:
@@ -113,14 +111,13 @@ def embed_eval_set(trainer, dataset, each: Callable[[CollatedBatch, dict[str, An
                 each(batch, out)
             embs.append(out["last_hidden_state"].float())
             labels.append(batch.labels.float())
-        for _ in range(int(rounds.item()) - len(loader)):
+        for _ in range(rounds - len(loader)):
             if batch is None:
                 batch = CollatedBatch.unpack(trainer._prepare_inputs(trainer.data_collator([dataset[0]])))
             model(**batch.inputs)
     finally:
         model.train(was_training)
-    width = embs[0].shape[1] if embs else 0
-    width = int(max(all_gather_no_grad(torch.tensor([width], device=device)).tolist()))
+    width = max_over_processes(embs[0].shape[1] if embs else 0, device)
     emb = torch.cat(embs) if embs else torch.zeros((0, width), device=device)
     lab = torch.cat(labels) if labels else torch.zeros((0,), device=device)
     return all_gather_no_grad(emb).cpu().numpy(), all_gather_no_grad(lab).cpu().numpy()

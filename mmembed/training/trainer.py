@@ -20,6 +20,7 @@ The trainer is the loss call plus wiring; each side concern has a home of its ow
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ from ..encoding.collator import CollatedBatch, raise_batch_error
 from ..encoding.inputs import select_rows, split_rows
 from ..losses import Side, build_loss
 from ..model.embedding import EmbeddingModel
-from .distributed import GlobalBatchLoss, gather_sizes, world
+from .distributed import GlobalBatchLoss, max_over_processes, world
 from .evaluation import evaluation_metrics
 from .gradcache import GradCache, deepspeed_chunk_backward
 from .guards import SaveLastStep, ZeroLossStop, check_grad_norm, check_loss
@@ -236,7 +237,7 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         if self.is_deepspeed_enabled:
             # every process runs as many chunk passes (see deepspeed_chunk_backward)
             backward_fn, no_sync = deepspeed_chunk_backward(self.accelerator), None
-            num_chunks_fn = self._max_over_processes
+            num_chunks_fn = functools.partial(max_over_processes, device=self.args.device)
         else:
             # DDP communicates only in the last chunk's backward, so chunk counts may differ
             backward_fn, no_sync, num_chunks_fn = None, getattr(model, "no_sync", None), None
@@ -245,10 +246,6 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
                           backward_fn=backward_fn, no_sync=no_sync, num_chunks_fn=num_chunks_fn)
         self._count_dataset_loss(dataset, loss)
         return loss.detach() * scale
-
-    def _max_over_processes(self, n: int) -> int:
-        _, w = world()
-        return max(gather_sizes(n, self.args.device)) if w > 1 else n
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """The Trainer's loop, with two of its steps left out where mmembed did them already:
