@@ -146,6 +146,12 @@ def sizes_for(a: argparse.Namespace) -> Sizes:
             setattr(s, name, getattr(a, name))
     if a.gme_batches:
         s.gme_batches = [int(b) for b in a.gme_batches.split(",")]
+    if a.text_models:
+        wanted = a.text_models.split(",")
+        unknown = sorted(set(wanted) - {m for _, m, _ in s.text_runs})
+        if unknown:
+            raise SystemExit(f"--text_models: unknown {', '.join(unknown)} (minilm, qwen3)")
+        s.text_runs = [r for r in s.text_runs if r[1] in wanted]
     if a.precision == "amp" and not a.dry_run:
         s.dtype = "float32"  # float32 weights, bf16 autocast (TrainingArguments bf16=True)
     return s
@@ -653,7 +659,7 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
                 go(label, "mmembed", model, batch, s.steps, s.warmup, data, extra=mm_extra + flags, variant=name)
     if "oom" in parts:
         data = write_text_rows(os.path.join(work, "oom.jsonl"), s.oom_steps * s.oom_batch)
-        label = s.text_runs[-1][0]
+        label = "Qwen3 2-layer" if dry else "Qwen3-0.6B-sized"
         w = min(s.warmup, s.oom_steps // 3)
         go(label, "st", "qwen3", s.oom_batch, s.oom_steps, w, data)
         go(label, "mmembed", "qwen3", s.oom_batch, s.oom_steps, w, data, extra=mm_extra)
@@ -937,6 +943,7 @@ def main() -> None:
     p.add_argument("--oom_steps", type=int, help="steps at --oom_batch (GPU 6)")
     p.add_argument("--gradcache", type=int, help="mmembed --gradcache_mini_batch_size at --oom_batch (GPU 64)")
     p.add_argument("--gme_batches", help="GME batches (GPU 8,32,64)")
+    p.add_argument("--text_models", help="the text part's models, of minilm, qwen3 (default both)")
     p.add_argument("--gme_steps", type=int, help="GME steps (GPU 12)")
     p.add_argument("--gme_warmup", type=int, help="untimed first GME steps (GPU 4)")
     p.add_argument("--workers", type=int, help="--dataloader_num_workers on both sides (default: each side's own)")
