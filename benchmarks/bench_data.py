@@ -2,7 +2,8 @@
 
 Builds synthetic data of the usual shape (a query, a positive, three hard negatives):
 
-- text rows, written by /work/shared/scale/make.py when it is there (STS-B sentences), else
+- text rows, written by the scale data maker when it is there (``../shared/scale/make.py`` beside
+  the repository, or the file ``MMEMBED_SCALE_MAKER`` names; STS-B sentences), else
   by a built-in generator of the same shape;
 - image rows: `<image>` in the query, a real JPEG per row (PIL, random pixels, a few sizes:
   224x224, 320x240, 640x480, 1024x768), a caption as the positive, three text negatives;
@@ -40,7 +41,8 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MAKE = "/work/shared/scale/make.py"
+# the workplace's data maker, beside the repository (or where MMEMBED_SCALE_MAKER says)
+MAKE = os.environ.get("MMEMBED_SCALE_MAKER") or os.path.join(os.path.dirname(REPO), "shared", "scale", "make.py")
 SIZES = [(224, 224), (320, 240), (640, 480), (1024, 768)]
 PHASE_RE = re.compile(r"data: ([a-z ]+): ([\d,]+) rows, .*?([\d.]+) s(?:, ([\d,]+) rows/s)?")
 PHASES = ("parse", "trainable check", "remote media", "length check")

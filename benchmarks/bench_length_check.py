@@ -4,7 +4,7 @@
     python benchmarks/bench_length_check.py image N [--check_media header|full] [--size 640x480]
     (both: [--num_proc P], the processes of the check, as --dataset_num_proc)
 
-``text``: the rows of a JSONL file (e.g. ``python3 /work/shared/scale/make.py 100000 rows.jsonl``)
+``text``: the rows of a JSONL file (e.g. ``python3 ../shared/scale/make.py 100000 rows.jsonl`` from the repository root)
 measured with all-MiniLM-L6-v2's tokenizer (``bert`` template). ``image``: N rows of the usual
 shape (a query with its own JPEG, a positive, three hard negatives), N distinct JPEG files
 written first, measured with a tiny Qwen2-VL processor (``qwen2_gme`` template; built by
