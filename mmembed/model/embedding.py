@@ -364,7 +364,7 @@ _warned_custom_code: set[str] = set()
 
 def load_backbone(path: str, torch_dtype: str | None = None, attn_impl: str | None = None) -> nn.Module:
     """Load the base transformer (no head) from a local folder, as ``AutoModel`` does."""
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoModel
 
     require_local_model(path)
     refuse_custom_code(path)  # the base model of an adapter is loaded here without passing check_model_folder
@@ -375,13 +375,10 @@ def load_backbone(path: str, torch_dtype: str | None = None, attn_impl: str | No
         kwargs["dtype"] = torch.float32
     if attn_impl:
         kwargs["attn_implementation"] = {"flash_attn": "flash_attention_2"}.get(attn_impl, attn_impl)
-    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-    if config.model_type == "bert":
-        kwargs["add_pooling_layer"] = False  # the BERT pooler is unused by embedding pooling
     # Embedding needs the base model only: the head weights a checkpoint may carry (lm_head
-    # of GME / Qwen-VL / Qwen2-Audio checkpoints, the BERT pooler) are left out on purpose.
-    # transformers' load report would list them as unexpected; it is silenced, and any
-    # other missing or unexpected weight is reported here instead.
+    # of GME / Qwen-VL / Qwen2-Audio checkpoints) are left out on purpose. transformers' load
+    # report would list them as unexpected; it is silenced, and any other missing or
+    # unexpected weight is reported here instead.
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()
@@ -390,6 +387,12 @@ def load_backbone(path: str, torch_dtype: str | None = None, attn_impl: str | No
         model, info = AutoModel.from_pretrained(path, output_loading_info=True, **kwargs)
     finally:
         hf_logging.set_verbosity(level)
+    # A BERT-style pooler (dense + tanh over [CLS]) is part of the base model a checkpoint and
+    # an export must keep whole, though no embedding pooling reads it: it is loaded, frozen
+    # (no gradient ever reaches it, and DDP refuses parameters that get none) and saved as it was.
+    pooler = getattr(model, "pooler", None)
+    if isinstance(pooler, nn.Module):
+        pooler.requires_grad_(False)
     unexpected = [k for k in info.get("unexpected_keys", []) if not _is_head_weight(k)]
     for what, keys in (("missing (randomly initialized)", info.get("missing_keys", [])), ("unexpected (ignored)", unexpected)):
         if keys:

@@ -220,3 +220,38 @@ def test_the_card_counts_the_steps_trained_not_the_steps_logged():
     record = training_record({}, history, global_step=4)
     assert record["global_step"] == 4 and record["train_loss"] == 2.5 and record["train_loss_step"] == 1
     assert training_record({}, history)["global_step"] == 1  # without the Trainer's count: the last logged step
+
+
+def _tensors(folder):
+    from safetensors import safe_open
+
+    names = {}
+    for file in sorted(os.listdir(folder)):
+        if file.endswith(".safetensors") and not file.startswith("adapter"):
+            with safe_open(os.path.join(folder, file), "pt") as f:
+                names.update({k: f.get_tensor(k) for k in f.keys()})
+    return names
+
+
+@pytest.mark.parametrize("which", ["full", "merged"])
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_checkpoints_and_exports_keep_every_tensor_of_the_base_model(runs, template, which):
+    """Nothing the base model had is dropped or re-initialised: every tensor of its weights
+    file is in the trained folder's (BERT's pooler too, which no embedding pooling reads: it
+    stays as it was), except the buffers transformers 5 no longer writes (BERT's
+    ``embeddings.position_ids``, recomputed at load), and transformers loads the folder with
+    no missing and no unexpected key."""
+    import torch
+    from transformers import AutoModel
+
+    run = runs(template)
+    base, trained = _tensors(run["base"]), _tensors(run[which])
+    model, info = AutoModel.from_pretrained(run[which], output_loading_info=True)
+    persistent = set(model.state_dict(keep_vars=False))
+    assert info["missing_keys"] in ([], set()) and info["unexpected_keys"] in ([], set()), info
+    kept = {k for k in base if k in persistent}
+    assert kept == set(base) - {"embeddings.position_ids"}
+    assert kept <= set(trained), sorted(kept - set(trained))
+    for name in kept:
+        if "pooler" in name.split("."):
+            assert torch.equal(trained[name], base[name]), name
