@@ -36,6 +36,8 @@ variable                          section        meaning
 ``XDG_CACHE_HOME``                downloads      its default's base (``~/.cache``): ``$XDG_CACHE_HOME/mmembed/media``
 ``ROOT_IMAGE_DIR``                data           ms-swift's third place for relative media paths
 ``INFONCE_*``                     infonce        the InfoNCE settings, as text (parsed by :class:`mmembed.losses.InfoNCEConfig`)
+``MAX_POSITIVE_SAMPLES``          reranker       positives drawn per reranker row in training (default 1; ms-swift's)
+``MAX_NEGATIVE_SAMPLES``          reranker       negatives drawn per drawn positive (default 7; ms-swift's)
 ``MMEMBED_DEBUG``                 debug          true: an error shows its traceback (``--debug true``)
 ``MMEMBED_TEST_KILL_AT``          test_hooks     test-only, ``POINT:N``: SIGKILL there (:mod:`mmembed.training.hooks`)
 ``MMEMBED_TEST_FULL_AT``          test_hooks     test-only, ``POINT:N``: every later write fails as on a full disk
@@ -60,7 +62,7 @@ from .errors import UsageError, parse_bool
 
 __all__ = [
     "VARIABLES", "DataPaths", "DownloadVariables", "Environment", "InfoNCEVariables", "Launch", "MediaVariables",
-    "TestHooks", "env_number", "export", "for_children", "read",
+    "RerankSampling", "TestHooks", "env_number", "export", "for_children", "read",
 ]  # fmt: skip
 
 #: every variable mmembed reads (``INFONCE_*``: any of that prefix), by section
@@ -74,6 +76,7 @@ VARIABLES: dict[str, tuple[str, ...]] = {
     "data": ("ROOT_IMAGE_DIR",),
     "infonce": ("INFONCE_TEMPERATURE", "INFONCE_USE_BATCH", "INFONCE_HARD_NEGATIVES", "INFONCE_MASK_FAKE_NEGATIVE",
                 "INFONCE_FAKE_NEG_MARGIN", "INFONCE_INCLUDE_QQ", "INFONCE_INCLUDE_DD"),
+    "rerank_sampling": ("MAX_POSITIVE_SAMPLES", "MAX_NEGATIVE_SAMPLES"),
     "debug": ("MMEMBED_DEBUG",),
     "test_hooks": ("MMEMBED_TEST_KILL_AT", "MMEMBED_TEST_FULL_AT", "MMEMBED_TEST_PAUSE_AT", "MMEMBED_TEST_PAUSE_FILE",
                    "RANK"),
@@ -267,6 +270,27 @@ class InfoNCEVariables:
 
 
 @dataclass(frozen=True)
+class RerankSampling:
+    """How many candidates a reranker row gives a training batch (ms-swift's variables and
+    defaults; :class:`mmembed.encoding.rerank_inputs.RerankCollator`): ``MAX_POSITIVE_SAMPLES``
+    positives drawn per row, ``MAX_NEGATIVE_SAMPLES`` negatives drawn per drawn positive."""
+
+    max_positive: int = 1
+    max_negative: int = 7
+
+    @classmethod
+    def parse(cls, env: Mapping[str, str]) -> RerankSampling:
+        """A ValueError names a malformed variable and its value (a positive count must be > 0)."""
+        positive = env_number(env, "MAX_POSITIVE_SAMPLES", int, positive=True)
+        negative = env_number(env, "MAX_NEGATIVE_SAMPLES", int)
+        for name, value in (("MAX_POSITIVE_SAMPLES", positive), ("MAX_NEGATIVE_SAMPLES", negative)):
+            raw = env.get(name)
+            if value is not None and float(raw) != value:
+                raise ValueError(f"environment variable {name}={raw!r} must be a whole number")
+        return cls(1 if positive is None else positive, 7 if negative is None else negative)
+
+
+@dataclass(frozen=True)
 class TestHooks:
     """The test-only hooks of :mod:`mmembed.training.checkpoints`, as text (None: unset):
     read once when a run starts (:func:`mmembed.training.hooks.arm_test_hooks`)."""
@@ -324,6 +348,11 @@ class Environment:
     @cached_property
     def infonce(self) -> InfoNCEVariables:
         return InfoNCEVariables({k: v for k, v in self.variables.items() if k.startswith(INFONCE_PREFIX)})
+
+    @cached_property
+    def rerank_sampling(self) -> RerankSampling:
+        """Raises ValueError naming a malformed variable."""
+        return RerankSampling.parse(self.variables)
 
     @cached_property
     def debug(self) -> bool:

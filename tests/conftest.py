@@ -16,6 +16,29 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, "examples", "data")
 
 
+def _templates_of_this_checkout() -> None:
+    """The shipped templates (package ``mmembed.template_files``) read from this checkout's
+    templates/: an editable install made from another checkout of the repository (a git
+    worktree's tests run with the main checkout's environment) maps the package to that
+    checkout's folder, and the tests would read its templates instead."""
+    folder = os.path.join(REPO, "templates")
+    import mmembed.template_files as shipped
+
+    if os.path.realpath(os.path.dirname(shipped.__file__)) == os.path.realpath(folder):
+        return
+    spec = importlib.util.spec_from_file_location("mmembed.template_files", os.path.join(folder, "__init__.py"),
+                                                  submodule_search_locations=[folder])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules["mmembed.template_files"] = module
+    import mmembed
+
+    mmembed.template_files = module
+
+
+_templates_of_this_checkout()
+
+
 def stsb_pairs(n: int) -> list[dict]:
     """The first ``n`` bundled STS-B train pairs (query/response rows)."""
     with open(os.path.join(DATA, "stsb_train_pairs.jsonl"), encoding="utf-8") as f:

@@ -3,6 +3,7 @@
 import ast
 import os
 import pickle
+import re
 
 import pytest
 from conftest import REPO
@@ -329,3 +330,17 @@ def test_environment_is_frozen():
     with pytest.raises(AttributeError):
         env.variables = {}
     assert isinstance(env, Environment)
+
+
+# ---- reranker sampling --------------------------------------------------------------------------
+
+
+def test_rerank_sampling_variables():
+    assert read({}).rerank_sampling == environment.RerankSampling(1, 7)  # ms-swift's defaults
+    s = read({"MAX_POSITIVE_SAMPLES": "2", "MAX_NEGATIVE_SAMPLES": "0"}).rerank_sampling
+    assert (s.max_positive, s.max_negative) == (2, 0)
+    for value, message in (("0", "must be a number > 0"), ("1.5", "must be a whole number"), ("x", "is not a number")):
+        with pytest.raises(ValueError, match=rf"^environment variable MAX_POSITIVE_SAMPLES='{re.escape(value)}' {message}"):
+            _ = read({"MAX_POSITIVE_SAMPLES": value}).rerank_sampling
+    with pytest.raises(ValueError, match=r"^environment variable MAX_NEGATIVE_SAMPLES='-1' must be a number >= 0$"):
+        _ = read({"MAX_NEGATIVE_SAMPLES": "-1"}).rerank_sampling

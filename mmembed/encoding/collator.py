@@ -144,46 +144,16 @@ class CollatedBatch:
         return cls(inputs, inputs.pop("labels"), inputs.pop(DATASET_IDS, None), inputs.pop("side", None))
 
 
-@dataclass
-class EmbeddingCollator:
-    """Collate ``Sample``s into the model's inputs (``input_ids``, ``attention_mask``, pixel
-    tensors for media rows, ...) plus ``labels``, and ``side`` (a :class:`SideBatch`)
-    when the loss takes side inputs."""
+class StandInCollation:
+    """What a collator of ``Sample``s does with a row that fails at batch time (shared by
+    :class:`EmbeddingCollator` and the reranker's collator): the subclass builds a batch in
+    ``_collate`` and has a ``strict`` attribute; calling the collator in a data-loader worker
+    returns a :class:`DataError` as the batch (:data:`DATA_ERROR`)."""
 
-    template: Template
-    tokenizer: Any  # the tokenizer, or the processor for a multimodal template
-    layout: Layout = Layout.GROUP  # the loss's
-    max_length: int | None = None
-    truncation_side: str = "right"
-    truncate: bool = True
-    # models that embed the same items (a GIST guide, a distillation teacher), each with
-    # its own template and tokenizer or processor
-    guide: InputBuilder | None = None
-    teacher: InputBuilder | None = None
-    # distillation from the data: "teacher_scores" or "teacher_embeddings" (the Sample
-    # attribute collated into SideBatch's field of the same name)
-    teacher_signal: str | None = None
-    # pad text batches to a bucketed width (--length_buckets)
-    bucket: bool = False
-    # how media are loaded (pixel and frame budgets, downloads; None: the environment's, read
-    # at the first row with media); kept on the builder, so it travels to data-loader workers
-    media: MediaSettings | None = None
-    # add ``dataset_ids``: a LongTensor [B], each sample's dataset index (``Sample.dataset_id``;
-    # ``--dataset_config``), which the trainer pops before the model's call
-    with_dataset_ids: bool = False
-    # --strict false: a row whose media fail to load here is skipped, logged, and replaced in
-    # its batch by a stand-in drawn from its dataset (see collate); True: the DataError is raised
-    strict: bool = True
-    # --dataset_config's instructions of each dataset, over the template's (the row's own system
-    # first; mmembed.encoding.instructions): a sample's dataset_id picks its dataset's
-    instructions: Instructions = dataclasses.field(default_factory=Instructions)
+    strict: bool
 
-    def __post_init__(self):
-        if not isinstance(self.layout, Layout):
-            raise TypeError(f"layout must be Layout.GROUP or Layout.PAIR (the loss's layout), got {self.layout!r}")
-        self.builder = InputBuilder(self.template, self.tokenizer, self.max_length, self.truncation_side, self.truncate,
-                                    bucket=self.bucket, media=self.media)
-        self._templates = self.instructions.templates(self.template)  # the datasets with instructions of their own
+    def _collate(self, samples: Sequence[Sample]) -> dict[str, Any]:
+        raise NotImplementedError
 
     def __call__(self, samples: Sequence[Sample]) -> dict[str, Any]:
         try:
@@ -234,6 +204,48 @@ class EmbeddingCollator:
         raise DataError(error.source, error.line, error.field,
                         f"{error.reason}; skipped (--strict false), but {STAND_IN_TRIES} stand-ins drawn for it "
                         "were unusable too (bad, or already in the batch)")
+
+
+@dataclass
+class EmbeddingCollator(StandInCollation):
+    """Collate ``Sample``s into the model's inputs (``input_ids``, ``attention_mask``, pixel
+    tensors for media rows, ...) plus ``labels``, and ``side`` (a :class:`SideBatch`)
+    when the loss takes side inputs."""
+
+    template: Template
+    tokenizer: Any  # the tokenizer, or the processor for a multimodal template
+    layout: Layout = Layout.GROUP  # the loss's
+    max_length: int | None = None
+    truncation_side: str = "right"
+    truncate: bool = True
+    # models that embed the same items (a GIST guide, a distillation teacher), each with
+    # its own template and tokenizer or processor
+    guide: InputBuilder | None = None
+    teacher: InputBuilder | None = None
+    # distillation from the data: "teacher_scores" or "teacher_embeddings" (the Sample
+    # attribute collated into SideBatch's field of the same name)
+    teacher_signal: str | None = None
+    # pad text batches to a bucketed width (--length_buckets)
+    bucket: bool = False
+    # how media are loaded (pixel and frame budgets, downloads; None: the environment's, read
+    # at the first row with media); kept on the builder, so it travels to data-loader workers
+    media: MediaSettings | None = None
+    # add ``dataset_ids``: a LongTensor [B], each sample's dataset index (``Sample.dataset_id``;
+    # ``--dataset_config``), which the trainer pops before the model's call
+    with_dataset_ids: bool = False
+    # --strict false: a row whose media fail to load here is skipped, logged, and replaced in
+    # its batch by a stand-in drawn from its dataset (see collate); True: the DataError is raised
+    strict: bool = True
+    # --dataset_config's instructions of each dataset, over the template's (the row's own system
+    # first; mmembed.encoding.instructions): a sample's dataset_id picks its dataset's
+    instructions: Instructions = dataclasses.field(default_factory=Instructions)
+
+    def __post_init__(self):
+        if not isinstance(self.layout, Layout):
+            raise TypeError(f"layout must be Layout.GROUP or Layout.PAIR (the loss's layout), got {self.layout!r}")
+        self.builder = InputBuilder(self.template, self.tokenizer, self.max_length, self.truncation_side, self.truncate,
+                                    bucket=self.bucket, media=self.media)
+        self._templates = self.instructions.templates(self.template)  # the datasets with instructions of their own
 
     def _collate(self, samples: Sequence[Sample]) -> dict[str, Any]:
         items: list[Item] = []

@@ -194,10 +194,21 @@ class InputBuilder:
                             truncate=False)
         return int(enc["attention_mask"].sum())
 
-    def _tokenize(self, texts: list[str], truncate: bool):
+    def encode_pairs(self, firsts: Sequence[str], seconds: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Text pairs in the tokenizer's own pair encoding, ``tokenizer(firsts, seconds)``
+        (``[CLS] a [SEP] b [SEP]`` for BERT, with the token type ids the tokenizer gives):
+        padded, bucketed and truncated as single texts are; a pair over ``max_length`` loses
+        tokens from its longer text first (the tokenizer's ``longest_first``, as
+        sentence-transformers' CrossEncoder truncates)."""
+        if self.multimodal:
+            raise ValueError(f"template '{self.template.name}': text pairs are encoded by a tokenizer, not a processor")
+        return dict(self._tokenize(list(firsts), truncate=self.truncate, pairs=list(seconds)))
+
+    def _tokenize(self, texts: list[str], truncate: bool, pairs: list[str] | None = None):
         with sides(self.tokenizer, self.padding_side, self.truncation_side):
             enc = self.tokenizer(
                 texts,
+                *(() if pairs is None else (pairs,)),
                 padding=True,
                 truncation=truncate,
                 max_length=self.max_length if truncate else None,

@@ -31,6 +31,25 @@ A template is a declarative TOML file in ``templates/`` (shipped inside the whee
   class ms-swift and PEFT users load) holds the ``AutoModel`` backbone, e.g. ``"model."``;
   LoRA adapters are written with the full class's module names. Empty: the bare model.
 
+Reranker templates (``task = "reranker"``) score a (query, document) pair instead of
+embedding one text; they are searched by ``model_types`` only when a reranker is asked for
+(``get_template(..., task="reranker")``), so ``qwen3`` finds ``qwen3_emb`` for an embedding
+run and ``qwen3_reranker`` for a reranker run. Their extra fields:
+
+- ``task``: ``embedding`` (the default) or ``reranker``.
+- ``pair_format``: the text of one pair, with ``{instruction}``, ``{query}`` and
+  ``{document}`` (the query before the document: its media come first); the result is the
+  ``{content}`` of ``format`` (``format``'s ``{system}`` then takes ``default_system``, e.g.
+  Qwen3-Reranker's "Judge whether ...").
+- ``text_pair``: true instead of ``pair_format``: the tokenizer's own text-pair encoding
+  ``tokenizer(query, document)`` with the token type ids it gives (what sentence-transformers'
+  ``CrossEncoder`` feeds the model); an instruction, when a row has one, goes before the
+  query as ``format_with_system`` puts it.
+- ``default_instruction``: the instruction of a pair whose rows give none (``None``: none).
+  A pair's instruction is the first present of: the document's own system, the query row's
+  system, ``--query_system`` (or a dataset's), ``default_instruction``
+  (:mod:`mmembed.encoding.rerank_inputs`).
+
 A new model family is one such file. ``--template path/to/file.toml`` takes a user's own;
 a checkpoint trained with it keeps the whole template in its ``mmembed.json``.
 """
@@ -53,6 +72,9 @@ MEDIA_TAGS = {"image": "<image>", "video": "<video>", "audio": "<audio>"}
 TOWERS = {"image": "vision", "video": "vision", "audio": "audio"}  # the tower each media kind needs
 PARTS = ("aligner", "vit", "llm")  # in the order names are matched: the aligner sits inside the tower
 SIDES = ("query", "document")  # the two sides an item may be embedded as (the anchor is the query)
+TASKS = ("embedding", "reranker")  # what a template is for (get_template searches one task's templates)
+# the task of the templates each --task_type searches
+TASK_OF = {"embedding": "embedding", "reranker": "reranker", "generative_reranker": "reranker"}
 
 
 @dataclass(frozen=True)
@@ -74,6 +96,14 @@ class Template:
     adapter_prefix: str = ""
     query_system: str | None = None
     document_system: str | None = None
+    task: str = "embedding"
+    pair_format: str | None = None
+    text_pair: bool = False
+    default_instruction: str | None = None
+
+    @property
+    def reranker(self) -> bool:
+        return self.task == "reranker"
 
     def check_installed(self) -> None:
         """Refuse a transformers release that cannot load this family's models as the template needs."""
@@ -194,7 +224,40 @@ def _from_fields(where: str, raw: dict[str, Any]) -> Template:
     if tower and not {"vit", "llm"} <= set(parts):
         raise ValueError(f"template '{where}': a template with a media tower names its [parts] vit and llm (aligner too if any)")
     raw["parts"] = {k: tuple(v) for k, v in parts.items()}
+    _check_task(where, raw)
     return Template(**raw)
+
+
+def _check_task(where: str, raw: dict[str, Any]) -> None:
+    """The reranker fields: only on a reranker template, which has exactly one way to join a pair."""
+    task = raw.get("task", "embedding")
+    if task not in TASKS:
+        raise ValueError(f"template '{where}': task must be one of {', '.join(TASKS)}, got {task!r}")
+    pair_format, text_pair = raw.get("pair_format"), raw.get("text_pair", False)
+    if task != "reranker":
+        extra = [k for k in ("pair_format", "text_pair", "default_instruction") if raw.get(k) not in (None, False)]
+        if extra:
+            raise ValueError(f"template '{where}': {', '.join(extra)} belong to a reranker template (task = \"reranker\")")
+        return
+    if not isinstance(text_pair, bool):
+        raise ValueError(f"template '{where}': text_pair must be true or false")
+    if (pair_format is None) == (not text_pair):
+        raise ValueError(f"template '{where}': a reranker template has either a pair_format or text_pair = true "
+                         "(the tokenizer's text-pair encoding), exactly one")
+    if text_pair and raw.get("media"):
+        raise ValueError(f"template '{where}': text_pair = true takes no [media] (a processor encodes one text per input)")
+    if pair_format is not None:
+        if not isinstance(pair_format, str):
+            raise ValueError(f"template '{where}': pair_format must be a string")
+        try:
+            pair_format.format(instruction="", query="", document="")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"template '{where}': pair_format may name only {{instruction}}, {{query}} and "
+                             f"{{document}}: {e!r}") from None
+        q, d = pair_format.find("{query}"), pair_format.find("{document}")
+        if q < 0 or d < 0 or q > d:
+            raise ValueError(f"template '{where}': pair_format needs {{query}} and then {{document}} (the query's "
+                             "media come first)")
 
 
 def list_templates() -> list[str]:
@@ -242,17 +305,25 @@ def template_from_config(value: str | dict[str, Any]) -> Template:
     return get_template(value)
 
 
-def get_template(name: str | None = None, model_type: str | None = None, config_model_type: str | None = None) -> Template:
+def get_template(name: str | None = None, model_type: str | None = None, config_model_type: str | None = None,
+                 task: str | None = None) -> Template:
     """Find a template by name or TOML file path, else by ms-swift ``--model_type``, else by
-    the model config's ``model_type``."""
+    the model config's ``model_type``. ``task`` (a ``--task_type``: ``embedding``,
+    ``reranker``, ``generative_reranker``; None: embedding) picks which templates the model
+    types are searched among; a template named outright must be of that task when one is given."""
+    if task is not None and task not in TASK_OF:
+        raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASK_OF)}")
+    wanted = TASK_OF[task or "embedding"]
     if name and is_template_file(name):
-        return read_template_file(name)
+        return _of_task(read_template_file(name), task)
     templates = builtin_templates()
     if name:
         if name not in templates:
             raise ValueError(f"unknown template '{name}' (--template); available: {', '.join(sorted(templates))}, "
                              "or a .toml file of your own")
-        return templates[name]
+        return _of_task(templates[name], task)
+    others = [t for t in templates.values() if t.task != wanted]
+    templates = {n: t for n, t in templates.items() if t.task == wanted}
     for key in (model_type, config_model_type):
         if not key:
             continue
@@ -261,10 +332,24 @@ def get_template(name: str | None = None, model_type: str | None = None, config_
                 return t
         if key is model_type:
             known = sorted(m for t in templates.values() for m in t.model_types)
-            raise ValueError(f"unknown --model_type '{model_type}'; known: {', '.join(known)} (or pass --template)")
+            other = next((t for t in others if model_type in t.model_types or model_type == t.name), None)
+            hint = f"; '{model_type}' is a model type of {_a(other.task)} template ({other.name})" if other else ""
+            raise ValueError(f"unknown --model_type '{model_type}' for {_a(wanted)} model{hint}; known: "
+                             f"{', '.join(known)} (or pass --template)")
     raise ValueError(
         f"cannot pick a template for model type '{config_model_type}'; pass --template (one of {', '.join(sorted(templates))})"
     )
+
+
+def _of_task(template: Template, task: str | None) -> Template:
+    if task is not None and template.task != TASK_OF[task]:
+        raise ValueError(f"template '{template.name}' is {_a(template.task)} template; --task_type {task} needs "
+                         f"{_a(TASK_OF[task])} template")
+    return template
+
+
+def _a(word: str) -> str:
+    return ("an " if word[0] in "aeiou" else "a ") + word
 
 
 def read_sentence_transformers_pooling(model_dir: str) -> str | None:
