@@ -43,6 +43,17 @@ variable                          section        meaning
 ``MMEMBED_TEST_PAUSE_FILE``       test_hooks     test-only: the file a pause creates and waits on
 ================================  =============  ==========================================================
 
+The reranker variables (section ``reranker``, ms-swift's names, read as text):
+
+========================================  ==========================================================================
+variable                                  meaning
+========================================  ==========================================================================
+``LISTWISE_RERANKER_TEMPERATURE``         the listwise reranker loss's temperature (default 1.0; :mod:`mmembed.losses.rerank`)
+``LISTWISE_RERANKER_MIN_GROUP_SIZE``      groups smaller than this give no listwise loss (default 2)
+``GENERATIVE_RERANKER_POSITIVE_TOKEN``    a generative reranker's score is this token's logit ... (default ``yes``; :mod:`mmembed.model.reranker`)
+``GENERATIVE_RERANKER_NEGATIVE_TOKEN``    ... minus this one's (default ``no``)
+========================================  ==========================================================================
+
 Numbers are errors naming the variable and its value (``environment variable FPS='x' is not
 a number; use a number > 0``); a variable set to an empty string counts as unset.
 """
@@ -60,7 +71,7 @@ from .errors import UsageError, parse_bool
 
 __all__ = [
     "VARIABLES", "DataPaths", "DownloadVariables", "Environment", "InfoNCEVariables", "Launch", "MediaVariables",
-    "TestHooks", "env_number", "export", "for_children", "read",
+    "RerankerVariables", "TestHooks", "env_number", "export", "for_children", "read",
 ]  # fmt: skip
 
 #: every variable mmembed reads (``INFONCE_*``: any of that prefix), by section
@@ -74,6 +85,8 @@ VARIABLES: dict[str, tuple[str, ...]] = {
     "data": ("ROOT_IMAGE_DIR",),
     "infonce": ("INFONCE_TEMPERATURE", "INFONCE_USE_BATCH", "INFONCE_HARD_NEGATIVES", "INFONCE_MASK_FAKE_NEGATIVE",
                 "INFONCE_FAKE_NEG_MARGIN", "INFONCE_INCLUDE_QQ", "INFONCE_INCLUDE_DD"),
+    "reranker": ("LISTWISE_RERANKER_TEMPERATURE", "LISTWISE_RERANKER_MIN_GROUP_SIZE",
+                 "GENERATIVE_RERANKER_POSITIVE_TOKEN", "GENERATIVE_RERANKER_NEGATIVE_TOKEN"),
     "debug": ("MMEMBED_DEBUG",),
     "test_hooks": ("MMEMBED_TEST_KILL_AT", "MMEMBED_TEST_FULL_AT", "MMEMBED_TEST_PAUSE_AT", "MMEMBED_TEST_PAUSE_FILE",
                    "RANK"),
@@ -267,6 +280,18 @@ class InfoNCEVariables:
 
 
 @dataclass(frozen=True)
+class RerankerVariables:
+    """ms-swift's reranker variables that are set, as text: ``LISTWISE_RERANKER_*`` parsed by
+    :func:`mmembed.losses.rerank.build_rerank_loss`, ``GENERATIVE_RERANKER_*_TOKEN`` read by
+    :func:`mmembed.model.reranker.load_reranker`."""
+
+    values: dict[str, str] = field(default_factory=dict)
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        return self.values.get(name, default)
+
+
+@dataclass(frozen=True)
 class TestHooks:
     """The test-only hooks of :mod:`mmembed.training.checkpoints`, as text (None: unset):
     read once when a run starts (:func:`mmembed.training.hooks.arm_test_hooks`)."""
@@ -324,6 +349,10 @@ class Environment:
     @cached_property
     def infonce(self) -> InfoNCEVariables:
         return InfoNCEVariables({k: v for k, v in self.variables.items() if k.startswith(INFONCE_PREFIX)})
+
+    @cached_property
+    def reranker(self) -> RerankerVariables:
+        return RerankerVariables({k: v for k, v in self.variables.items() if k in VARIABLES["reranker"]})
 
     @cached_property
     def debug(self) -> bool:

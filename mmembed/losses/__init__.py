@@ -5,7 +5,9 @@ Every loss is called as ``loss(outputs, labels) -> scalar tensor`` with
 layout (see each class). :func:`build_loss` builds one by name. Besides ms-swift's losses
 there are mmembed's own: ``gist`` (negatives vetted by a guide model), distillation from
 a teacher (``distill_cosine``, ``distill_mse``, ``distill_marginal``, ``distill_kl``) and
-the ``matryoshka`` wrapper (ms-swift's ``--mrl_dims``).
+the ``matryoshka`` wrapper (ms-swift's ``--mrl_dims``). The reranker losses
+(``pointwise_reranker``, ``listwise_reranker``) take a score per pair instead
+(:mod:`mmembed.losses.rerank`, :func:`build_rerank_loss`).
 
 The batch layouts (:class:`Layout`) and their splitters (:func:`split_groups`) live in
 :mod:`mmembed.encoding.layout`, below the losses; they are exported here as well.
@@ -23,9 +25,18 @@ from .matryoshka import MatryoshkaLoss
 from .pairs import ContrastiveLoss, CosineSimilarityLoss, OnlineContrastiveLoss, split_pairs
 from .parts import GroupParts, RowParts, SideRows
 from .registry import LOSSES, build_loss, loss_class, register_loss
+from .rerank import (
+    RERANK_LOSSES,
+    ListwiseRerankLoss,
+    PointwiseRerankLoss,
+    RerankLoss,
+    build_rerank_loss,
+    rerank_task_of,
+)
 
 __all__ = [
     "LOSSES",
+    "RERANK_LOSSES",
     "ContrastiveLoss",
     "CosineSimilarityLoss",
     "CrossProcess",
@@ -40,8 +51,11 @@ __all__ = [
     "InfoNCEConfig",
     "InfoNCELoss",
     "Layout",
+    "ListwiseRerankLoss",
     "MatryoshkaLoss",
     "OnlineContrastiveLoss",
+    "PointwiseRerankLoss",
+    "RerankLoss",
     "RowParts",
     "Setup",
     "Side",
@@ -50,8 +64,10 @@ __all__ = [
     "WrapperLoss",
     "as_groups",
     "build_loss",
+    "build_rerank_loss",
     "loss_class",
     "register_loss",
+    "rerank_task_of",
     "select_hard_negatives",
     "split_groups",
     "split_pairs",

@@ -15,6 +15,7 @@ from .distill import DistillCosineLoss, DistillKLLoss, DistillMarginalLoss, Dist
 from .gist import GISTLoss
 from .infonce import InfoNCELoss
 from .pairs import ContrastiveLoss, CosineSimilarityLoss, OnlineContrastiveLoss
+from .rerank import RERANK_LOSSES
 
 LOSSES: dict[str, type[EmbeddingLoss]] = {
     "infonce": InfoNCELoss,
@@ -62,6 +63,9 @@ def loss_class(name: str) -> type[EmbeddingLoss]:
     """
     if name in LOSSES:
         return LOSSES[name]
+    if name in RERANK_LOSSES:
+        raise ValueError(f"loss {name!r} is a reranker loss (a score per pair, --task_type reranker or "
+                         "generative_reranker): mmembed.losses.build_rerank_loss builds it")
     if ":" not in name:
         known = ", ".join(n for n in LOSSES if n != "matryoshka")
         raise ValueError(f"unknown loss {name!r}; known: {known} (Matryoshka: --mrl_dims; "
