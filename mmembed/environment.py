@@ -378,6 +378,8 @@ class Environment:
     def rerank_sampling(self) -> RerankSampling:
         """Raises ValueError naming a malformed variable."""
         return RerankSampling.parse(self.variables)
+
+    @cached_property
     def reranker(self) -> RerankerVariables:
         return RerankerVariables({k: v for k, v in self.variables.items() if k in VARIABLES["reranker"]})
 

@@ -45,7 +45,7 @@ def test_every_folder_imports_only_from_the_folders_before_it():
 
 
 def test_no_loss_name_is_compared_outside_losses():
-    names = r"(infonce|gist|distill_\w*|cosine_similarity|contrastive|online_contrastive|matryoshka)"
+    names = r"(infonce|gist|distill_\w*|cosine_similarity|contrastive|online_contrastive|matryoshka|\w*_reranker)"
     pattern = re.compile(r"loss_type\s*(==|!=|in\b)|\.startswith\([\"']distill|[\"']" + names + r"[\"']\s*(==|!=|in\b)"
                          r"|(==|!=)\s*[\"']" + names + r"[\"']")
     found = []

@@ -41,7 +41,7 @@ from .base import MIN_TEMPERATURE, MIN_TEMPERATURE_TEXT
 
 __all__ = [
     "RERANK_LOSSES", "RERANK_LOSS_CLASSES", "ListwiseRerankLoss", "PointwiseRerankLoss", "RerankLoss",
-    "build_rerank_loss", "rerank_task_of",
+    "build_rerank_loss", "is_rerank_loss", "rerank_task_of",
 ]  # fmt: skip
 
 #: every reranker ``--loss_type``: ms-swift 4's two and ms-swift 3's generative names
@@ -165,6 +165,11 @@ RERANK_LOSS_CLASSES: dict[str, type[RerankLoss]] = {
 
 # ms-swift 3's names that say the model is generative too
 _GENERATIVE_NAMES = ("generative_reranker", "listwise_generative_reranker")
+
+
+def is_rerank_loss(loss_type: str | None) -> bool:
+    """Whether ``--loss_type`` names a reranker loss (one of :data:`RERANK_LOSSES`)."""
+    return loss_type in RERANK_LOSS_CLASSES
 
 
 def rerank_task_of(loss_type: str) -> str | None:

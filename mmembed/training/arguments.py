@@ -43,6 +43,7 @@ from .flag_checks import (
     has_accelerator,
     naming_the_flag,
 )
+from .task_flags import check_task
 
 
 @dataclass
@@ -51,7 +52,7 @@ class SftArguments(TrainingArguments):
     model: str | None = field(default=None, metadata={"help": "local model folder"})
     model_type: str | None = field(default=None, metadata={"help": "ms-swift model type (picks the template)"})
     template: str | None = field(default=None, metadata={"help": "template name from templates/"})
-    task_type: str = field(default="embedding", metadata={"help": "must be 'embedding'"})
+    task_type: str = field(default="embedding", metadata={"help": "embedding | reranker (a classification head over the pair) | generative_reranker (a causal LM's yes / no logits)"})
     torch_dtype: str | None = field(default=None, metadata={"help": "float32 | bfloat16 | float16 | auto (default: float32 on a CPU; on a GPU bfloat16 for LoRA's frozen base, float32 for full training, under --bf16 autocast)"})
     attn_impl: str | None = field(default=None, metadata={"help": "sdpa | eager | flash_attn"})
     padding_side: str | None = field(default=None, metadata={"help": "left | right (default: the template's)"})
@@ -113,7 +114,7 @@ class SftArguments(TrainingArguments):
     lazy_tokenize: bool = True
     load_from_cache_file: bool = True
     dataset_num_proc: int | None = field(default=None, metadata={"help": "processes that parse the data and run the length check (default: the machine's cores, at most 8; ms-swift's default is 1)"})
-    loss_type: str = "infonce"
+    loss_type: str | None = field(default=None, metadata={"help": "the loss (default: infonce for --task_type embedding, pointwise_reranker for a reranker)"})
     loss_kwargs: str | None = field(default=None, metadata={"help": "options of the loss as JSON, e.g. '{\"margin\": 0.05}'"})
     mrl_dims: str | None = field(default=None, metadata={"help": "Matryoshka: '{\"64\": 1.0, \"128\": 1.0}' (width: weight)"})
     eval_beir: list[str] = field(default_factory=list, metadata={"help": "also evaluate retrieval on this BEIR folder at every evaluation; several as name=folder pairs (with --dataset_config, a dataset's name gives its instructions)"})
@@ -147,8 +148,7 @@ class SftArguments(TrainingArguments):
         return bool(self.activation_checkpointing if RENAMED_CHECKPOINTING else self.gradient_checkpointing)
 
     def __post_init__(self):
-        if self.task_type != "embedding":
-            raise UsageError(f"--task_type {self.task_type!r}: mmembed trains embedding models only (--task_type embedding)")
+        check_task(self)  # and --loss_type's default, which follows the task
         if not self.model:
             raise UsageError("--model is required (a local model folder)")
         if self.tuner_type and self.train_type and self.tuner_type != self.train_type:

@@ -441,7 +441,10 @@ def check_loss_args(args: SftArguments) -> None:
     import json
 
     from ..losses import loss_class
+    from .task_flags import is_reranker
 
+    if is_reranker(args):  # the reranker losses: checked with --task_type (task_flags.check_task)
+        return
     try:
         loss_class(args.loss_type)  # an unknown name, or a module:Class that does not import
     except ValueError as e:

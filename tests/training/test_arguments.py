@@ -1,5 +1,6 @@
 """`mmembed sft` flags: ms-swift's names and defaults, and clear errors."""
 
+import re
 import subprocess
 import sys
 
@@ -55,7 +56,7 @@ def test_ms_swift_script_flags_are_accepted():
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--task_type", "causal_lm"], "embedding models only"),
+        (["--task_type", "causal_lm"], "--task_type must be one of embedding, reranker, generative_reranker"),
         (["--tuner_type", "qlora"], "--tuner_type must be one of"),
         (["--tuner_type", "lora", "--train_type", "full"], "disagree"),
         (["--truncation_strategy", "middle"], "--truncation_strategy must be one of"),
@@ -182,3 +183,33 @@ def test_device_defaults_differ_between_cpu_and_gpu(monkeypatch):
     assert (old.torch_dtype, old.bf16, old.fp16) == ("float16", False, False)
     old_full, _ = gpu(tuner_type="full")
     assert (old_full.torch_dtype, old_full.bf16, old_full.fp16) == ("float32", False, True)
+
+
+@pytest.mark.parametrize(
+    "extra, loss",
+    [
+        ([], "infonce"),
+        (["--task_type", "reranker"], "pointwise_reranker"),
+        (["--task_type", "generative_reranker"], "pointwise_reranker"),
+        (["--task_type", "reranker", "--loss_type", "listwise_reranker"], "listwise_reranker"),
+        (["--task_type", "generative_reranker", "--loss_type", "listwise_generative_reranker"], "listwise_generative_reranker"),
+    ],
+)
+def test_the_loss_follows_the_task(extra, loss):
+    assert parse_sft_args(BASE + extra).loss_type == loss
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--loss_type", "listwise_reranker"], "--loss_type listwise_reranker is a reranker loss; add --task_type reranker"),
+        (["--task_type", "reranker", "--loss_type", "infonce"], "--task_type reranker trains with a reranker loss"),
+        (["--task_type", "reranker", "--loss_type", "generative_reranker"],
+         "use it with --task_type generative_reranker, or --loss_type pointwise_reranker with --task_type reranker"),
+        (["--task_type", "reranker", "--mrl_dims", '{"8": 1}'], "--mrl_dims (Matryoshka widths) is for embedding runs"),
+        (["--task_type", "generative_reranker", "--pooling", "mean"], "--pooling (an embedding pooling) is for embedding runs"),
+    ],
+)
+def test_the_task_and_its_flags_must_agree(extra, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_sft_args(BASE + extra)
