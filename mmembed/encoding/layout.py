@@ -9,6 +9,9 @@ splits each into its parts.
   a batch differently, and raise the same errors.
 - :attr:`Layout.PAIR`: rows ``s1_0, s2_0, s1_1, s2_1, ...`` and ``labels`` ``[P]``, one score
   per pair. :func:`split_pair_rows` splits them (torch tensors or numpy arrays alike).
+- :attr:`Layout.RERANK`: a reranker's batch, one row per (query, document) pair (the pair is
+  one model input), ``labels`` ``[N]`` 1.0 / 0.0; built by
+  :class:`~mmembed.encoding.rerank_inputs.RerankCollator`.
 
 The collator builds batches in these layouts (``encoding.collator``), the losses read them
 (``mmembed.losses``), the evaluation and the charts score them (``eval.metrics``,
@@ -32,6 +35,10 @@ class Layout(str, enum.Enum):
     GROUP = "group"
     #: rows ``s1_0, s2_0, s1_1, s2_1, ...``; labels ``[P]``: one score per pair
     PAIR = "pair"
+    #: a reranker's batch: one row per scored (query, document) pair, ``pos, its negatives...,
+    #: pos, ...``; labels ``[N]``: 1.0 per positive pair, 0.0 per negative pair (and the
+    #: batch's ``group_ids``); see :mod:`mmembed.encoding.rerank_inputs`
+    RERANK = "rerank"
 
 
 def split_groups(labels: Tensor, n_rows: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:

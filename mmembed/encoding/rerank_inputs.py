@@ -42,7 +42,7 @@ import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -51,12 +51,13 @@ from ..data.sample import DataError, Item, Sample
 from .collator import StandInCollation
 from .inputs import InputBuilder, tokenizer_of
 from .instructions import Instructions
+from .layout import Layout
 from .templates import Template
 
 if TYPE_CHECKING:  # the media loader is imported at the first row with media
     from .media import MediaSettings
 
-__all__ = ["GROUP_IDS", "RerankCollator", "draw_pairs", "pair_instruction", "pair_item", "pair_texts"]
+__all__ = ["GROUP_IDS", "RerankCollator", "draw_pairs", "pair_instruction", "pair_item", "pair_texts", "pair_token_lengths"]
 
 #: the batch key of each pair's group index (a long tensor [N])
 GROUP_IDS = "group_ids"
@@ -108,6 +109,35 @@ def pair_texts(template: Template, query: Item, document: Item) -> tuple[str] | 
     return (template.render(pair_item(template, query, document)),)
 
 
+def pair_token_lengths(samples: Sequence[Sample], builder: InputBuilder) -> list[int]:
+    """The longest pair of each sample as the model sees it (the query with each of its
+    positives and negatives, the pair's instruction and media included): what
+    ``--truncation_strategy delete`` checks for a reranker. ``builder``: the reranker
+    template's, not truncating."""
+    template = builder.template
+    flat: list[tuple[Item, Item]] = []
+    owner: list[int] = []
+    for i, s in enumerate(samples):
+        for document in (*s.positives, *s.negatives):
+            flat.append((s.anchor, document))
+            owner.append(i)
+    lengths = [0] * len(samples)
+    if not flat:
+        return lengths
+    if template.text_pair:
+        texts = [pair_texts(template, q, d) for q, d in flat]
+        enc = builder.tokenizer([t[0] for t in texts], [t[1] for t in texts], add_special_tokens=template.add_special_tokens,
+                        truncation=False)
+        measured = [len(ids) for ids in enc["input_ids"]]
+    else:
+        items = [pair_item(template, q, d) for q, d in flat]
+        origins = [(samples[i].source, samples[i].line, "query + document") for i in owner] if builder.multimodal else None
+        measured = builder.lengths(items, origins)
+    for i, n in zip(owner, measured):
+        lengths[i] = max(lengths[i], n)
+    return lengths
+
+
 def draw_pairs(random_state: np.random.RandomState | None, n_positive: int, n_negative: int,
                max_positive: int, max_negative: int) -> list[tuple[int, list[int]]]:
     """``[(positive index, [negative indices])]`` of one row: ms-swift's draws from
@@ -138,6 +168,9 @@ class RerankCollator(StandInCollation):
     ``attention_mask``, ``token_type_ids`` where the tokenizer gives them, media tensors and
     ``media_counts`` for media batches), ``labels`` (float32 ``[N]``) and ``group_ids`` (long
     ``[N]``); see the module docstring for the order and the sampling."""
+
+    #: the batch layout (the trainer checks it against its loss's)
+    layout: ClassVar[Layout] = Layout.RERANK
 
     template: Template
     tokenizer: Any  # the tokenizer, or the processor for a multimodal template

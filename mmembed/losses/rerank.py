@@ -35,9 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..encoding.layout import Layout
 from ..environment import Environment, read
 from ..errors import UsageError
-from .base import MIN_TEMPERATURE, MIN_TEMPERATURE_TEXT
+from .base import MIN_TEMPERATURE, MIN_TEMPERATURE_TEXT, SideNeeds
 
 __all__ = [
     "RERANK_LOSSES", "RERANK_LOSS_CLASSES", "ListwiseRerankLoss", "PointwiseRerankLoss", "RerankLoss",
@@ -84,6 +85,15 @@ class RerankLoss(nn.Module):
 
     name: ClassVar[str] = ""
     listwise: ClassVar[bool] = False
+    #: what the data reading asks of a loss (mmembed.training.row_checks): a reranker batch
+    #: scores pairs; no label rule (the 1.0 / 0.0 labels come from the row's positives and
+    #: negatives), no negatives needed (a row with a positive only trains the pointwise loss,
+    #: and gives the listwise loss a group of one, skipped under LISTWISE_RERANKER_MIN_GROUP_SIZE
+    #: 2 as in ms-swift), nothing beside the model's scores
+    layout: ClassVar[Layout] = Layout.RERANK
+    label_rule: ClassVar[None] = None
+    negatives_rule: ClassVar[None] = None
+    side: ClassVar[SideNeeds] = SideNeeds()
 
     def forward(self, scores: Tensor, labels: Tensor) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -169,7 +169,7 @@ def token_id(tokenizer: Any, token: str, variable: str, vocab_rows: int | None =
 
 def load_reranker(path: str, task_type: str, torch_dtype: str | torch.dtype | None = None,
                   positive_token: str | None = None, negative_token: str | None = None,
-                  tokenizer: Any = None) -> RerankerModel:
+                  tokenizer: Any = None, attn_impl: str | None = None) -> RerankerModel:
     """Load the reranker at ``path`` (a local folder) for ``task_type``.
 
     Args:
@@ -182,6 +182,7 @@ def load_reranker(path: str, task_type: str, torch_dtype: str | torch.dtype | No
             ``GENERATIVE_RERANKER_NEGATIVE_TOKEN`` (read through :mod:`mmembed.environment`),
             else ``yes`` / ``no``.
         tokenizer: the tokenizer (or processor) that converts them; None: the folder's.
+        attn_impl: ``--attn_impl`` (sdpa, eager, flash_attn, ...); None: transformers' default.
 
     Raises:
         UsageError: an unknown ``task_type``, a folder that is not local or needs its own code,
@@ -200,6 +201,8 @@ def load_reranker(path: str, task_type: str, torch_dtype: str | torch.dtype | No
         kwargs["dtype"] = torch.float32
     elif torch_dtype != "auto":
         kwargs["dtype"] = getattr(torch, torch_dtype)
+    if attn_impl:
+        kwargs["attn_implementation"] = {"flash_attn": "flash_attention_2"}.get(attn_impl, attn_impl)
     config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     if RERANK_TASKS[task_type] == "classifier":
         return _load_classifier(path, config, kwargs, tokenizer)

@@ -213,7 +213,12 @@ def eval_metric_names(layout: Layout, dataset: bool, beir, sts: bool, datasets=(
     if dataset or datasets:
         # pairs: s1_0 s2_0 s1_1 s2_1 s1_2 s2_2; groups: a0 p0 n0, a1 p1
         rows, labels = (6, [0.0, 1.0, 0.5]) if layout is Layout.PAIR else (5, [1.0, 0.0, 1.0])
-        of_a_set = {"loss", *layout_metrics(layout, unit(rows), np.array(labels))}
+        if layout is Layout.RERANK:  # a reranker's (RerankTrainer.evaluate)
+            from ..eval.rerank import RERANK_METRICS
+
+            of_a_set = {"loss", *RERANK_METRICS}
+        else:
+            of_a_set = {"loss", *layout_metrics(layout, unit(rows), np.array(labels))}
         names |= of_a_set
         names |= {f"{name}_{k}" for name in datasets for k in of_a_set}
     beir_names = ([None] if beir else []) if isinstance(beir, bool) else list(beir)

@@ -31,6 +31,7 @@ from ..encoding.inputs import InputBuilder
 from ..encoding.instructions import Instructions
 from ..encoding.layout import Layout
 from ..encoding.measure import json_text_lengths
+from ..encoding.rerank_inputs import pair_token_lengths
 from ..losses import EmbeddingLoss
 from .arguments import SftArguments
 from .model_assembly import Encoding
@@ -80,9 +81,17 @@ def length_filter(encoding: Encoding, media: MediaSettings | None, check_media: 
     builder = length_builder(encoding, media, check_media)
 
     def keep(sample: Sample) -> bool:
-        return token_lengths([sample], builder, layout)[0] <= encoding.max_length
+        return measured_lengths([sample], builder, layout)[0] <= encoding.max_length
 
     return keep
+
+
+def measured_lengths(samples: list[Sample], builder: InputBuilder, layout: Layout) -> list[int]:
+    """The longest model input of each sample: an embedding model's longest item, a reranker's
+    longest (query, document) pair (:func:`~mmembed.encoding.rerank_inputs.pair_token_lengths`)."""
+    if layout is Layout.RERANK:
+        return pair_token_lengths(samples, builder)
+    return token_lengths(samples, builder, layout)
 
 
 def length_builder(encoding: Encoding, media: MediaSettings | None = None, check_media: str = "header") -> InputBuilder:
@@ -118,10 +127,10 @@ def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, nu
 
     def lengths_of(samples: list[Sample], builder: InputBuilder) -> list[int]:
         if not truncate:
-            return token_lengths(samples, builder, layout)
+            return measured_lengths(samples, builder, layout)
         media = [i for i, s in enumerate(samples) if any(it.has_media for it in (s.anchor, *s.positives, *s.negatives))]
         out = [0] * len(samples)
-        for i, n in zip(media, token_lengths([samples[i] for i in media], builder, layout) if media else []):
+        for i, n in zip(media, measured_lengths([samples[i] for i in media], builder, layout) if media else []):
             out[i] = n
             if n > max_length:
                 raise DataError(samples[i].source, samples[i].line, None,
@@ -134,7 +143,7 @@ def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, nu
     batches = [0]
 
     def measure_rows(rows: list[str], builder: InputBuilder) -> dict[str, list]:
-        if not truncate:  # text-only rows without a Sample object each (None: the general path)
+        if not truncate and layout is not Layout.RERANK:  # text-only rows without a Sample object each (None: the general path)
             fast = json_text_lengths(builder, rows, layout)
             if fast is not None:
                 return {"n_tokens": fast, "load_error": [""] * len(fast)}

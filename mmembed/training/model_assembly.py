@@ -55,14 +55,15 @@ def read_model_config(model_dir: str):
 
 
 def resolve_template(model_dir: str, name: str | None, model_type: str | None, system: str | None,
-                     config=None) -> Template:
+                     config=None, task: str | None = None) -> Template:
     """The template of ``--template`` / ``--model_type`` or, by default, of the model's
     ``model_type`` (``config``: the model's config, read from ``model_dir`` when not given),
-    with ``--system`` as its default system prompt."""
+    among the templates of ``task`` (``--task_type``; None: embedding), with ``--system`` as
+    its default system prompt."""
     if config is None:
         config = read_model_config(model_dir)
     try:
-        template = get_template(name, model_type, getattr(config, "model_type", None))
+        template = get_template(name, model_type, getattr(config, "model_type", None), task=task)
         template.check_installed()
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -95,7 +96,7 @@ class Encoding:
         """``template``: the model's template as :func:`resolve_template` gives it (resolved
         from the flags when not given); the side flags are applied to it here."""
         if template is None:
-            template = resolve_template(args.model, args.template, args.model_type, args.system)
+            template = resolve_template(args.model, args.template, args.model_type, args.system, task=args.task_type)
         if args.padding_side:
             template = dataclasses.replace(template, padding_side=args.padding_side)
         for side in ("query", "document"):  # --query_system, --document_system: over --system and the template's
@@ -103,7 +104,7 @@ class Encoding:
                 template = dataclasses.replace(template, **{side + "_system": getattr(args, side + "_system")})
         processing = load_processing(args.model, template)
         tokenizer = getattr(processing, "tokenizer", None) or processing
-        pooling = args.pooling or template.resolve_pooling(args.model)
+        pooling = args.pooling or (template.pooling if template.reranker else template.resolve_pooling(args.model))
         return cls(template, processing, pooling, args.max_length or default_max_length(args.model, tokenizer))
 
 
@@ -147,8 +148,10 @@ def lora_flags(args: SftArguments) -> str:
     return flags + (f" --modules_to_save {' '.join(args.modules_to_save)}" if args.modules_to_save else "")
 
 
-def apply_lora(backbone: nn.Module, args: SftArguments, template: Template) -> nn.Module:
-    """A new LoRA adapter as the flags say, or (``--adapters``) an existing one trained on."""
+def apply_lora(backbone: nn.Module, args: SftArguments, template: Template, peft_task: str = "FEATURE_EXTRACTION") -> nn.Module:
+    """A new LoRA adapter as the flags say, or (``--adapters``) an existing one trained on.
+    ``peft_task``: PEFT's task type (a reranker's ``SEQ_CLS``, whose new head PEFT trains and
+    saves whole, or ``CAUSAL_LM``)."""
     from peft import LoraConfig, TaskType, get_peft_model
 
     if args.adapters:
@@ -158,7 +161,7 @@ def apply_lora(backbone: nn.Module, args: SftArguments, template: Template) -> n
         return load_lora(backbone, args.adapters[0], is_trainable=True)
     init = {"true": True, "false": False}.get(args.init_weights.lower(), args.init_weights)
     config = LoraConfig(
-        task_type=TaskType.FEATURE_EXTRACTION,
+        task_type=TaskType[peft_task],
         r=args.lora_rank,
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,

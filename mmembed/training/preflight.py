@@ -22,11 +22,13 @@ from ..encoding.templates import Template
 from ..environment import Environment
 from ..environment import read as read_environment
 from ..losses import EmbeddingLoss, Setup
+from ..losses.rerank import build_rerank_loss
 from ..model.embedding import check_model_folder, hidden_size
 from .arguments import SftArguments, UsageError
 from .evaluation import eval_metric_names
 from .flag_checks import beir_pairs, check_side_flags
 from .model_assembly import lora_target_modules, make_loss, parts_to_freeze, read_model_config, resolve_template
+from .task_flags import is_reranker
 
 if TYPE_CHECKING:
     from ..encoding.media import MediaSettings
@@ -59,20 +61,23 @@ def check_settings(args: SftArguments, environment: Environment | None = None) -
     check_model_folders(args)
     media = check_environment(args, environment)
     config = read_model_config(args.model)
-    template = resolve_template(args.model, args.template, args.model_type, args.system, config)
+    template = resolve_template(args.model, args.template, args.model_type, args.system, config, task=args.task_type)
     limit = getattr(config, "max_position_embeddings", None)
     if args.max_length and limit and getattr(config, "position_embedding_type", None) == "absolute" \
             and args.max_length > limit:
         raise UsageError(f"--max_length must be at most {limit} for this model (its position embeddings), "
                          f"got {args.max_length}")
-    loss = make_loss(args)
-    check_side_flags(args, loss.side)
-    try:  # the loss's checks against the width, known from the config (e.g. Matryoshka's widths); sides: later
-        loss.check_setup(Setup(width=hidden_size(config), sides_known=False))
-    except ValueError as e:
-        flag = f"--mrl_dims {args.mrl_dims!r}" if args.mrl_dims and "mrl_dims" in str(e) else f"--loss_type {args.loss_type}"
-        raise UsageError(f"{flag}: {e}") from None
-    check_lora_targets(args, template, config)
+    if is_reranker(args):
+        loss = build_rerank_loss(args.loss_type, environment)  # LISTWISE_RERANKER_* checked now
+    else:
+        loss = make_loss(args)
+        check_side_flags(args, loss.side)
+        try:  # the loss's checks against the width, known from the config (e.g. Matryoshka's widths); sides: later
+            loss.check_setup(Setup(width=hidden_size(config), sides_known=False))
+        except ValueError as e:
+            flag = f"--mrl_dims {args.mrl_dims!r}" if args.mrl_dims and "mrl_dims" in str(e) else f"--loss_type {args.loss_type}"
+            raise UsageError(f"{flag}: {e}") from None
+        check_lora_targets(args, template, config)
     check_metric_for_best_model(args, loss)
     # the data paths last: a flag that does not fit the loss says more than a file that is not there
     for flag in ("dataset", "val_dataset"):

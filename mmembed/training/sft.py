@@ -40,6 +40,7 @@ from .preemption import preempted
 from .preflight import RunSetup, check_settings
 from .run_folder import prepare_output_dir, resume_checkpoint, resume_weights_only
 from .samplers import check_sampling
+from .task_flags import is_reranker
 from .trainer import EmbeddingTrainer
 
 logger = logging.getLogger("mmembed")
@@ -59,7 +60,12 @@ def run_sft(args: SftArguments, environment: Environment | None = None) -> dict[
     setup = check_settings(args, environment)
     resume = resume_checkpoint(args)
     prepare_output_dir(args, resume)
-    trainer = build_trainer(args, setup)
+    if is_reranker(args):
+        from .rerank_trainer import build_rerank_trainer
+
+        trainer = build_rerank_trainer(args, setup)
+    else:
+        trainer = build_trainer(args, setup)
     if resume and args.resume_only_model:
         resume = resume_weights_only(trainer, args, resume)
     trainer.last_checkpoint = resume  # the run's result until it saves (DeepSpeed loads without _load_from_checkpoint)

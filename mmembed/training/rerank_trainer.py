@@ -1,0 +1,252 @@
+"""Reranker training: ``mmembed sft --task_type reranker | generative_reranker``.
+
+The same run as an embedding model's (the flags, the data reading and its checks, the
+samplers, checkpoints written whole, exact resume, preemption, DeepSpeed, the gradient
+cache), with three parts of its own:
+
+- the model, a :class:`~mmembed.model.reranker.RerankerModel` (a classification head over the
+  pair, or a causal LM's ``yes`` / ``no`` logits at the last position), under LoRA
+  (PEFT's ``SEQ_CLS`` task for a classifier, so the new head trains and is saved whole;
+  ``CAUSAL_LM`` for a generative one) or trained in full;
+- the batch, :class:`~mmembed.encoding.rerank_inputs.RerankCollator`'s scored pairs (ms-swift's
+  draws of ``MAX_POSITIVE_SAMPLES`` positives and ``MAX_NEGATIVE_SAMPLES`` negatives);
+- the loss, a :class:`~mmembed.losses.rerank.RerankLoss` of the scores and the 1.0 / 0.0 labels,
+  computed on each process's own pairs as in ms-swift (DDP and DeepSpeed average the gradients).
+
+With ``--gradcache_mini_batch_size N`` the pairs are scored in chunks of N without graph, the
+loss's gradient with respect to the scores is taken, then each chunk is scored again with graph
+and given its slice: the same gradients as the plain step, with the memory of N pairs.
+
+Evaluation scores every pair of each eval row (no draws: each positive with every negative) and
+logs ``eval_loss`` with ``eval_mrr``, ``eval_ndcg`` and ``eval_acc``
+(:func:`~mmembed.eval.rerank.rerank_metrics`). Every process scores the whole eval set (as many
+forwards on each, as ZeRO-3 requires), so no gather is needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..encoding.collator import raise_batch_error
+from ..encoding.inputs import split_rows
+from ..encoding.rerank_inputs import GROUP_IDS, RerankCollator
+from ..encoding.templates import template_config
+from ..eval.rerank import rerank_metrics
+from ..losses.rerank import RerankLoss
+from ..model.reranker import RerankerModel, load_reranker
+from .arguments import SftArguments, UsageError
+from .distributed import max_over_processes
+from .gradcache import GradCache, deepspeed_chunk_backward
+from .model_assembly import Encoding, apply_lora, freeze_parts, lora_flags, parts_to_freeze
+from .trainer import EmbeddingTrainer
+
+logger = logging.getLogger("mmembed")
+
+#: the batch keys that are not the model's inputs
+_NOT_INPUTS = ("labels", GROUP_IDS, "dataset_ids", "side")
+#: mmembed.json's name in a saved folder
+CONFIG_NAME = "mmembed.json"
+
+
+def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in batch.items() if k not in _NOT_INPUTS}
+
+
+class RerankTrainer(EmbeddingTrainer):
+    """The Trainer for rerankers: :class:`EmbeddingTrainer`'s run (checkpoints, resume,
+    samplers, preemption, guards) with the reranker's loss call, gradient cache, evaluation
+    and saved folder. ``loss``: a :class:`~mmembed.losses.rerank.RerankLoss`."""
+
+    def __init__(self, *args, loss: RerankLoss, **kwargs):
+        super().__init__(*args, loss=loss, **kwargs)
+
+    # ---- the loss call --------------------------------------------------------------
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        scores = model(**model_inputs(inputs))["scores"]
+        loss = self._checked(self.loss(scores, inputs["labels"]))
+        return (loss, {"scores": scores}) if return_outputs else loss
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """The plain step, or with ``--gradcache_mini_batch_size`` the cached one (see the
+        module docstring): the scores are the gradient cache's one-column "embeddings"."""
+        raise_batch_error(inputs)
+        if not self.gradcache_mini_batch_size:
+            return super().training_step(model, inputs, num_items_in_batch)
+        model.train()
+        batch = self._prepare_inputs(inputs)
+        labels = batch["labels"]
+        scale = 1.0 / self.current_gradient_accumulation_steps
+
+        def scored(**chunk):
+            return {"last_hidden_state": model(**chunk)["scores"][:, None]}
+
+        def loss_of_scores(outputs, lab):
+            return self.loss(outputs["last_hidden_state"][:, 0], lab)
+
+        if self.is_deepspeed_enabled:
+            backward_fn, no_sync = deepspeed_chunk_backward(self.accelerator), None
+            num_chunks_fn = functools.partial(max_over_processes, device=self.args.device)
+        else:
+            backward_fn, no_sync, num_chunks_fn = None, getattr(model, "no_sync", None), None
+        cache = GradCache(scored, loss_of_scores, self.gradcache_mini_batch_size, split_fn=split_rows)
+        loss = cache.step(model_inputs(batch), labels,
+                          loss_backward_fn=lambda value: (self._checked(value) * scale).backward(),
+                          backward_fn=backward_fn, no_sync=no_sync, num_chunks_fn=num_chunks_fn)
+        return loss.detach() * scale
+
+    # ---- evaluation -----------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None or not len(dataset):
+            return {}
+        metrics = {f"{metric_key_prefix}_{k}": v for k, v in self.score_eval_set(dataset).items()}
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    def score_eval_set(self, dataset) -> dict[str, float]:
+        """The eval rows' loss (the mean over batches, as the Trainer's ``eval_loss``) and ranking
+        metrics, every pair of each row scored."""
+        model = self.model_wrapped if self.is_deepspeed_enabled else self.model
+        was_training = model.training
+        model.eval()
+        collator = dataclasses.replace(self.data_collator, train=False)
+        size = self.args.per_device_eval_batch_size
+        scores, labels, groups, losses = [], [], [], []
+        offset = 0
+        try:
+            for start in range(0, len(dataset), size):
+                batch = collator([dataset[i] for i in range(start, min(start + size, len(dataset)))])
+                raise_batch_error(batch)
+                batch = self._prepare_inputs(batch)
+                out = model(**model_inputs(batch))["scores"].float()
+                losses.append(float(self.loss(out, batch["labels"])))
+                scores.append(out.cpu().numpy())
+                labels.append(batch["labels"].cpu().numpy())
+                ids = batch[GROUP_IDS].cpu().numpy()
+                groups.append(ids + offset)
+                offset += int(ids.max()) + 1 if ids.size else 0
+        finally:
+            model.train(was_training)
+        metrics = rerank_metrics(np.concatenate(scores), np.concatenate(labels), np.concatenate(groups))
+        return {"loss": float(np.mean(losses)), **metrics}
+
+    # ---- the saved folder -----------------------------------------------------------
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """The reranker's folder: the backbone's own (an adapter, or a model transformers
+        loads as ``AutoModelForSequenceClassification`` / the causal LM), the tokenizer or
+        processor, ``mmembed.json`` (how to score with it) and the model card."""
+        from ..model.card import write_reranker_card
+
+        output_dir = output_dir or self.args.output_dir
+        if not self.args.should_save:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        model: RerankerModel = self.accelerator.unwrap_model(self.model)
+        if state_dict is not None:
+            prefix = "backbone."
+            state_dict = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        model.backbone.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(output_dir)
+        config = dict(self.mmembed_config)
+        config["training"] = {"global_step": self.state.global_step,
+                              "log": [r for r in self.state.log_history if "loss" in r or "eval_loss" in r][-20:]}
+        with open(os.path.join(output_dir, CONFIG_NAME), "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2, ensure_ascii=False)
+        write_reranker_card(output_dir, config)
+        from .saving import args_without_tokens
+
+        torch.save(args_without_tokens(self.args), os.path.join(output_dir, "training_args.bin"))
+
+
+# ----------------------------------------------------------------------------- building the run
+
+
+def build_reranker(args: SftArguments, encoding: Encoding) -> RerankerModel:
+    """The student reranker: ``--model`` as the task's model class, then LoRA or full training
+    with the frozen parts frozen."""
+    tokenizer = getattr(encoding.processing, "tokenizer", None) or encoding.processing
+    model = load_reranker(args.model, args.task_type, torch_dtype=args.torch_dtype, tokenizer=tokenizer,
+                          attn_impl=args.attn_impl)
+    if args.tuner_type == "lora":
+        task = "SEQ_CLS" if model.kind == "classifier" else "CAUSAL_LM"
+        try:
+            model.backbone = apply_lora(model.backbone, args, encoding.template, peft_task=task)
+        except ValueError as e:
+            if args.adapters:
+                raise
+            raise UsageError(f"{lora_flags(args)}: {e}") from None
+    elif freeze_parts(model.backbone, encoding.template, parts_to_freeze(args)):
+        logger.info("full training with frozen parts: %s", ", ".join(sorted(parts_to_freeze(args))))
+    return model
+
+
+def reranker_config(args: SftArguments, encoding: Encoding, model: RerankerModel, loss: RerankLoss,
+                    data: Any) -> dict[str, Any]:
+    """What each saved reranker's ``mmembed.json`` records: how to score with it (task, kind,
+    template, tokens, length) and how it was trained."""
+    from .sft import training_facts
+
+    return {
+        "task_type": args.task_type,
+        "kind": model.kind,
+        "base_model": os.path.abspath(args.model),
+        "template": template_config(encoding.template),
+        "default_system": encoding.template.default_system,
+        "instructions": {"query": args.query_system, "document": None, "datasets": {}},
+        "padding_side": encoding.template.padding_side,
+        "media": sorted(encoding.template.media),
+        "max_length": encoding.max_length,
+        "tokens": list(model.tokens) if model.kind == "generative" else None,
+        "token_ids": list(model.token_ids) if model.kind == "generative" else None,
+        "tuner_type": args.tuner_type,
+        "loss_type": args.loss_type,
+        **training_facts(args, loss, data),
+    }
+
+
+def build_rerank_trainer(args: SftArguments, setup) -> RerankTrainer:
+    """Everything a reranker run trains with (the reranker's counterpart of
+    :func:`~mmembed.training.sft.build_trainer`), from the up-front checks' ``setup``."""
+    from ..encoding.instructions import Instructions
+    from .data_assembly import TrainingData, check_drop_last, read_once
+    from .model_assembly import init_deepspeed_comm
+    from .samplers import check_sampling
+
+    media, loss = setup.media, setup.loss
+    encoding = Encoding.resolve(args, setup.template)
+    data = read_once(args, lambda reuse: TrainingData.load(args, encoding, loss, media, reuse))
+    check_drop_last(args, data)
+    check_sampling(args, data.train, getattr(data, "datasets", None))
+    if args.deepspeed:
+        init_deepspeed_comm()
+    model = build_reranker(args, encoding)
+    collator = RerankCollator(
+        encoding.template, encoding.processing, encoding.max_length,
+        truncation_side="left" if args.truncation_strategy == "left" else "right",
+        truncate=True,  # rows over --max_length are gone already under `delete`; a pair is cut document first
+        bucket=bool(args.length_buckets), media=media, strict=args.strict,
+        instructions=Instructions.of(args.dataset_entries),
+    )
+    return RerankTrainer(
+        model=model,
+        args=args,
+        train_dataset=data.train,
+        eval_dataset=data.val,
+        data_collator=collator,
+        processing_class=encoding.processing,
+        loss=loss,
+        mmembed_config=reranker_config(args, encoding, model, loss, data),
+        train_datasets=data.datasets,
+        dataset_names=[d.name for d in data.datasets] if args.dataset_config else None,
+    )
