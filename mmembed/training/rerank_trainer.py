@@ -46,6 +46,7 @@ from .arguments import SftArguments, UsageError
 from .distributed import max_over_processes
 from .gradcache import GradCache, deepspeed_chunk_backward
 from .model_assembly import Encoding, apply_lora, freeze_parts, lora_flags, parts_to_freeze
+from .run_folder import training_facts
 from .trainer import EmbeddingTrainer
 
 logger = logging.getLogger("mmembed")
@@ -101,6 +102,31 @@ class RerankTrainer(EmbeddingTrainer):
                           loss_backward_fn=lambda value: (self._checked(value) * scale).backward(),
                           backward_fn=backward_fn, no_sync=no_sync, num_chunks_fn=num_chunks_fn)
         return loss.detach() * scale
+
+    # ---- the draws, resumed --------------------------------------------------------
+    def _draws_file(self, folder: str) -> str:
+        return os.path.join(folder, f"rerank_draws_{self.args.process_index}.json")
+
+    def _save_rng_state(self, output_dir) -> None:
+        """The Trainer's RNG states, and the collator's draws (its ``RandomState``, ms-swift's one
+        stream of positives and negatives): a resumed run draws what the uninterrupted run
+        would have. With data-loader workers each worker holds its own copy, which the main
+        process cannot see (said at start, :func:`build_rerank_trainer`)."""
+        super()._save_rng_state(output_dir)
+        state = self.data_collator.random_state.get_state()
+        with open(self._draws_file(output_dir), "w", encoding="utf-8") as f:
+            json.dump({"algorithm": state[0], "keys": state[1].tolist(), "pos": int(state[2]),
+                       "has_gauss": int(state[3]), "cached_gaussian": float(state[4])}, f)
+
+    def _load_rng_state(self, checkpoint) -> None:
+        super()._load_rng_state(checkpoint)
+        path = self._draws_file(checkpoint) if checkpoint else None
+        if self.weights_only_resume or not path or not os.path.isfile(path):
+            return
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        self.data_collator.random_state.set_state((saved["algorithm"], np.array(saved["keys"], dtype=np.uint32),
+                                                   saved["pos"], saved["has_gauss"], saved["cached_gaussian"]))
 
     # ---- evaluation -----------------------------------------------------------------
     @torch.no_grad()
@@ -195,8 +221,6 @@ def reranker_config(args: SftArguments, encoding: Encoding, model: RerankerModel
                     data: Any) -> dict[str, Any]:
     """What each saved reranker's ``mmembed.json`` records: how to score with it (task, kind,
     template, tokens, length) and how it was trained."""
-    from .sft import training_facts
-
     return {
         "task_type": args.task_type,
         "kind": model.kind,
@@ -231,6 +255,10 @@ def build_rerank_trainer(args: SftArguments, setup) -> RerankTrainer:
     if args.deepspeed:
         init_deepspeed_comm()
     model = build_reranker(args, encoding)
+    if args.dataloader_num_workers:
+        logger.info("--dataloader_num_workers %d: each worker draws the reranker's positives and negatives from its "
+                    "own RandomState(42), as ms-swift's do; a resumed run starts those draws afresh (with 0 workers "
+                    "the draws are saved in each checkpoint and resumed exactly)", args.dataloader_num_workers)
     collator = RerankCollator(
         encoding.template, encoding.processing, encoding.max_length,
         truncation_side="left" if args.truncation_strategy == "left" else "right",

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
+from typing import Any
 
 from ..files import WriteError
 from ..model.weights import load_backbone_weights
@@ -119,3 +121,26 @@ def resume_weights_only(trainer: EmbeddingTrainer, args: SftArguments, resume: s
                 "(--ignore_data_skip true starts at step 0); optimizer, scheduler and RNG start afresh", resume, step)
     trainer.weights_only_resume = True
     return resume
+
+
+def training_facts(args: SftArguments, loss: Any, data: Any) -> dict[str, Any]:
+    """What the model card reports beside the model: the loss's settings, the data files with
+    their row counts, the main hyperparameters and when training started."""
+    settings = " ".join(repr(loss).split())  # the loss's repr names its settings (and an inner loss's)
+    return {
+        "loss_settings": settings,
+        "data": {
+            **{kind: [{"file": f, "rows": n} for f, n in records.items()] for kind, records in data.files.items()},
+            "train_rows": len(data.train) if hasattr(data.train, "__len__") else None,  # a stream: unknown
+            "val_rows": len(data.val) if data.val is not None else None,
+            **({"datasets": [{"name": d.name, "weight": d.weight, "rows": d.rows, "val_rows": d.val_rows}
+                             for d in data.datasets]} if args.dataset_config else {}),
+        },
+        "learning_rate": args.learning_rate,
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "num_train_epochs": args.num_train_epochs if not args.max_steps or args.max_steps < 0 else None,
+        "max_steps": args.max_steps if args.max_steps and args.max_steps > 0 else None,
+        "seed": args.seed,
+        "started_at": time.time(),
+    }
+

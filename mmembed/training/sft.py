@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from typing import Any
 
 from ..encoding.collator import EmbeddingCollator
@@ -38,7 +37,7 @@ from .model_assembly import (
 )
 from .preemption import preempted
 from .preflight import RunSetup, check_settings
-from .run_folder import prepare_output_dir, resume_checkpoint, resume_weights_only
+from .run_folder import prepare_output_dir, resume_checkpoint, resume_weights_only, training_facts
 from .samplers import check_sampling
 from .task_flags import is_reranker
 from .trainer import EmbeddingTrainer
@@ -172,25 +171,3 @@ def saved_config(args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, da
             d.name: {"query": d.entry.query_system, "document": d.entry.document_system}
             for d in data.datasets if d.entry is not None}
     return config
-
-
-def training_facts(args: SftArguments, loss: EmbeddingLoss, data: TrainingData) -> dict[str, Any]:
-    """What the model card reports beside the model: the loss's settings, the data files with
-    their row counts, the main hyperparameters and when training started."""
-    settings = " ".join(repr(loss).split())  # the loss's repr names its settings (and an inner loss's)
-    return {
-        "loss_settings": settings,
-        "data": {
-            **{kind: [{"file": f, "rows": n} for f, n in records.items()] for kind, records in data.files.items()},
-            "train_rows": len(data.train) if hasattr(data.train, "__len__") else None,  # a stream: unknown
-            "val_rows": len(data.val) if data.val is not None else None,
-            **({"datasets": [{"name": d.name, "weight": d.weight, "rows": d.rows, "val_rows": d.val_rows}
-                             for d in data.datasets]} if args.dataset_config else {}),
-        },
-        "learning_rate": args.learning_rate,
-        "per_device_train_batch_size": args.per_device_train_batch_size,
-        "num_train_epochs": args.num_train_epochs if not args.max_steps or args.max_steps < 0 else None,
-        "max_steps": args.max_steps if args.max_steps and args.max_steps > 0 else None,
-        "seed": args.seed,
-        "started_at": time.time(),
-    }

@@ -1,0 +1,179 @@
+"""``mmembed sft --task_type reranker | generative_reranker``: the training step against plain
+references (the loss of the model's scores written out; the gradient cache against the plain
+step), the saved folder against the libraries that load it, and the run's guarantees (resume to
+the same weights, the up-front data check) holding for rerankers."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from mmembed.training.arguments import parse_sft_args
+from mmembed.training.preflight import check_settings
+from mmembed.training.rerank_trainer import build_rerank_trainer, model_inputs
+from mmembed.training.sft import run_sft
+
+WORDS = "the a cat dog runs sits on mat under tree red blue small large quickly slowly flute music plays".split()
+
+
+def _rows(n, seed, negatives=(0, 4)):
+    rng = np.random.default_rng(seed)
+
+    def sentence():
+        return " ".join(rng.choice(WORDS, size=int(rng.integers(4, 10))))
+
+    return [{"query": sentence(), "response": sentence(),
+             "rejected_response": [sentence() for _ in range(int(rng.integers(*negatives)) if negatives[1] else 0)]}
+            for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("rerank_data")
+    for name, rows in (("train.jsonl", _rows(16, 0, (0, 5))), ("val.jsonl", _rows(5, 1, (2, 4)))):
+        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(folder / "train.jsonl"), str(folder / "val.jsonl")
+
+
+@pytest.fixture(scope="module")
+def qwen3(tiny_model):
+    return tiny_model("qwen3")
+
+
+def _args(model, task, data, out, *extra):
+    return parse_sft_args(["--model", model, "--task_type", task, "--dataset", data[0], "--output_dir", str(out),
+                           "--per_device_train_batch_size", "4", "--max_steps", "2", "--save_steps", "2",
+                           "--report_to", "none", "--disable_tqdm", "true", "--dataloader_num_workers", "0",
+                           "--logging_steps", "1", *extra])
+
+
+def _grads(trainer):
+    return {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+
+CASES = [("reranker", "full", "listwise_reranker"), ("reranker", "lora", "pointwise_reranker"),
+         ("generative_reranker", "lora", "listwise_reranker"), ("generative_reranker", "full", "pointwise_reranker")]
+
+
+@pytest.mark.parametrize("task, tuner, loss", CASES)
+def test_the_step_is_the_loss_of_the_scores_and_the_cached_step_gives_its_gradients(
+        minilm_path, qwen3, data, tmp_path, task, tuner, loss):
+    """One training step's loss is the written-out loss of the model's scores of the batch
+    (ms-swift's: BCE with logits, or per group softmax cross-entropy with the positive first),
+    and the gradient-cache step (chunks of 3 pairs) leaves the same gradients as the plain step."""
+    model = minilm_path if task == "reranker" else qwen3
+    flags = ["--tuner_type", tuner, "--loss_type", loss, "--lora_dropout", "0"]
+    plain = build_rerank_trainer(a := _args(model, task, data, tmp_path / "a", *flags), check_settings(a))
+    cached = build_rerank_trainer(b := _args(model, task, data, tmp_path / "b", *flags, "--gradcache_mini_batch_size", "3"),
+                                  check_settings(b))
+    cached.model.load_state_dict(plain.model.state_dict())  # a new head / LoRA starts random: the same weights on both
+    samples = [plain.train_dataset[i] for i in range(4)]
+    batch = plain.data_collator(samples)
+    assert torch.equal(batch["labels"], cached.data_collator(samples)["labels"])  # the same draws (RandomState(42) each)
+
+    with torch.no_grad():
+        plain.model.eval()
+        scores = plain.model(**model_inputs(batch))["scores"]
+    labels = batch["labels"]
+    if loss == "pointwise_reranker":
+        p = torch.sigmoid(scores.double())
+        expected = -(labels * torch.log(p) + (1 - labels) * torch.log(1 - p)).mean()
+    else:
+        groups = []
+        for i, y in enumerate(labels.tolist()):
+            if y == 1:
+                groups.append([i])
+            elif groups:
+                groups[-1].append(i)
+        kept = [g for g in groups if len(g) >= 2]
+        expected = sum(-torch.log_softmax(scores.double()[g], 0)[0] for g in kept) / len(kept)
+    got = plain.compute_loss(plain.model, dict(batch))
+    assert abs(float(got) - float(expected)) < 1e-5
+
+    for t in (plain, cached):  # set by the Trainer's loop, which this test steps outside of
+        t.current_gradient_accumulation_steps = 1
+        t.model.zero_grad()
+    for t in (plain, cached):  # no dropout: the plain step draws its masks over the whole batch, the cache per chunk
+        for m in t.model.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
+    plain.training_step(plain.model, dict(batch))
+    cached.training_step(cached.model, dict(batch))
+    g1, g2 = _grads(plain), _grads(cached)
+    assert g1.keys() == g2.keys() and g1
+    for name in g1:
+        torch.testing.assert_close(g2[name], g1[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_classifier_run_resumes_to_the_same_weights_and_crossencoder_scores_it(minilm_path, data, tmp_path):
+    """Four steps in one run equal two steps, then a resume for two more (weights and the
+    sampler's rows); the checkpoint loads in sentence-transformers' CrossEncoder with the
+    scores of mmembed's Reranker; evaluation logs loss, mrr, ndcg and acc."""
+    from safetensors.torch import load_file
+    from sentence_transformers import CrossEncoder
+
+    from mmembed.model.rerank_scorer import Reranker
+
+    common = ["--tuner_type", "full", "--loss_type", "listwise_reranker", "--max_steps", "4", "--save_steps", "2",
+              "--val_dataset", data[1], "--eval_steps", "4", "--learning_rate", "1e-3"]
+    whole = run_sft(_args(minilm_path, "reranker", data, tmp_path / "whole", *common))
+    # the run cut after its step-2 checkpoint: that checkpoint alone in a folder of its own
+    shutil.copytree(tmp_path / "whole" / "checkpoint-2", tmp_path / "cut" / "checkpoint-2")
+    resumed = run_sft(_args(minilm_path, "reranker", data, tmp_path / "cut", *common,
+                            "--resume_from_checkpoint", str(tmp_path / "cut" / "checkpoint-2")))
+    a = load_file(os.path.join(whole["last_checkpoint"], "model.safetensors"))
+    b = load_file(os.path.join(resumed["last_checkpoint"], "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
+    for name in ("eval_loss", "eval_mrr", "eval_ndcg", "eval_acc"):
+        assert np.isfinite(whole[name]), name
+    folder = whole["last_checkpoint"]
+    pairs = [("a cat sits on the mat", "the cat sits"), ("flute music plays", "dogs run under a red tree")]
+    ours = Reranker.from_pretrained(folder, device="cpu").score_pairs(pairs)
+    theirs = CrossEncoder(folder, device="cpu").predict(pairs, activation_fn=torch.nn.Identity())
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    config = json.load(open(os.path.join(folder, "mmembed.json")))
+    assert config["task_type"] == "reranker" and config["kind"] == "classifier"
+    assert not os.path.exists(os.path.join(folder, "modules.json"))  # CrossEncoder must not read an embedder's modules
+
+
+def test_a_generative_run_scores_with_the_yes_and_no_rows_of_its_lm_head(qwen3, data, tmp_path):
+    """A full generative run's folder is the causal LM: transformers' logits at the last token of
+    the pair's text, logit('yes') - logit('no'), are mmembed's scores."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mmembed.model.rerank_scorer import Reranker
+
+    out = run_sft(_args(qwen3, "generative_reranker", data, tmp_path / "gen", "--tuner_type", "full",
+                        "--learning_rate", "1e-3"))
+    folder = out["last_checkpoint"]
+    config = json.load(open(os.path.join(folder, "mmembed.json")))
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert config["token_ids"] == [tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")]
+    query, docs = "a cat sits on the mat", ["the cat sits", "dogs run under a red tree"]
+    text = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+            "provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n<Instruct>: Given a "
+            "web search query, retrieve relevant passages that answer the query\n<Query>: {q}\n<Document>: {d}<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    expected = []
+    for d in docs:
+        ids = tok(text.format(q=query, d=d), return_tensors="pt", add_special_tokens=False)
+        with torch.no_grad():
+            logits = model(**ids).logits[0, -1]
+        expected.append(float(logits[config["token_ids"][0]] - logits[config["token_ids"][1]]))
+    got = Reranker.from_pretrained(folder, device="cpu").score(query, docs)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_row_without_a_positive_is_named_before_training(minilm_path, tmp_path):
+    from mmembed.data import DataError
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"query": "q", "response": "p"}) + "\n" + json.dumps({"query": "q2"}) + "\n")
+    with pytest.raises(DataError, match=r"bad\.jsonl:2"):
+        run_sft(_args(minilm_path, "reranker", (str(bad), None), tmp_path / "out", "--tuner_type", "full"))
