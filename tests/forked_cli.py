@@ -25,6 +25,8 @@ def _enter(env: dict[str, str], out_path: str, err_path: str) -> None:
     ``err_path`` (named pipes, or files made here), one torch thread."""
     os.environ.clear()
     os.environ.update(env)
+    # as a fresh interpreter would: PYTHONPATH's folders first on sys.path (a test's own loss module)
+    sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     for fd, path in ((1, out_path), (2, err_path)):
         target = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         os.dup2(target, fd)

@@ -25,6 +25,7 @@ from .device_flags import (
     device_defaults,
     honour_optimizer_under_offload,
     one_process_group_env,
+    skip_cpu_shared_memory_op,
 )
 from .flag_checks import (
     DEEPSPEED_CONFIGS,
@@ -209,6 +210,8 @@ class SftArguments(TrainingArguments):
         self.deepspeed = honour_optimizer_under_offload(self.deepspeed, str(getattr(self.optim, "value", self.optim)))
         if self.deepspeed:
             one_process_group_env()
+            if not has_accelerator():
+                skip_cpu_shared_memory_op()
         self.device_defaults = device_defaults(self, has_accelerator())
         if not has_accelerator():
             # without use_cpu, accelerate starts the process group under torchrun but then treats

@@ -41,6 +41,17 @@ def honour_optimizer_under_offload(deepspeed, optim: str):
     return {**config, "zero_force_ds_cpu_optimizer": False}
 
 
+def skip_cpu_shared_memory_op() -> None:
+    """On a machine without an accelerator, DeepSpeed's process group builds its shared-memory
+    all-reduce op (``deepspeed_shm_comm``, a C++ extension compiled on first use: one to three
+    minutes on 2 cores) when it starts. The op serves only DeepSpeed's inference all-reduce,
+    which training never calls (ZeRO's collectives go through torch.distributed, gloo here), so
+    it is marked unavailable and DeepSpeed falls back to gloo without compiling anything."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def one_process_group_env() -> bool:
     """A single process under DeepSpeed (no torchrun) gets the variables torchrun would give
     it (rank 0 of 1, a free local port). Without them DeepSpeed looks for an MPI launcher and

@@ -203,20 +203,33 @@ def test_nproc_per_node_relaunches_under_torchrun(minilm_no_dropout, tmp_path):
         torch.testing.assert_close(b[k], a[k], atol=1e-6, rtol=1e-5, msg=k)
 
 
-def test_zero3_lora_run_killed_after_a_checkpoint_resumes_to_the_same_weights(minilm_no_dropout, one_process_run, tmp_path):
+ZERO3_LORA = ["--deepspeed", "zero3", "--tuner_type", "lora", "--eval_strategy", "no", "--lora_dropout", "0"]
+
+
+@pytest.fixture(scope="module")
+def zero3_lora_whole(minilm_no_dropout, one_process_run, tmp_path_factory):
+    """ZeRO-3 with LoRA, 2 processes, 2 steps, a checkpoint after each: the uninterrupted run
+    that the resume tests compare against (its checkpoint-1 is also where --resume_only_model
+    starts from)."""
+    d = one_process_run
+    whole = str(tmp_path_factory.mktemp("zero3_lora") / "whole")
+    _sft(minilm_no_dropout, whole, str(d / "train.jsonl"), str(d / "val.jsonl"), 2, 2, *ZERO3_LORA,
+         "--max_steps", "2", "--save_steps", "1")
+    return whole
+
+
+def test_zero3_lora_run_killed_after_a_checkpoint_resumes_to_the_same_weights(minilm_no_dropout, one_process_run,
+                                                                              zero3_lora_whole, tmp_path):
     """ZeRO-3 with LoRA, 2 processes: a run stopped after checkpoint-1 and resumed with
     --resume_from_checkpoint true ends with the adapter of the uninterrupted run; the
     adapter exports to a plain folder."""
     from safetensors.torch import load_file
 
     d = one_process_run
-    common = ["--deepspeed", "zero3", "--tuner_type", "lora", "--max_steps", "2", "--save_steps", "1",
-              "--eval_strategy", "no", "--lora_dropout", "0"]
-    whole, killed = str(tmp_path / "whole"), tmp_path / "killed"
-    _sft(minilm_no_dropout, whole, str(d / "train.jsonl"), str(d / "val.jsonl"), 2, 2, *common)
+    whole, killed = zero3_lora_whole, tmp_path / "killed"
     shutil.copytree(os.path.join(whole, "checkpoint-1"), killed / "checkpoint-1")
-    _sft(minilm_no_dropout, str(killed), str(d / "train.jsonl"), str(d / "val.jsonl"), 2, 2, *common,
-         "--resume_from_checkpoint", "true")
+    _sft(minilm_no_dropout, str(killed), str(d / "train.jsonl"), str(d / "val.jsonl"), 2, 2, *ZERO3_LORA,
+         "--max_steps", "2", "--save_steps", "1", "--resume_from_checkpoint", "true")
     a = load_file(os.path.join(whole, "checkpoint-2", "adapter_model.safetensors"))
     b = load_file(str(killed / "checkpoint-2" / "adapter_model.safetensors"))
     first = load_file(os.path.join(whole, "checkpoint-1", "adapter_model.safetensors"))
@@ -250,21 +263,20 @@ def test_lora_under_offload_configs_trains_and_exports(minilm_no_dropout, one_pr
 
     adapter = load_file(str(ckpt / "adapter_model.safetensors"))
     assert any(k.endswith("lora_B.weight") and v.abs().max() > 0 for k, v in adapter.items())  # B starts at zero
-    r = subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "export", "--adapters", str(ckpt), "--merge_lora", "true"],
-                       capture_output=True, text=True, cwd=REPO)
-    assert r.returncode == 0, r.stderr[-2000:]
+    launch(["-m", "mmembed.tools.cli", "export", "--adapters", str(ckpt), "--merge_lora", "true"])  # asserts exit 0
     texts = ["A man plays a flute.", "Someone is cooking."]
     a = Embedder.from_pretrained(str(ckpt)).encode(texts)
     b = Embedder.from_pretrained(str(ckpt) + "-merged").encode(texts)
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-def test_best_checkpoint_is_reloaded_under_zero3(minilm_no_dropout, one_process_run, tmp_path):
-    """--load_best_model_at_end with ZeRO-3 on 2 processes: the engine reloads the picked
-    checkpoint (its partitioned parameters cannot take a plain state dict), so the final
-    evaluation repeats that checkpoint's logged numbers, not the last step's."""
+@pytest.fixture(scope="module")
+def zero3_best_run(minilm_no_dropout, one_process_run, tmp_path_factory):
+    """Full tuning under ZeRO-3 on 2 processes, 3 steps with an evaluation and a checkpoint
+    after each and --load_best_model_at_end: (output folder, the metrics it printed last). Its
+    checkpoint-1 is also where the full --resume_only_model test starts from."""
     d = one_process_run
-    out = tmp_path / "out"
+    out = tmp_path_factory.mktemp("zero3_best") / "out"
     # on these rows (ms-swift's data order, --data_seed 42) the eval loss rises as it trains, so
     # the lowest (greater_is_better false, the natural choice) is an early checkpoint
     proc = _torchrun(["-m", "mmembed.tools.cli", "sft", "--model", minilm_no_dropout, "--dataset", str(d / "train.jsonl"),
@@ -274,7 +286,14 @@ def test_best_checkpoint_is_reloaded_under_zero3(minilm_no_dropout, one_process_
                       "--save_steps", "1", "--load_best_model_at_end", "true", "--metric_for_best_model", "eval_loss",
                       "--greater_is_better", "false", "--output_dir", str(out), "--disable_tqdm", "true",
                       "--report_to", "none"])
-    metrics = json.loads(proc.stdout[proc.stdout.index("{\n"):proc.stdout.rindex("}") + 1])
+    return out, json.loads(proc.stdout[proc.stdout.index("{\n"):proc.stdout.rindex("}") + 1])
+
+
+def test_best_checkpoint_is_reloaded_under_zero3(zero3_best_run):
+    """--load_best_model_at_end with ZeRO-3 on 2 processes: the engine reloads the picked
+    checkpoint (its partitioned parameters cannot take a plain state dict), so the final
+    evaluation repeats that checkpoint's logged numbers, not the last step's."""
+    out, metrics = zero3_best_run
     history = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())["log_history"]
     logged = {h["step"]: h["eval_loss"] for h in history if "eval_loss" in h}
     best = min(logged, key=logged.get)
@@ -284,17 +303,19 @@ def test_best_checkpoint_is_reloaded_under_zero3(minilm_no_dropout, one_process_
 
 
 @pytest.mark.parametrize("tuner", ["full", "lora"])
-def test_resume_only_model_under_zero3_takes_the_weights(minilm_no_dropout, one_process_run, tmp_path, tuner):
+def test_resume_only_model_under_zero3_takes_the_weights(minilm_no_dropout, one_process_run, request, tmp_path, tuner):
     """--resume_only_model with ZeRO-3 on 2 processes: the checkpoint's weights reach the
     partitioned parameters (learning rate 0: the next checkpoint holds them unchanged) and the
-    step count goes on, while the engine's optimizer state is not read."""
+    step count goes on, while the engine's optimizer state is not read. The first checkpoint
+    is that of a ZeRO-3 run of this file: the full best-checkpoint run's, the LoRA resume's."""
     from safetensors.torch import load_file
 
     d = one_process_run
-    common = ["--deepspeed", "zero3", "--tuner_type", tuner, "--eval_strategy", "no", "--lora_dropout", "0"]
-    first, second = str(tmp_path / "first"), str(tmp_path / "second")
-    _sft(minilm_no_dropout, first, str(d / "train.jsonl"), str(d / "val.jsonl"), 2, 2, *common)
-    _sft(minilm_no_dropout, second, str(d / "train.jsonl"), str(d / "val.jsonl"), 2, 2, *common, "--max_steps", "2",
+    first = str(request.getfixturevalue("zero3_best_run")[0]) if tuner == "full" else \
+        request.getfixturevalue("zero3_lora_whole")
+    second = str(tmp_path / "second")
+    _sft(minilm_no_dropout, second, str(d / "train.jsonl"), str(d / "val.jsonl"), 2, 2, "--deepspeed", "zero3",
+         "--tuner_type", tuner, "--eval_strategy", "no", "--lora_dropout", "0", "--max_steps", "2",
          "--learning_rate", "0", "--resume_from_checkpoint", os.path.join(first, "checkpoint-1"),
          "--resume_only_model", "true")
     name = "model.safetensors" if tuner == "full" else "adapter_model.safetensors"

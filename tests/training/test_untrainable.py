@@ -22,7 +22,7 @@ import sys
 import pytest
 import torch
 from conftest import REPO, stsb_pairs, write_jsonl
-from forked_cli import run_cli
+from forked_cli import run_cli, run_ranks
 
 from mmembed.losses import InfoNCEConfig, build_loss
 from mmembed.losses.base import MIN_TEMPERATURE, MIN_TEMPERATURE_TEXT
@@ -248,12 +248,12 @@ def _zero_run(minilm_path, tmp_path, *flags):
     (tmp_path / "zero_loss.py").write_text(ZERO_LOSS)
     out = tmp_path / "run"
     data = write_jsonl(tmp_path / "train.jsonl", stsb_pairs(8))
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
-               PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
-    r = subprocess.run([sys.executable, "-m", "mmembed", "sft", "--model", minilm_path, "--dataset", data,
-                        "--loss_type", "zero_loss:ZeroLoss", "--per_device_train_batch_size", "2",
-                        "--save_steps", "4", "--max_length", "32", "--output_dir", str(out), "--report_to", "none",
-                        "--logging_steps", "1", "--disable_tqdm", "true", *flags], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    # the command line in a child forked from the test server (tests/forked_cli.py), the loss module on its path
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": os.pathsep.join([str(tmp_path), REPO])}
+    r = run_cli(["sft", "--model", minilm_path, "--dataset", data,
+                 "--loss_type", "zero_loss:ZeroLoss", "--per_device_train_batch_size", "2",
+                 "--save_steps", "4", "--max_length", "32", "--output_dir", str(out), "--report_to", "none",
+                 "--logging_steps", "1", "--disable_tqdm", "true", *flags], env=env, timeout=600)
     return r, out
 
 
@@ -332,14 +332,17 @@ def test_two_processes_agree(minilm_path, tmp_path, one):
     (tmp_path / "rank_loss.py").write_text(RANK_LOSS)
     out = tmp_path / "run"
     data = write_jsonl(tmp_path / "train.jsonl", stsb_pairs(8))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
+    env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(tmp_path), REPO])}
     argv = ["sft", "--model", minilm_path, "--dataset", data, "--loss_type", "rank_loss:RankLoss",
             "--loss_kwargs", json.dumps({"one": one}), "--per_device_train_batch_size", "1", "--max_steps", "6",
             "--zero_loss_patience", "3", "--save_steps", "2", "--max_length", "32", "--output_dir", str(out),
             "--report_to", "none", "--disable_tqdm", "true"]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "-m", "mmembed.tools.cli", *argv], env=env, capture_output=True, text=True, cwd=REPO,
-                          timeout=600)
+    if one:  # torchrun's two workers, forked from the test server with its variables (tests/forked_cli.py)
+        proc = run_ranks(["-m", "mmembed.tools.cli", *argv], 2, env=env, timeout=600, cwd=REPO)
+    else:  # torchrun itself: both workers fail, and each must get to print its error before torchrun stops the other
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                               "-m", "mmembed.tools.cli", *argv], env=dict(os.environ, **env), capture_output=True,
+                              text=True, cwd=REPO, timeout=600)
     if one:
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert is_complete(str(out / "checkpoint-6"))
