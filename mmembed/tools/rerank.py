@@ -63,7 +63,7 @@ def _is_remote(path: str) -> bool:
 
 
 def _sub(field: str, key: str) -> str:
-    return _sub(field, key) if field else key
+    return f"{field}.{key}" if field else key
 
 
 def check_item(value: Any, source: str, line: int, field: str, base_dir: str) -> Any:
