@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 USAGE = """usage: mmembed COMMAND [flags]
 
 commands:
-  sft (train)   fine-tune an embedding model (ms-swift's `swift sft --task_type embedding` flags)
+  sft (train)   fine-tune an embedding model or a reranker (ms-swift's `swift sft --task_type embedding|reranker|generative_reranker` flags)
   embed         embed a file of inputs into a .npy array
   rerank        score and rank documents for queries with a reranker (raw scores, /v1/rerank-shaped JSONL)
   export        merge a LoRA checkpoint (embedder or reranker) into a standalone folder (--adapters CKPT --merge_lora true)
