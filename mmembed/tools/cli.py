@@ -1,4 +1,4 @@
-"""``mmembed`` command line: sft (alias train), embed, export, eval, mine, serve.
+"""``mmembed`` command line: sft (alias train), embed, rerank, export, eval, mine, serve.
 
 Flags follow ms-swift's spelling; ``mmembed COMMAND --help`` lists them.
 """
@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 USAGE = """usage: mmembed COMMAND [flags]
 
 commands:
-  sft (train)   fine-tune an embedding model (ms-swift's `swift sft --task_type embedding` flags)
+  sft (train)   fine-tune an embedding model or a reranker (ms-swift's `swift sft --task_type embedding|reranker|generative_reranker` flags)
   embed         embed a file of inputs into a .npy array
-  export        merge a LoRA checkpoint into a standalone folder (--adapters CKPT --merge_lora true)
+  rerank        score and rank documents for queries with a reranker (raw scores, /v1/rerank-shaped JSONL)
+  export        merge a LoRA checkpoint (embedder or reranker) into a standalone folder (--adapters CKPT --merge_lora true)
   eval          STS (Spearman/Pearson) on scored pairs and/or retrieval on a BEIR folder (nDCG@10, MRR@10, recall@k)
   mine          add hard negatives to a data file (BM25 or a dense model, false-negative filters)
   serve         OpenAI-compatible POST /v1/embeddings with dynamic batching (FastAPI + uvicorn)
@@ -242,6 +243,58 @@ def cmd_embed(argv: list[str], environment: Environment | None = None) -> int:
     return 0
 
 
+def cmd_rerank(argv: list[str], environment: Environment | None = None) -> int:
+    p = ArgumentParser(prog="mmembed rerank", allow_abbrev=False,
+                       description="Score (query, document) pairs with a reranker and rank each query's documents. "
+                                   "Scores are raw: the classifier's logit, or logit(yes) - logit(no); no sigmoid.")
+    p.add_argument("--model", required=True, help="reranker checkpoint (full or LoRA), exported folder or reranker model folder")
+    p.add_argument("--query", default=None, help="one query (with --documents)")
+    p.add_argument("--documents", default=None,
+                   help="the query's documents: .txt (one per line) or .jsonl rows, each a string or {\"text\", \"images\": [...]}")
+    p.add_argument("--input", default=None,
+                   help="JSONL rows {\"query\": ..., \"documents\": [...]} (each a string or {\"text\", \"images\", ...})")
+    p.add_argument("--output", default=None, help="write the results (JSONL, one line per query) here; default: stdout")
+    p.add_argument("--top_n", type=int, default=None, help="keep the N best documents of each query (default: all)")
+    p.add_argument("--return_documents", type=_bool, nargs="?", const=True, default=False,
+                   help="put each result's document in it ({\"text\": ...})")
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--device", default=None, help="cuda, cuda:1, cpu, ... (default: cuda when available)")
+    p.add_argument("--torch_dtype", default=None)
+    p.add_argument("--task_type", choices=["reranker", "generative_reranker"], default=None,
+                   help="for a folder without mmembed.json whose config.json does not say (default: from the folder)")
+    a = p.parse_args(argv)
+    if a.input is not None and (a.query is not None or a.documents is not None):
+        raise UsageError("pass either --input FILE or --query TEXT --documents FILE, not both")
+    if a.input is None and (a.query is None or a.documents is None):
+        raise UsageError("pass --query TEXT with --documents FILE, or --input FILE (rows with query and documents)"
+                         + ("; --documents is missing" if a.query is not None else
+                            "; --query is missing" if a.documents is not None else ""))
+    if a.top_n is not None and a.top_n < 1:
+        raise UsageError(f"--top_n must be an integer >= 1, got {a.top_n}")
+    check_model_flags(a, "--model", environment=environment)
+    check_input_files(("--input", a.input), ("--documents", a.documents))
+    from ..files import replaced_when_done
+    from ..model.rerank_scorer import Reranker
+    from .rerank import RerankQuery, dumps, rank_queries, read_documents, read_rerank_input
+
+    if a.input is not None:
+        queries = read_rerank_input(a.input)
+    else:
+        documents, lines = read_documents(a.documents)
+        queries = [RerankQuery(a.query, documents, a.documents, 0, lines)]
+    reranker = Reranker.from_pretrained(a.model, device=a.device, torch_dtype=a.torch_dtype, task_type=a.task_type)
+    lines_out = rank_queries(reranker, queries, a.top_n, a.return_documents, a.batch_size)
+    if a.output is None:
+        for line in lines_out:
+            print(dumps(line))
+        return 0
+    with replaced_when_done(a.output, "w", encoding="utf-8") as f:
+        for line in lines_out:
+            f.write(dumps(line) + "\n")
+    print(f"wrote the rankings of {len(lines_out)} queries to {a.output}", file=sys.stderr)
+    return 0
+
+
 def _bool(s: str) -> bool:
     """true/false as ``mmembed sft``'s flags take them (transformers' parser)."""
     from transformers.hf_argparser import string_to_bool
@@ -365,7 +418,7 @@ def cmd_serve(argv: list[str], environment: Environment | None = None) -> int:
     return 0
 
 
-COMMANDS = {"sft": cmd_sft, "train": cmd_sft, "embed": cmd_embed, "export": cmd_export, "eval": cmd_eval, "mine": cmd_mine,
+COMMANDS = {"sft": cmd_sft, "train": cmd_sft, "embed": cmd_embed, "rerank": cmd_rerank, "export": cmd_export, "eval": cmd_eval, "mine": cmd_mine,
             "serve": cmd_serve}
 
 

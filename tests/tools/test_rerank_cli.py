@@ -1,0 +1,301 @@
+"""``mmembed rerank`` and ``mmembed export`` of reranker checkpoints, against independent references:
+``sentence_transformers.CrossEncoder`` (raw logits) for a classifier, full checkpoint and LoRA
+export alike; transformers' ``AutoModelForCausalLM`` with Qwen3-Reranker's text written out
+(``logit(yes) - logit(no)`` at the last token) and the export card's snippet run as written for
+a generative LoRA checkpoint; the results' order, indices and ``--top_n``; bad rows named by
+file, line and field."""
+
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from mmembed.tools.cli import main
+
+QUERIES = ["how do flutes work", "what is the capital of France?"]
+DOCS = ["A flute is a woodwind instrument: air over an opening makes it sound.",
+        "Paris is the capital and largest city of France.",
+        "bananas are yellow",
+        "question 3 about flutes: the answer is that a flute is a woodwind",
+        "The sea is wide."]
+
+# Qwen3-Reranker's text, written out as its model card gives it (not read from mmembed's template)
+QWEN3_PREFIX = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+                "Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n")
+QWEN3_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+QWEN3_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+def _write_jsonl(path, rows):
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, minilm_path, tiny_model):
+    """One-step reranker checkpoints, trained once: a classifier (full and LoRA) from
+    all-MiniLM-L6-v2 and a generative LoRA from a tiny Qwen3, and the LoRA ones exported."""
+    from mmembed.tools.export import export_checkpoint
+    from mmembed.training.arguments import parse_sft_args
+    from mmembed.training.sft import run_sft
+
+    root = tmp_path_factory.mktemp("rerank_cli")
+    train = _write_jsonl(root / "train.jsonl", [
+        {"query": f"question {i} about flutes", "response": f"answer {i}: a flute is a woodwind",
+         "rejected_response": [f"bananas {i}", f"the sea {i}"]} for i in range(8)])
+    common = ["--dataset", train, "--per_device_train_batch_size", "2", "--max_length", "256", "--max_steps", "1",
+              "--save_steps", "1", "--disable_tqdm", "true", "--dataloader_num_workers", "0", "--report_to", "none"]
+    lora = ["--tuner_type", "lora", "--lora_rank", "4", "--learning_rate", "1e-2"]
+    out = {}
+    for name, extra in [("full", ["--task_type", "reranker", "--model", minilm_path, "--tuner_type", "full",
+                                  "--learning_rate", "1e-3"]),
+                        ("lora", ["--task_type", "reranker", "--model", minilm_path, *lora]),
+                        ("gen_lora", ["--task_type", "generative_reranker", "--model", tiny_model("qwen3"), *lora])]:
+        out[name] = run_sft(parse_sft_args([*common, *extra, "--output_dir", str(root / name)]))["last_checkpoint"]
+    out["merged"] = export_checkpoint(out["lora"])
+    out["gen_merged"] = export_checkpoint(out["gen_lora"])
+    out["root"] = str(root)
+    out["base"] = minilm_path
+    return out
+
+
+@pytest.fixture(scope="module")
+def docs_file(runs):
+    path = os.path.join(runs["root"], "docs.txt")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(DOCS[0] + "\n\n" + "\n".join(DOCS[1:]) + "\n")  # a blank line: skipped, not a document
+    return path
+
+
+def _rerank(argv, capsys):
+    code = main(["rerank", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _scores_by_index(line, n):
+    scores = np.full(n, np.nan)
+    for r in line["results"]:
+        scores[r["index"]] = r["relevance_score"]
+    return scores
+
+
+def _reranker(folder):
+    from mmembed.model.rerank_scorer import Reranker
+
+    return Reranker.from_pretrained(folder, device="cpu")
+
+
+def _cross_encoder_logits(folder, query, documents):
+    from sentence_transformers import CrossEncoder
+
+    model = CrossEncoder(folder, device="cpu")
+    return model.predict([(query, d) for d in documents], activation_fn=torch.nn.Identity(), batch_size=2)
+
+
+# ----------------------------------------------------------------------------- classifier
+
+
+@pytest.mark.parametrize("which", ["full", "merged"])
+def test_cli_scores_are_reranker_and_cross_encoder_logits(runs, docs_file, capsys, which):
+    folder = runs[which]
+    code, out, err = _rerank(["--model", folder, "--query", QUERIES[0], "--documents", docs_file, "--batch_size", "2"],
+                             capsys)
+    assert code == 0, err
+    lines = [json.loads(x) for x in out.splitlines()]  # stdout holds the JSON lines alone
+    assert len(lines) == 1 and lines[0]["query"] == QUERIES[0]
+    cli = _scores_by_index(lines[0], len(DOCS))
+    ours = _reranker(folder).score(QUERIES[0], DOCS)
+    np.testing.assert_allclose(cli, ours, atol=1e-6)
+    st = _cross_encoder_logits(folder, QUERIES[0], DOCS)
+    np.testing.assert_allclose(cli, st, atol=1e-5)
+    assert np.ptp(cli) > 1e-4  # the documents score differently: a real comparison
+
+
+def test_lora_export_scores_as_the_checkpoint(runs):
+    pairs = [(q, d) for q in QUERIES for d in DOCS]
+    checkpoint = _reranker(runs["lora"]).score_pairs(pairs)
+    merged = _reranker(runs["merged"]).score_pairs(pairs)
+    np.testing.assert_allclose(merged, checkpoint, atol=1e-5)
+    # the trained head (PEFT's modules_to_save, saved whole in the adapter) is the one exported
+    from safetensors.torch import load_file
+
+    adapter = load_file(os.path.join(runs["lora"], "adapter_model.safetensors"))
+    exported = load_file(os.path.join(runs["merged"], "model.safetensors"))
+    for name in ("classifier.weight", "classifier.bias"):
+        assert torch.equal(exported[name], adapter["base_model.model." + name]), name
+
+
+def test_classifier_export_is_a_cross_encoder_folder(runs):
+    from transformers import AutoModelForSequenceClassification
+
+    folder = runs["merged"]
+    files = set(os.listdir(folder))
+    assert not files & {"modules.json", "1_Pooling", "config_sentence_transformers.json", "sentence_bert_config.json",
+                        "adapter_config.json", "optimizer.pt", "training_args.bin"}, files
+    assert {"config.json", "model.safetensors", "tokenizer.json", "mmembed.json", "README.md"} <= files
+    config = json.load(open(os.path.join(folder, "config.json")))
+    assert config["architectures"][0].endswith("ForSequenceClassification") and config.get("num_labels", 1) == 1
+    _, info = AutoModelForSequenceClassification.from_pretrained(folder, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    cfg = json.load(open(os.path.join(folder, "mmembed.json")))
+    assert cfg["task_type"] == "reranker" and cfg["kind"] == "classifier" and cfg["tuner_type"] == "full"
+    assert cfg["trained_from"] == os.path.abspath(runs["base"]) and cfg["base_model"] == os.path.abspath(folder)
+    assert cfg["exported_from"] == os.path.abspath(runs["lora"])
+    card = open(os.path.join(folder, "README.md"), encoding="utf-8").read()
+    assert "### sentence-transformers" in card and f"CrossEncoder({os.path.abspath(folder)!r})" in card
+    assert f"mmembed rerank --model {os.path.abspath(folder)}" in card and ".partial" not in card
+
+
+def test_results_sorted_with_indices_top_n_and_documents(runs, capsys, tmp_path):
+    documents = [DOCS[0], {"text": DOCS[1]}, DOCS[2], {"text": DOCS[3]}, DOCS[4]]
+    path = _write_jsonl(tmp_path / "in.jsonl", [{"query": q, "documents": documents, "id": k}
+                                                 for k, q in enumerate(QUERIES)])
+    output = str(tmp_path / "out.jsonl")
+    code, out, err = _rerank(["--model", runs["full"], "--input", path, "--top_n", "3", "--return_documents", "true",
+                              "--output", output], capsys)
+    assert code == 0, err
+    assert out == ""  # the results are in the file
+    lines = [json.loads(x) for x in open(output, encoding="utf-8")]
+    reranker = _reranker(runs["full"])
+    for query, line in zip(QUERIES, lines):
+        assert line["query"] == query
+        scores = reranker.score(query, [d if isinstance(d, str) else d["text"] for d in documents])
+        best = list(np.argsort(-scores, kind="stable")[:3])
+        assert [r["index"] for r in line["results"]] == best
+        got = [r["relevance_score"] for r in line["results"]]
+        assert got == sorted(got, reverse=True)
+        np.testing.assert_allclose(got, scores[best], atol=1e-6)
+        for r in line["results"]:
+            d = documents[r["index"]]
+            assert r["document"] == ({"text": d} if isinstance(d, str) else d)
+    # without --return_documents: index and relevance_score only; no --top_n: every document
+    code, out, err = _rerank(["--model", runs["full"], "--input", path], capsys)
+    assert code == 0, err
+    for line in map(json.loads, out.splitlines()):
+        assert len(line["results"]) == len(documents)
+        assert all(set(r) == {"index", "relevance_score"} for r in line["results"])
+
+
+# ----------------------------------------------------------------------------- generative
+
+
+def _qwen3_reference_scores(folder, pairs):
+    """Qwen3-Reranker's scoring with plain transformers: its text written out, left padding,
+    logit(yes) - logit(no) at the last position."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
+    texts = [f"{QWEN3_PREFIX}<Instruct>: {QWEN3_INSTRUCTION}\n<Query>: {q}\n<Document>: {d}{QWEN3_SUFFIX}"
+             for q, d in pairs]
+    enc = tok(texts, return_tensors="pt", padding=True)
+    assert (enc["attention_mask"][:, 0] == 0).any()  # padded rows among them
+    with torch.no_grad():
+        logits = model(**enc).logits[:, -1].float()
+    return (logits[:, yes] - logits[:, no]).numpy()
+
+
+def test_generative_export_scores_as_the_checkpoint_in_plain_transformers(runs):
+    from transformers import AutoConfig
+
+    export = runs["gen_merged"]
+    assert AutoConfig.from_pretrained(export).architectures[0].endswith("ForCausalLM")
+    assert not os.path.exists(os.path.join(export, "adapter_config.json"))
+    cfg = json.load(open(os.path.join(export, "mmembed.json")))
+    assert cfg["task_type"] == "generative_reranker" and cfg["tuner_type"] == "full" and cfg["tokens"] == ["yes", "no"]
+    pairs = [(q, d) for q in QUERIES for d in DOCS]
+    checkpoint = _reranker(runs["gen_lora"]).score_pairs(pairs, batch_size=4)
+    reference = _qwen3_reference_scores(export, pairs)
+    np.testing.assert_allclose(reference, checkpoint, atol=1e-4)
+    assert np.ptp(checkpoint) > 1e-3
+
+
+def test_generative_card_snippet_as_written(runs):
+    from mmembed.model.card import CARD
+
+    export = runs["gen_merged"]
+    card = open(os.path.join(export, CARD), encoding="utf-8").read()
+    found = re.search(r"### transformers\n.*?```python\n(.*?)```", card, re.S)
+    assert found, card
+    namespace: dict = {}
+    exec(found.group(1), namespace)
+    ours = _reranker(runs["gen_lora"]).score("how do flutes work", ["A flute is a woodwind instrument."])
+    np.testing.assert_allclose(namespace["score"].numpy(), ours, atol=1e-4)
+
+
+def test_generative_cli_scores_are_the_reranker_scores(runs, capsys, tmp_path):
+    documents = _write_jsonl(tmp_path / "docs.jsonl", [json.dumps(d) for d in DOCS[:3]] + [{"text": DOCS[3]}])
+    code, out, err = _rerank(["--model", runs["gen_lora"], "--query", QUERIES[0], "--documents", documents,
+                              "--top_n", "2", "--device", "cpu"], capsys)
+    assert code == 0, err
+    (line,) = [json.loads(x) for x in out.splitlines()]
+    scores = _reranker(runs["gen_lora"]).score(QUERIES[0], DOCS[:4])
+    best = list(np.argsort(-scores, kind="stable")[:2])
+    assert [r["index"] for r in line["results"]] == best
+    np.testing.assert_allclose([r["relevance_score"] for r in line["results"]], scores[best], atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+BAD_ROWS = [
+    ('["a list"]', 2, None),
+    ({"documents": ["x"]}, 2, None),  # no query: named below
+    ({"query": "q", "documents": "one string"}, 2, "documents"),
+    ({"query": "q", "documents": []}, 2, "documents"),
+    ({"query": "q", "documents": ["fine", 3]}, 2, "documents[1]"),
+    ({"query": "q", "documents": ["fine", {"text": 5}]}, 2, "documents[1].text"),
+    ({"query": "q", "documents": [{"text": "t", "image": ["a.png"]}]}, 2, "documents[0].image"),
+    ({"query": "q", "documents": [{"text": "t", "images": ["missing.png"]}]}, 2, "documents[0].images[0]"),
+    ({"query": ["q"], "documents": ["d"]}, 2, "query"),
+    ('{"query": "q", "documents": [', 2, None),
+]
+
+
+@pytest.mark.parametrize("row,line,field", BAD_ROWS, ids=[f"case{i}" for i in range(len(BAD_ROWS))])
+def test_bad_input_rows_named_by_file_line_and_field(runs, capsys, tmp_path, row, line, field):
+    path = _write_jsonl(tmp_path / "bad.jsonl", [{"query": "fine", "documents": ["d"]}, row])
+    code, out, err = _rerank(["--model", runs["full"], "--input", path], capsys)
+    assert code == 1 and out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"{path}:{line}" in err, err
+    if field is not None:
+        assert f"field '{field}'" in err, err
+    if isinstance(row, dict) and "query" not in row:
+        assert "field 'query'" in err and "missing" in err
+
+
+def test_bad_documents_file_and_usage_errors(runs, capsys, tmp_path):
+    path = _write_jsonl(tmp_path / "docs.jsonl", [json.dumps("a document"), {"txt": "typo"}])
+    code, out, err = _rerank(["--model", runs["full"], "--query", "q", "--documents", path], capsys)
+    assert code == 1 and f"{path}:2 field 'txt'" in err and len(err.strip().splitlines()) == 1, err
+    for argv, words in [(["--query", "q"], "--documents"), (["--documents", path], "--query"),
+                        (["--input", path, "--query", "q"], "not both"),
+                        (["--query", "q", "--documents", path, "--top_n", "0"], "--top_n"),
+                        (["--query", "q", "--documents", path, "--batch_size", "0"], "--batch_size")]:
+        code, out, err = _rerank(["--model", runs["full"], *argv], capsys)
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1, (argv, err)
+    code, out, err = _rerank(["--model", runs["full"], "--input", str(tmp_path / "nope.jsonl")], capsys)
+    assert code == 1 and "nope.jsonl" in err
+
+
+def test_an_error_while_scoring_names_the_row_and_document(runs, capsys, tmp_path):
+    """Media for a text-pair reranker: found when the pairs are encoded (the model loaded), and
+    still named by the --input row and its document."""
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "red.png")
+    path = _write_jsonl(tmp_path / "media.jsonl", [{"query": "q", "documents": ["d"]},
+                                                   {"query": "q", "documents": ["d", {"text": "t", "images": ["red.png"]}]}])
+    code, out, err = _rerank(["--model", runs["full"], "--input", path], capsys)
+    assert code == 1 and out == "", err
+    errors = [x for x in err.splitlines() if "error" in x]  # the model's loading bars aside
+    assert len(errors) == 1 and errors[0].startswith("mmembed rerank: error: "), err
+    assert f"{path}:2 field 'documents[1]'" in errors[0] and "takes no media" in errors[0], err
