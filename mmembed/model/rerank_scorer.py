@@ -142,7 +142,10 @@ class Reranker:
         raise TypeError(f"a query or document is a string or a dict with 'text' (and media lists), got {type(x).__name__}")
 
     @torch.no_grad()
-    def score_pairs(self, pairs: Sequence[tuple[Any, Any]], batch_size: int = 32) -> np.ndarray:
+    def score_pairs(self, pairs: Sequence[tuple[Any, Any]], batch_size: int = 32,
+                    lengths: list[int] | None = None) -> np.ndarray:
+        """``[len(pairs)]`` raw scores; ``lengths``, a list, gets each pair's token count as
+        the model sees it (after truncation) appended."""
         out = []
         for start in range(0, len(pairs), batch_size):
             samples = [Sample(anchor=self._item(q), positives=[self._item(d)], source="<input>", line=start + k + 1)
@@ -151,6 +154,8 @@ class Reranker:
             inputs = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()
                       if k not in ("labels", "group_ids")}
             out.append(self.model(**inputs)["scores"].float().cpu().numpy())
+            if lengths is not None:
+                lengths.extend(int(n) for n in batch["attention_mask"].sum(1).tolist())
         return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
 
     def score(self, query: Any, documents: Sequence[Any], batch_size: int = 32) -> np.ndarray:

@@ -384,6 +384,7 @@ def cmd_mine(argv: list[str], environment: Environment | None = None) -> int:
                    help="drop a candidate scoring > positive score * (1 - relative_margin)")
     p.add_argument("--guide_model", default=None, help="drop candidates this model scores >= the positive - guide_margin")
     p.add_argument("--guide_margin", type=float, default=0.0)
+    p.add_argument("--teacher_reranker", default=None, help="a reranker whose scores become each row's teacher_scores")
     p.add_argument("--overwrite", type=_bool, nargs="?", const=True, default=False,
                    help="replace the rows' existing negatives (default: keep them first)")
     p.add_argument("--batch_size", type=int, default=64)
@@ -400,10 +401,10 @@ def cmd_mine(argv: list[str], environment: Environment | None = None) -> int:
         check_output_path(a.output)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    check_model_flags(a, "--model", "--guide_model", environment=environment)
+    check_model_flags(a, "--model", "--guide_model", "--teacher_reranker", environment=environment)
     check_input_files(("--dataset", a.dataset), ("--corpus", a.corpus))
     stats = mine_file(a.dataset, a.output, model=a.model, guide_model=a.guide_model, corpus=a.corpus,
-                      config=config, torch_dtype=a.torch_dtype)
+                      config=config, torch_dtype=a.torch_dtype, teacher_reranker=a.teacher_reranker)
     print(stats.summary())
     print(f"wrote {stats.rows} rows to {a.output}")
     return 0

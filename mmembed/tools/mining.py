@@ -83,6 +83,7 @@ from ..data.rows import (
 from ..data.sample import MEDIA_KINDS, DataError, Item, Sample
 from ..eval.ranking import top_k
 from .mined_rows import check_output_path, rebase_media, with_negative_groups, with_rejected_responses, write_rows
+from .rerank_teacher import add_teacher_scores, load_teacher_reranker
 
 __all__ = [
     "MiningConfig",
@@ -142,6 +143,8 @@ class MiningStats:
     dropped_margin: int = 0
     dropped_guide: int = 0
     copied: dict[str, list[int]] = field(default_factory=dict)  # reason -> lines copied unchanged
+    teacher_scored: int | None = None  # rows given teacher_scores (None: no --teacher_reranker)
+    teacher_skipped: list[int] = field(default_factory=list)  # mined rows the reranker could not score
 
     @property
     def dropped(self) -> int:
@@ -157,6 +160,8 @@ class MiningStats:
             "dropped_margin": self.dropped_margin,
             "dropped_guide": self.dropped_guide,
             "copied_unchanged": {reason: len(lines) for reason, lines in self.copied.items()},
+            **({} if self.teacher_scored is None else {"teacher_scored": self.teacher_scored,
+                                                       "teacher_skipped": len(self.teacher_skipped)}),
         }
 
     def summary(self) -> str:
@@ -170,6 +175,10 @@ class MiningStats:
         for reason, where in self.copied.items():
             shown = ", ".join(map(str, where[:10])) + (", ..." if len(where) > 10 else "")
             lines.append(f"copied unchanged, {reason}: {len(where)} row(s) (lines {shown})")
+        if self.teacher_scored is not None:
+            lines.append(f"teacher_scores from the reranker: {self.teacher_scored} row(s)" + (
+                f"; not scored (media it does not take): lines {self.teacher_skipped[:10]}"
+                if self.teacher_skipped else ""))
         return "\n".join(lines)
 
 
@@ -275,6 +284,7 @@ def mine_rows(
     extra_docs: Sequence[str] = (),
     config: MiningConfig | None = None,
     media_root: str | None = None,
+    teacher: Any = None,
 ) -> tuple[list[Any], MiningStats]:
     """Mine negatives for raw ``rows`` (``(line, row)`` as :func:`iter_raw_rows` yields them).
 
@@ -283,8 +293,9 @@ def mine_rows(
     Relative media paths resolve against ``base_dir``. With ``media_root`` (the output's
     folder) every relative media path written, the rows' own and the mined ones, is relative
     to it; with ``None`` the rows' paths are left as they are and mined paths are absolute.
-    Returns the new rows, in input order, and the statistics; the input rows are not
-    modified.
+    ``teacher``: a reranker (``score_pairs``); each mined row then gets ``teacher_scores``
+    (:func:`~mmembed.tools.rerank_teacher.add_teacher_scores`). Returns the new rows, in
+    input order, and the statistics; the input rows are not modified.
     """
     cfg = config or MiningConfig()
     cfg.validate()
@@ -365,6 +376,11 @@ def mine_rows(
             out[r.index] = with_negative_groups(r.raw, r.sample, new, cfg.overwrite, media_root)
         else:
             out[r.index] = with_rejected_responses(r.raw, new, cfg.overwrite, media_root)
+    if teacher is not None:
+        lines = [r.line for r in parsed]
+        stats.teacher_skipped = add_teacher_scores(out, [r.index for r in mined], lines, source,
+                                                   media_root or base_dir, teacher, cfg.batch_size)
+        stats.teacher_scored = len(mined) - len(stats.teacher_skipped)
     return out, stats
 
 
@@ -449,12 +465,15 @@ def mine_file(
     corpus: str | None = None,
     config: MiningConfig | None = None,
     torch_dtype: str | None = None,
+    teacher_reranker: Any = None,
 ) -> MiningStats:
     """Mine ``dataset`` into ``output`` (see the module docstring).
 
     ``model``/``guide_model``: a folder path (loaded with ``Embedder.from_pretrained``) or an
     object with ``encode``; ``model=None`` mines with BM25. ``corpus``: extra documents
-    (:func:`read_corpus`). Returns the statistics; ``stats.summary()`` is what the CLI prints.
+    (:func:`read_corpus`). ``teacher_reranker``: a reranker folder (or an object with
+    ``score_pairs``) whose scores of each mined row's candidates become its
+    ``teacher_scores``. Returns the statistics; ``stats.summary()`` is what the CLI prints.
     """
     cfg = config or MiningConfig()
     cfg.validate()
@@ -463,6 +482,7 @@ def mine_file(
     extra = read_corpus(corpus) if corpus else []
     embedder = _load(model, torch_dtype)
     guide = _load(guide_model, torch_dtype)
+    teacher = load_teacher_reranker(teacher_reranker, torch_dtype)
     out_rows, stats = mine_rows(
         rows,
         dataset,
@@ -472,6 +492,7 @@ def mine_file(
         extra_docs=extra,
         config=cfg,
         media_root=os.path.dirname(os.path.abspath(output)),
+        teacher=teacher,
     )
     write_rows(out_rows, output)
     return stats

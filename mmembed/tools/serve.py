@@ -7,7 +7,8 @@
     client.embeddings.create(model="checkpoint-60", input=["A man plays a flute."]).data[0].embedding
 
 Endpoints: ``POST /v1/embeddings`` (OpenAI's request and response), ``GET /v1/models`` and
-``GET /health``. An input is a string, or for a multimodal model an object
+``GET /health``; a reranker folder is served at ``POST /v1/rerank`` instead
+(:mod:`mmembed.tools.serve_rerank`). An input is a string, or for a multimodal model an object
 ``{"text": "...", "image": REF}`` (also ``images``/``video``/``videos``/``audio``/``audios``,
 and ``system``); the text may hold ``<image>`` tags where the media go, else the media come
 first. ``REF`` is a ``data:`` URI, or a path inside ``--allowed_media_dir`` (relative paths
@@ -29,14 +30,12 @@ batch are served.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 import os
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,22 +47,11 @@ from ..data.sample import MEDIA_KINDS, DataError, Item, json_type
 from ..encoding.templates import SIDES
 from ..errors import ArgumentParser
 from ..model.embedder import Embedder, as_item
+from .serve_batching import Batcher, RequestError, as_request_error
 
 log = logging.getLogger("mmembed.serve")
 
 _PLURAL = {kind: kind + "s" for kind in MEDIA_KINDS}
-
-
-class RequestError(Exception):
-    """A request the server refuses: becomes ``{"error": {...}}`` with ``status``."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400,
-                 kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.message, self.param, self.code, self.status, self.kind = message, param, code, status, kind
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclass
@@ -82,6 +70,7 @@ class ServeConfig:
     encode_batch_size: int = 32  # Embedder.encode's batch_size
     device: str | None = None
     torch_dtype: str | None = None
+    task_type: str | None = None  # embedding | reranker | generative_reranker; None: from the folder
 
     def name(self) -> str:
         return self.served_model_name or os.path.basename(os.path.normpath(self.model))
@@ -210,125 +199,24 @@ def request_input_type(body: dict[str, Any]) -> str | None:
 
 
 # ---- batching ----------------------------------------------------------------------------
-@dataclass
-class Job:
-    """One request waiting in the queue."""
-
-    items: list[Item]
-    future: asyncio.Future
-    tokens: list[int] = field(default_factory=list)
-
-
-@dataclass
-class Stats:
-    requests: int = 0
-    batches: int = 0  # Embedder.encode calls
-    largest_batch: int = 0  # inputs in the largest one
-
-
-class BatchingEmbedder:
-    """Embeds queued jobs on one worker thread, several requests per ``encode`` call.
-
-    ``check`` (token counts, media) runs per job on the worker, so a bad input fails its own
-    request only; the good jobs of the batch share one :meth:`Embedder.encode`."""
+class BatchingEmbedder(Batcher):
+    """Embeds queued jobs on one worker thread, several requests per ``encode`` call
+    (:class:`~mmembed.tools.serve_batching.Batcher`): a job's items are checked alone (token
+    counts, media readable), the good jobs of a batch share one :meth:`Embedder.encode`."""
 
     def __init__(self, embedder: Embedder, max_batch_size: int, max_wait_ms: float, batching: bool,
                  encode_batch_size: int):
+        super().__init__(max_batch_size, max_wait_ms, batching)
         self.embedder = embedder
-        self.max_batch_size = max_batch_size
-        self.max_wait = max_wait_ms / 1000.0
-        self.batching = batching
         self.encode_batch_size = encode_batch_size
-        self.stats = Stats()
-        self._queue: asyncio.Queue[Job] | None = None
-        self._task: asyncio.Task | None = None
-        # one thread owns the model and the tokenizer (fast tokenizers are not thread-safe)
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="mmembed-encode")
-
-    async def start(self) -> None:
-        self._queue = asyncio.Queue()
-        self._task = asyncio.create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        self._worker.shutdown(wait=False, cancel_futures=True)
 
     async def embed(self, items: list[Item]) -> tuple[np.ndarray, list[int]]:
         """``[len(items), D]`` embeddings and each input's token count."""
-        job = Job(items, asyncio.get_running_loop().create_future())
-        await self._queue.put(job)
-        return await job.future
-
-    async def _collect(self) -> list[Job]:
-        jobs = [await self._queue.get()]
-        size = len(jobs[0].items)
-        if not self.batching:
-            return jobs
-        deadline = asyncio.get_running_loop().time() + self.max_wait
-        while size < self.max_batch_size:
-            try:
-                job = self._queue.get_nowait()
-            except asyncio.QueueEmpty:
-                left = deadline - asyncio.get_running_loop().time()
-                if left <= 0:
-                    break
-                try:
-                    job = await asyncio.wait_for(self._queue.get(), left)
-                except asyncio.TimeoutError:
-                    break
-            jobs.append(job)
-            size += len(job.items)
-        return jobs
-
-    async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            jobs = await self._collect()
-            try:
-                results = await loop.run_in_executor(self._worker, self._run, jobs)
-            except Exception as e:  # noqa: BLE001 - the worker itself failed: every job learns why
-                results = [e] * len(jobs)
-            for job, result in zip(jobs, results):
-                if job.future.done():  # the client went away
-                    continue
-                if isinstance(result, BaseException):
-                    job.future.set_exception(result)
-                else:
-                    job.future.set_result((result, job.tokens))
-
-    def _run(self, jobs: list[Job]) -> list[np.ndarray | BaseException]:
-        """On the worker: check each job, embed the good ones together, scatter."""
-        results: list[np.ndarray | BaseException | None] = [None] * len(jobs)
-        good = []
-        for j, job in enumerate(jobs):
-            try:
-                job.tokens = self._check(job.items)
-                good.append(j)
-            except RequestError as e:
-                results[j] = e
-        if good:
-            items = [it for j in good for it in jobs[j].items]
-            try:
-                emb = self._encode(items)
-            except Exception:  # noqa: BLE001 - find the job at fault: each alone
-                for j in good:
-                    try:
-                        results[j] = self._encode(jobs[j].items)
-                    except Exception as e:  # noqa: BLE001
-                        results[j] = _as_request_error(e)
-            else:
-                start = 0
-                for j in good:
-                    n = len(jobs[j].items)
-                    results[j] = emb[start : start + n]
-                    start += n
-        return results
+        return await self.submit(items)
 
     def _encode(self, items: list[Item]) -> np.ndarray:
         emb = self.embedder.encode(items, batch_size=self.encode_batch_size)
-        self.stats.batches += 1
-        self.stats.largest_batch = max(self.stats.largest_batch, len(items))
+        self._count(items)
         return emb
 
     def _check(self, items: list[Item]) -> list[int]:
@@ -338,22 +226,13 @@ class BatchingEmbedder:
         try:
             lengths = builder.lengths(items, [("input", i, "") for i in range(len(items))])
         except Exception as e:  # noqa: BLE001 - unreadable media and the like
-            raise _as_request_error(e) from None
+            raise as_request_error(e) from None
         limit = self.embedder.max_length
         for i, n in enumerate(lengths):
             if limit and n > limit:
                 raise RequestError(f"input[{i}] has {n} tokens; this model's maximum is {limit}", f"input[{i}]",
                                    "context_length_exceeded")
         return lengths
-
-
-def _as_request_error(e: Exception) -> RequestError:
-    if isinstance(e, RequestError):
-        return e
-    if isinstance(e, (DataError, ValueError, OSError)):
-        return RequestError(str(e), code="invalid_input")
-    log.exception("embedding failed")
-    return RequestError(f"internal error: {type(e).__name__}: {e}", status=500, kind="server_error")
 
 
 # ---- the app -----------------------------------------------------------------------------
@@ -428,25 +307,47 @@ def create_app(embedder: Embedder, config: ServeConfig):
             "usage": {"prompt_tokens": total, "total_tokens": total},
         })
 
+    @app.post("/v1/rerank")
+    @app.post("/v2/rerank")
+    @app.post("/rerank")
+    async def rerank_refused():
+        raise RequestError(f"{model_name!r} is an embedding model: it does not rerank; serve a reranker (a folder "
+                           "trained with --task_type reranker or generative_reranker) for /v1/rerank", None,
+                           "unsupported_endpoint")
+
     return app
 
 
 def serve(config: ServeConfig, embedder: Embedder | None = None) -> None:
-    """Load the model (unless given) and serve until interrupted."""
+    """Load the model (unless given) and serve until interrupted: a reranker
+    (:func:`~mmembed.tools.serve_rerank.served_task`) at ``/v1/rerank``, else an embedding
+    model at ``/v1/embeddings``."""
     import uvicorn
 
-    if embedder is None:
-        t0 = time.perf_counter()
-        embedder = Embedder.from_pretrained(config.model, device=config.device, torch_dtype=config.torch_dtype)
-        log.info("loaded %s in %.1f s", config.model, time.perf_counter() - t0)
-    app = create_app(embedder, config)
-    log.info("serving %r on http://%s:%d/v1/embeddings", config.name(), config.host, config.port)
+    from ..model.reranker import RERANK_TASKS
+    from .serve_rerank import create_rerank_app, served_task
+
+    task = served_task(config.model, config.task_type) if embedder is None else "embedding"
+    t0 = time.perf_counter()
+    if task in RERANK_TASKS:
+        from ..model.rerank_scorer import Reranker
+
+        model = Reranker.from_pretrained(config.model, device=config.device, torch_dtype=config.torch_dtype,
+                                         task_type=task)
+        app, path = create_rerank_app(model, config), "rerank"
+    else:
+        if embedder is None:
+            embedder = Embedder.from_pretrained(config.model, device=config.device, torch_dtype=config.torch_dtype)
+        app, path = create_app(embedder, config), "embeddings"
+    log.info("loaded %s in %.1f s", config.model, time.perf_counter() - t0)
+    log.info("serving %r on http://%s:%d/v1/%s", config.name(), config.host, config.port, path)
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
 
 
 def parse_serve_args(argv: Sequence[str]) -> ServeConfig:
     p = ArgumentParser(prog="mmembed serve", allow_abbrev=False,
-                       description="OpenAI-compatible POST /v1/embeddings with dynamic batching.")
+                       description="OpenAI-compatible POST /v1/embeddings (a reranker: POST /v1/rerank) with dynamic "
+                                   "batching.")
     p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -461,6 +362,9 @@ def parse_serve_args(argv: Sequence[str]) -> ServeConfig:
     p.add_argument("--batch_size", dest="encode_batch_size", type=int, default=32, help="Embedder.encode's batch size")
     p.add_argument("--device", default=None)
     p.add_argument("--torch_dtype", default=None)
+    p.add_argument("--task_type", default=None, choices=["embedding", "reranker", "generative_reranker"],
+                   help="what the model is (default: its mmembed.json, else a *ForSequenceClassification is a "
+                        "reranker): a reranker answers POST /v1/rerank")
     a = p.parse_args(list(argv))
     config = ServeConfig(**vars(a))
     for name in ("max_batch_size", "max_inputs", "encode_batch_size"):
