@@ -241,7 +241,8 @@ def _load_generative(path: str, config: Any, kwargs: dict[str, Any], tokenizer: 
               negative_token if negative_token is not None else variables.get(NEGATIVE_TOKEN_VAR) or DEFAULT_TOKENS[1])
     tok = tokenizer if tokenizer is not None else _tokenizer(path)
     tok = getattr(tok, "tokenizer", tok)  # a processor holds its tokenizer
-    rows = model.get_output_embeddings().weight.shape[0]
+    weight = model.get_output_embeddings().weight
+    rows = getattr(weight, "ds_shape", weight.shape)[0]  # under ZeRO-3 the local tensor is a partition (0 rows)
     ids = (token_id(tok, tokens[0], POSITIVE_TOKEN_VAR, rows), token_id(tok, tokens[1], NEGATIVE_TOKEN_VAR, rows))
     if ids[0] == ids[1]:
         raise UsageError(f"{POSITIVE_TOKEN_VAR}={tokens[0]!r} and {NEGATIVE_TOKEN_VAR}={tokens[1]!r} are one token "

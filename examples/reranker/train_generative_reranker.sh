@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Qwen3-Reranker (yes / no logits), pointwise:
+# ms-swift's examples/train/reranker/train_generative_reranker.sh with `swift sft` -> `mmembed sft`
+# and the hub ids (model and dataset) -> local paths; every other flag as ms-swift's script has it.
+#
+#   MODEL=... bash examples/reranker/train_generative_reranker.sh [extra flags, which win]
+#
+# MODEL (required: a local Qwen3-Reranker folder), DATA (default: the bundled STS-B rows with hard negatives; ms-swift's script
+# names MTEB/scidocs-reranking), NPROC_PER_NODE (default 4), DEEPSPEED (default zero2; empty: none),
+# OUTPUT_DIR (default output). MAX_POSITIVE_SAMPLES / MAX_NEGATIVE_SAMPLES (ms-swift's, defaults 1 / 7)
+# and LISTWISE_RERANKER_* / GENERATIVE_RERANKER_* pass through.
+set -euo pipefail
+MODEL=${MODEL:?set MODEL to a local Qwen3-Reranker folder (ms-swift names Qwen/Qwen3-Reranker-4B)}
+DATA=${DATA:-$(dirname "$0")/../data/stsb_train_hardneg.jsonl}
+DEEPSPEED=${DEEPSPEED-zero2}
+
+NPROC_PER_NODE=${NPROC_PER_NODE:-4} \
+mmembed sft \
+    --model "$MODEL" \
+    --task_type generative_reranker \
+    --loss_type pointwise_reranker \
+    --tuner_type full \
+    --dataset "$DATA" \
+    --load_from_cache_file true \
+    --split_dataset_ratio 0.05 \
+    --eval_strategy steps \
+    --output_dir "${OUTPUT_DIR:-output}" \
+    --eval_steps 100 \
+    --num_train_epochs 1 \
+    --save_steps 200 \
+    --per_device_train_batch_size 2 \
+    --per_device_eval_batch_size 2 \
+    --gradient_accumulation_steps 8 \
+    --dataset_num_proc 8 \
+    --learning_rate 6e-6 \
+    --label_names labels \
+    --dataloader_drop_last true \
+    ${DEEPSPEED:+--deepspeed $DEEPSPEED} \
+    "$@"
