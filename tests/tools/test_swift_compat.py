@@ -134,7 +134,7 @@ def swift_command() -> str:
     python = os.environ.get("MMEMBED_SWIFT_PYTHON")
     if not python and importlib.util.find_spec("swift") is None:
         pytest.skip("ms-swift is not installed here (no `swift` module; or name a Python that has it in "
-                    "MMEMBED_SWIFT_PYTHON, e.g. make_fixtures.py's /work/swift-venv/bin/python)")
+                    "MMEMBED_SWIFT_PYTHON, e.g. ../swift-venv/bin/python, the venv make_fixtures.py's docstring makes beside the repository)")
     command = os.path.join(os.path.dirname(python or sys.executable), "swift")
     if not os.access(command, os.X_OK):
         pytest.skip(f"ms-swift's `swift` command is not at {command}")
