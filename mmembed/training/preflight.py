@@ -69,6 +69,10 @@ def check_settings(args: SftArguments, environment: Environment | None = None) -
                          f"got {args.max_length}")
     if is_reranker(args):
         loss = build_rerank_loss(args.loss_type, environment)  # LISTWISE_RERANKER_* checked now
+        own = [e.name for e in args.dataset_entries if e.has_loss_settings]
+        if own:  # the reranker losses take their settings from LISTWISE_RERANKER_*, one for the run
+            raise UsageError(f"--dataset_config {args.dataset_config}: dataset(s) {', '.join(own)} have loss settings of "
+                             f"their own (loss_kwargs / infonce), which --task_type {args.task_type} does not take")
     else:
         loss = make_loss(args)
         check_side_flags(args, loss.side)

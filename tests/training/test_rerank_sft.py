@@ -177,3 +177,32 @@ def test_a_row_without_a_positive_is_named_before_training(minilm_path, tmp_path
     bad.write_text(json.dumps({"query": "q", "response": "p"}) + "\n" + json.dumps({"query": "q2"}) + "\n")
     with pytest.raises(DataError, match=r"bad\.jsonl:2"):
         run_sft(_args(minilm_path, "reranker", (str(bad), None), tmp_path / "out", "--tuner_type", "full"))
+
+
+def test_a_vision_language_reranker_trains_on_image_rows_and_scores_them(tiny_model, tmp_path):
+    """Qwen3-VL as a generative reranker (qwen3_vl_reranker) on the messages-form image rows of
+    examples/data/mm, LoRA, two steps: the template is found by the model's type among the
+    reranker templates, the pairs carry the query's image (pixel values in the batch), and the
+    checkpoint scores an image query against captions, finite, the same batch after batch
+    (the scores against transformers' full logits: tests/model/test_reranker.py)."""
+    from mmembed.model.rerank_scorer import Reranker
+
+    mm = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "data", "mm")
+    model = tiny_model("qwen3_vl")
+    out = run_sft(parse_sft_args([
+        "--model", model, "--task_type", "generative_reranker", "--dataset", os.path.join(mm, "qwen3_vl_train.jsonl"),
+        "--output_dir", str(tmp_path / "vl"), "--per_device_train_batch_size", "4", "--max_steps", "2",
+        "--save_steps", "2", "--report_to", "none", "--disable_tqdm", "true", "--dataloader_num_workers", "0",
+        "--tuner_type", "lora", "--learning_rate", "1e-3", "--max_length", "512"]))
+    folder = out["last_checkpoint"]
+    assert json.load(open(os.path.join(folder, "mmembed.json")))["template"] == "qwen3_vl_reranker"
+    reranker = Reranker.from_pretrained(folder, device="cpu")
+    query = {"text": "<image>", "images": [os.path.join(mm, "red_circle.png")]}
+    scores = reranker.score(query, ["a red circle", "a blue square"])
+    assert scores.shape == (2,) and np.isfinite(scores).all()
+    batch = reranker.collator([__import__("mmembed.data.sample", fromlist=["Sample"]).Sample(
+        anchor=reranker._item(query), positives=[reranker._item("a red circle")])])
+    assert batch["pixel_values"].shape[0] > 0  # the query's image is in the pair
+    with torch.no_grad():
+        again = reranker.model(**{k: v for k, v in batch.items() if k not in ("labels", "group_ids")})["scores"]
+    np.testing.assert_allclose(float(again[0]), scores[0], rtol=1e-5, atol=1e-6)
