@@ -238,3 +238,98 @@ def test_bert_pairs_are_the_tokenizers_text_pair_where_ms_swift_joins_with_sep(m
     plain = BERT["rows"][1]["pairs"][0]["input_ids"]
     instruction = minilm_tokenizer(system, add_special_tokens=False)["input_ids"]
     assert ids == plain[:1] + instruction + plain[1:]
+
+
+# --------------------------------------------------------------------------- two training steps
+
+
+def _digest(model) -> str:
+    """make_rerank_fixtures.run_sft_recording's digest of the weights a run starts from."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        t = p.detach().float().contiguous()
+        h.update(f"{name}|{tuple(t.shape)}|".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("name", sorted(FIRST_STEP))
+def test_two_training_steps_are_ms_swifts(name, tiny_model, minilm_no_dropout, tmp_path, monkeypatch):
+    """``mmembed sft`` with the recorded ``swift sft`` command (its flags as they are, the
+    optimizer settings ms-swift's args.json recorded) on the recorded data, from the weights
+    ms-swift started from (the tiny Qwen3 rebuilt from seed 0; all-MiniLM-L6-v2 without
+    dropout, given the classification head ms-swift initialised): each step trains the rows
+    and pairs ms-swift fed, with its loss (1e-5) and gradient norm (1e-4).
+
+    The classifier (bert) run is fed ms-swift's inputs: its pairs without token type ids.
+    mmembed's own bert_reranker batch adds the tokenizer's token type ids (1 on the document,
+    CrossEncoder's encoding), with which the loss differs (asserted): the documented difference."""
+    from mmembed.training.arguments import parse_sft_args
+    from mmembed.training.rerank_trainer import RerankTrainer
+    from mmembed.training.sft import run_sft
+
+    run = FIRST_STEP[name]
+    for var in ("MAX_POSITIVE_SAMPLES", "MAX_NEGATIVE_SAMPLES", "LISTWISE_RERANKER_TEMPERATURE",
+                "LISTWISE_RERANKER_MIN_GROUP_SIZE", "GENERATIVE_RERANKER_POSITIVE_TOKEN",
+                "GENERATIVE_RERANKER_NEGATIVE_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    base = tiny_model("qwen3") if run["base"] == "qwen3" else minilm_no_dropout
+    assert run["command"][:2] == ["swift", "sft"]
+    flags = [base if f == f"TINY_{run['base'].upper()}" else f for f in run["command"][2:]]
+    opt = run["optimizer"]
+    flags += ["--optim", opt["optim"], "--learning_rate", str(opt["learning_rate"]),
+              "--weight_decay", str(opt["weight_decay"]), "--adam_beta1", str(opt["adam_beta1"]),
+              "--adam_beta2", str(opt["adam_beta2"]), "--adam_epsilon", str(opt["adam_epsilon"]),
+              "--max_grad_norm", str(opt["max_grad_norm"]), "--lr_scheduler_type", opt["lr_scheduler_type"],
+              "--warmup_steps", str(opt["warmup_steps"]), "--output_dir", str(tmp_path / "out"),
+              "--disable_tqdm", "true"]
+    head = run["classifier_head"]
+    steps = []
+    compute_loss = RerankTrainer.compute_loss
+
+    def recording(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        start = None
+        if not steps:
+            if head is not None:  # ms-swift's new head, before the first forward (AdamW holds no state yet)
+                params = dict(model.backbone.named_parameters())
+                with torch.no_grad():
+                    for key, value in head.items():
+                        params[key].copy_(torch.tensor(value))
+            start = _digest(model.backbone)
+        own = None
+        if "token_type_ids" in inputs:  # the bert pair as mmembed encodes it, then as ms-swift does
+            with torch.no_grad():
+                own = float(compute_loss(self, model, dict(inputs)))
+            inputs = {k: v for k, v in inputs.items() if k != "token_type_ids"}
+        result = compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+        loss = result[0] if isinstance(result, tuple) else result
+        steps.append({"loss": float(loss.detach()), "own_inputs_loss": own, "start": start,
+                      "labels": inputs["labels"].tolist(),
+                      "rows": [unpadded(*r) for r in zip(inputs["input_ids"].tolist(),
+                                                         inputs["attention_mask"].tolist())]})
+        return result
+
+    monkeypatch.setattr(RerankTrainer, "compute_loss", recording)
+    monkeypatch.chdir(RERANK)  # the command names data.jsonl, as ms-swift ran it
+    result = run_sft(parse_sft_args(flags))
+
+    assert steps[0]["start"] == run["start_weights_sha256_float32"], "not the weights ms-swift started from"
+    with open(os.path.join(result["last_checkpoint"], "mmembed.json")) as f:
+        logged = [e for e in json.load(f)["training"]["log"] if "loss" in e]
+    assert len(steps) == len(logged) == len(run["steps"]) == 2
+    for k, (ours, log, theirs) in enumerate(zip(steps, logged, run["steps"])):
+        swift_rows = [unpadded(*r) for r in zip(theirs["inputs"]["input_ids"], theirs["inputs"]["attention_mask"])]
+        assert ours["rows"] == swift_rows, f"step {k + 1}: other pairs than ms-swift's"
+        assert ours["labels"] == [float(y) for y in theirs["labels"]], f"step {k + 1}"
+        assert abs(ours["loss"] - theirs["loss"]) <= 1e-5, f"step {k + 1}: loss {ours['loss']} vs {theirs['loss']}"
+        assert abs(log["loss"] - theirs["logged_loss"]) <= 1e-5, f"step {k + 1}"
+        assert abs(log["grad_norm"] - theirs["grad_norm"]) <= 1e-4, \
+            f"step {k + 1}: grad_norm {log['grad_norm']} vs {theirs['grad_norm']}"
+        if head is not None:
+            assert abs(ours["own_inputs_loss"] - theirs["loss"]) > 1e-5  # with the token type ids: other scores
+        else:
+            assert ours["own_inputs_loss"] is None
+    # the rate logged: the step's own in mmembed, the next step's in ms-swift
+    assert [e["learning_rate"] for e in logged][1:] == pytest.approx([s["logged_learning_rate"] for s in run["steps"]][:-1])
