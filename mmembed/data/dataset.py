@@ -96,14 +96,14 @@ def _features():
 
 def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: str, work_dir: str,
               columns: dict[str, str] | None = None, label_rule: dict | None = None,
-              media_kinds: tuple[str, ...] | None = None, root_image_dir: str = ""):
+              media_kinds: tuple[str, ...] | None = None, root_image_dir: str = "", several_positives: bool = False):
     """Arrow rows for the given file shards; a bad row becomes an ``error`` row.
 
     ``version`` only feeds the cache fingerprint; ``work_dir`` is where relative media paths
     are tried besides the data file's folder, and ``root_image_dir`` (ms-swift's
     ``ROOT_IMAGE_DIR``, "" when unset) too (so both key the cache); ``columns`` renames
     row fields (old -> new) before a row is read; ``label_rule`` (a :class:`LabelRule` as a
-    dict) and ``media_kinds`` are :func:`parse_row`'s. With ``strict`` a shard stops at its
+    dict), ``media_kinds`` and ``several_positives`` are :func:`parse_row`'s. With ``strict`` a shard stops at its
     first bad row (the caller raises it).
     """
     del version
@@ -119,7 +119,8 @@ def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: s
                     raw = {columns.get(k, k): v for k, v in raw.items()}
                 try:
                     sample = parse_row(raw, path, line, base_dir, verify_images=verify_images, work_dir=work_dir,
-                                       root_image_dir=root_image_dir, label_rule=rule, media_kinds=kinds)
+                                       root_image_dir=root_image_dir, label_rule=rule, media_kinds=kinds,
+                                       several_positives=several_positives)
                 except DataError as e:
                     err = e
                 except RecursionError:  # raised inside datasets' generator it would become its own error
@@ -317,7 +318,7 @@ def _from_cache(ds, started: float) -> bool:
 def _load_files(
     files: list[str], *, strict: bool, verify_images: bool, cache_dir: str | None, num_proc: int, force: bool,
     columns: dict[str, str] | None = None, label_rule: LabelRule | None = None, media_kinds: frozenset[str] | None = None,
-    reuse: bool = False,
+    reuse: bool = False, several_positives: bool = False,
 ):
     """Arrow dataset of the files' good rows (with their ``row`` in their file), the bad rows
     as DataErrors, the rows read per file, and whether the files were parsed now (False: the
@@ -331,7 +332,8 @@ def _load_files(
     gen_kwargs = {"shards": shards, "strict": strict, "verify_images": verify_images, "version": _CACHE_VERSION,
                   "work_dir": os.getcwd(), "root_image_dir": read_environment().data.root_image_dir, "columns": columns,
                   "label_rule": label_rule.as_dict() if label_rule else None,
-                  "media_kinds": tuple(sorted(media_kinds)) if media_kinds is not None else None}
+                  "media_kinds": tuple(sorted(media_kinds)) if media_kinds is not None else None,
+                  "several_positives": several_positives}
     started = time.time()
     ds = _build(gen_kwargs, cache_dir, num_proc, force and not reuse)
     parsed = not _from_cache(ds, started)
@@ -385,6 +387,7 @@ def load_samples(
     label_rule: LabelRule | None = None,
     media_kinds: frozenset[str] | None = None,
     reuse: bool = False,
+    several_positives: bool = False,
 ) -> LoadResult:
     """Read dataset specs into one Arrow-backed ``datasets.Dataset`` of samples.
 
@@ -418,6 +421,8 @@ def load_samples(
     "response"}``). ``reuse=True`` takes what the Arrow cache holds as it is, whatever
     ``load_from_cache_file`` says (the other processes of a run do, once its main process
     has read the files; see :func:`mmembed.training.data_assembly.read_once`).
+    ``several_positives`` (a reranker run) lets a messages-form row hold several
+    ``positive_messages`` groups (:func:`~mmembed.data.rows.parse_row`).
     """
     import datasets
 
@@ -445,6 +450,7 @@ def load_samples(
             label_rule=label_rule,
             media_kinds=media_kinds,
             reuse=reuse,
+            several_positives=several_positives,
         )
         parsed_any = parsed_any or parsed_now
         skipped += bad

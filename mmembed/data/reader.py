@@ -26,14 +26,17 @@ __all__ = ["DATA_EXTENSIONS", "MediaFileError", "iter_raw_rows", "parse_row", "r
 
 
 def read_file(path: str, *, verify_images: bool = True, label_rule: LabelRule | None = None,
-              media_kinds: frozenset[str] | None = None) -> list[Sample]:
+              media_kinds: frozenset[str] | None = None, several_positives: bool = False) -> list[Sample]:
     """Read and validate a whole (small) file into a list of Samples.
 
     For validation or small files; use :func:`mmembed.data.load_samples` for training data,
     which streams to Arrow. Raises the first :class:`~mmembed.data.sample.DataError`.
     ``label_rule`` (a loss's ``label_rule``, e.g. ``build_loss("contrastive").label_rule``) and
-    ``media_kinds`` check the rows against a loss and a model as training does.
+    ``media_kinds`` check the rows against a loss and a model as training does;
+    ``several_positives`` reads the rows as a reranker run does (several ``positive_messages``
+    groups allowed).
     """
     base_dir = os.path.dirname(os.path.abspath(path))
-    return [parse_row(raw, path, line, base_dir, verify_images=verify_images, label_rule=label_rule, media_kinds=media_kinds)
+    return [parse_row(raw, path, line, base_dir, verify_images=verify_images, label_rule=label_rule, media_kinds=media_kinds,
+                      several_positives=several_positives)
             for line, raw in iter_raw_rows(path)]

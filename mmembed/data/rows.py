@@ -143,6 +143,7 @@ def parse_row(
     root_image_dir: str | None = None,
     label_rule: LabelRule | None = None,
     media_kinds: frozenset[str] | None = None,
+    several_positives: bool = False,
 ) -> Sample:
     """Normalize one raw row (query form or messages form, detected per row) into a Sample.
 
@@ -156,14 +157,18 @@ def parse_row(
     ``label_rule`` (a loss's :class:`~mmembed.data.labels.LabelRule`) checks the row's label
     against what the loss takes; ``media_kinds`` (the kinds the model takes, e.g.
     ``frozenset()`` for a text model) makes media of any other kind an error.
+    ``several_positives`` (a reranker run: ms-swift's reranker takes every group of
+    ``positive_messages``, drawing ``MAX_POSITIVE_SAMPLES`` of them) lets a messages-form row
+    hold more than one positive group; an embedding run refuses that (one positive per row).
     """
     sample = _plain_text_row(raw, source, line)
     if sample is not None:  # most rows of large text data sets: the same Sample, without the general reader's walk
         if label_rule is not None and label_rule.problem(sample.label):
             return _parse_row(raw, source, line, base_dir, verify_images, work_dir, root_image_dir, label_rule,
-                              media_kinds)  # raises the general reader's error, naming the field
+                              media_kinds, several_positives)  # raises the general reader's error, naming the field
         return sample
-    return _parse_row(raw, source, line, base_dir, verify_images, work_dir, root_image_dir, label_rule, media_kinds)
+    return _parse_row(raw, source, line, base_dir, verify_images, work_dir, root_image_dir, label_rule, media_kinds,
+                      several_positives)
 
 
 _PLAIN_KEYS = frozenset(("query", "response", "rejected_response", "label", "system"))
@@ -203,13 +208,14 @@ def _plain_text_row(raw: Any, source: str, line: int) -> Sample | None:
                   negatives=[Item(text, system) for text in negatives], label=label, source=source, line=line)
 
 
-def _parse_row(raw, source, line, base_dir, verify_images, work_dir, root_image_dir, label_rule, media_kinds) -> Sample:
+def _parse_row(raw, source, line, base_dir, verify_images, work_dir, root_image_dir, label_rule, media_kinds,
+               several_positives=False) -> Sample:
     ctx = RowContext(source, line, os.path.abspath(base_dir), verify_images, work_dir, root_image_dir, media_kinds)
     if not isinstance(raw, dict):
         raise ctx.error(None, f"row is not a JSON object (got {json_type(raw)})")
     messages_key = _present_key(raw, MESSAGES_FIELDS, ctx, "messages")
     if messages_key is not None:
-        sample = _parse_messages_row(raw, messages_key, ctx)
+        sample = _parse_messages_row(raw, messages_key, ctx, several_positives)
     else:
         mixed = [k for k in _NEW_FORM_FIELDS if raw.get(k) is not None]
         if mixed:
@@ -388,7 +394,7 @@ def _finish(d: Draft, media: dict[str, list[str]], ctx: RowContext) -> Item:
 # ----------------------------------------------------------------------------- messages form
 
 
-def _parse_messages_row(raw: dict, mkey: str, ctx: RowContext) -> Sample:
+def _parse_messages_row(raw: dict, mkey: str, ctx: RowContext, several_positives: bool = False) -> Sample:
     for k in ("query", "response"):
         if raw.get(k) is not None:
             raise ctx.error(k, f"'{k}' belongs to the query form, but the row also has '{mkey}'; use one form")
@@ -408,7 +414,10 @@ def _parse_messages_row(raw: dict, mkey: str, ctx: RowContext) -> Sample:
     items = [_finish(anchor, {k: bind_media([anchor], k, *_media_list(raw, k, ctx), ctx)[0] for k in MEDIA_KINDS}, ctx)]
 
     positives = _groups(raw, "positive", ctx)
-    if len(positives) != 1:
+    if several_positives and not positives:
+        raise ctx.error("positive_messages", "must hold at least one positive group (one more [] than 'messages'), "
+                                             "got 0")
+    if not several_positives and len(positives) != 1:
         raise ctx.error(
             "positive_messages",
             f"must hold exactly one positive group (one more [] than 'messages'), got {len(positives)}",

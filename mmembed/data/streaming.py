@@ -41,7 +41,7 @@ logger = logging.getLogger("mmembed")
 
 def stream_samples(specs: list[str], *, strict: bool, seed: int | None, shuffle: bool, buffer_size: int,
                    columns: dict[str, str] | None = None, label_rule: LabelRule | None = None,
-                   media_kinds: frozenset[str] | None = None) -> StreamingSamples:
+                   media_kinds: frozenset[str] | None = None, several_positives: bool = False) -> StreamingSamples:
     """The training rows of ``specs`` as a stream (see the module's description); the seeds
     are drawn as :func:`load_samples` draws them (one per spec, then the shuffle's)."""
     import datasets
@@ -59,7 +59,8 @@ def stream_samples(specs: list[str], *, strict: bool, seed: int | None, shuffle:
                                    "work_dir": os.getcwd(), "root_image_dir": read_environment().data.root_image_dir,
                                    "columns": columns,
                                    "label_rule": label_rule.as_dict() if label_rule else None,
-                                   "media_kinds": tuple(sorted(media_kinds)) if media_kinds is not None else None})
+                                   "media_kinds": tuple(sorted(media_kinds)) if media_kinds is not None else None,
+                                   "several_positives": several_positives})
         parts.append(part.take(n) if n is not None else part)
     stream = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     if shuffle:

@@ -22,7 +22,7 @@ collator lays a batch out as ms-swift does, ``[pos, its negatives..., pos, its n
 ``LISTWISE_RERANKER_MIN_GROUP_SIZE`` (default 2) through :mod:`mmembed.environment` when
 :func:`build_rerank_loss` builds it. Unlike ms-swift's loss, the groups are not visited one by
 one: they are laid out as one padded ``[groups, longest group]`` matrix (the padding masked to
-``-inf``), so the cost is one ``logsumexp`` whatever the number of groups.
+``-inf``), so the cost is one ``cross_entropy`` whatever the number of groups.
 """
 
 from __future__ import annotations
@@ -162,7 +162,11 @@ class ListwiseRerankLoss(RerankLoss):
         logits = logits[sizes >= self.min_group_size]  # the groups kept
         if logits.shape[0] == 0:
             return _zero(scores)
-        return (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean()  # cross-entropy, the positive at 0
+        # cross-entropy, the positive at 0, as ms-swift's CrossEntropyLoss computes it (log-softmax:
+        # x0 - max - log(sum), not x0 - logsumexp, which rounds the positive's gradient to 0 once
+        # its share is within float32's step of 1; ms-swift's gradient is then its rounding, not 0)
+        target = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+        return F.cross_entropy(logits, target)
 
 
 #: ``--loss_type`` -> the loss class it builds (ms-swift 3's generative names are the same losses)

@@ -35,6 +35,7 @@ from .arguments import SftArguments, UsageError
 from .flag_checks import beir_pairs
 from .model_assembly import Encoding, make_loss
 from .row_checks import Checks, Part, Rows, check_rows, log_phase
+from .task_flags import is_reranker
 
 if TYPE_CHECKING:  # the media loader is imported at the first row with media (qwen-vl-utils: about a second)
     from ..encoding.media import MediaSettings
@@ -75,10 +76,13 @@ class TrainingData:
         # ms-swift's order: --data_seed (not --seed) drives the split, #N sampling and --dataset_shuffle.
         # Every row is checked now against what the loss takes as a label and the media the
         # model takes, so a row training could not use is an error (or skipped) before training.
+        # A reranker run takes rows with several positive groups (ms-swift's reranker draws
+        # MAX_POSITIVE_SAMPLES of them); an embedding run keeps one positive per row.
         load_opts = dict(strict=args.strict, seed=args.data_seed, num_proc=args.dataset_num_proc,
                          load_from_cache_file=args.load_from_cache_file,
                          columns=json.loads(args.columns) if args.columns else None,
-                         label_rule=loss.label_rule, media_kinds=frozenset(encoding.template.media), reuse=reuse)
+                         label_rule=loss.label_rule, media_kinds=frozenset(encoding.template.media), reuse=reuse,
+                         several_positives=is_reranker(args))
         checks = Checks(args, encoding, loss, media)
         if getattr(args, "dataset_config", None):
             return cls.load_config(checks, load_opts)
@@ -128,7 +132,8 @@ class TrainingData:
                              "up front with --streaming true: give --teacher_model, or leave out --streaming")
         train = stream_samples(args.dataset, strict=args.strict, seed=args.data_seed, shuffle=args.dataset_shuffle,
                                buffer_size=args.shuffle_buffer_size, columns=load_opts["columns"],
-                               label_rule=load_opts["label_rule"], media_kinds=load_opts["media_kinds"])
+                               label_rule=load_opts["label_rule"], media_kinds=load_opts["media_kinds"],
+                               several_positives=load_opts["several_positives"])
         val, files = None, {}
         if args.val_dataset:
             val_loaded = load_samples(args.val_dataset, split_ratio=1.0, shuffle=args.val_dataset_shuffle, **load_opts)

@@ -217,7 +217,12 @@ def check_names(args: SftArguments) -> None:
         raise UsageError("--use_liger_kernel true needs the liger-kernel package, which is not installed "
                          "(pip install liger-kernel)")
     if args.template or args.model_type:
-        get_template(args.template, args.model_type)  # a name that is neither shipped nor a .toml file
+        # a name that is neither shipped nor a .toml file; a reranker run's names are searched
+        # among the reranker templates (ms-swift's `--model_type qwen3_reranker --task_type
+        # generative_reranker`)
+        from .task_flags import is_reranker
+
+        get_template(args.template, args.model_type, task=args.task_type if is_reranker(args) else None)
     if not args.output_dir:
         raise UsageError("--output_dir must name a folder, got ''")
 
