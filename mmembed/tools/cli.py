@@ -459,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     if debug and not environment.debug:  # --debug true: the processes torchrun starts show theirs too
         environment = environment.with_values(MMEMBED_DEBUG="1")
     _setup_logging(environment)
+    from ..training.device_flags import import_deepspeed_only_when_used
+
+    import_deepspeed_only_when_used()  # every command: DeepSpeed imported (and its CPU line printed) only when used
     try:
         return COMMANDS[command](rest, environment)
     except KeyboardInterrupt:  # Ctrl-C: what was written whole stays (checkpoints, outputs are renamed when done)

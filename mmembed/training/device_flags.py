@@ -139,3 +139,26 @@ def gpu_dtype(model_dir: str | None) -> str:
 def default_gradient_accumulation(per_device_batch: int, world_size: int) -> int:
     """ms-swift's default: accumulate up to a global batch of 16 rows."""
     return max(1, math.ceil(16 / per_device_batch / world_size))
+
+
+def import_deepspeed_only_when_used() -> None:
+    """accelerate's ``extract_model_from_parallel`` (every ``unwrap_model``, so every Trainer)
+    imports DeepSpeed whenever it is installed, to test whether the model is a
+    ``DeepSpeedEngine``; importing DeepSpeed on a machine without an accelerator prints "Setting
+    accelerator to CPU" on every command. No model can be a DeepSpeedEngine before DeepSpeed is
+    imported, so accelerate's test is answered "no DeepSpeed" until a run that uses it (which
+    imports it when its engine starts) has: the same answers, no import and no line otherwise.
+    A later accelerate without the function is left as it is."""
+    import sys
+
+    from accelerate.utils import other
+
+    available = getattr(other, "is_deepspeed_available", None)
+    if available is None or getattr(available, "_mmembed_lazy", False):
+        return
+
+    def is_deepspeed_available() -> bool:
+        return "deepspeed" in sys.modules and available()
+
+    is_deepspeed_available._mmembed_lazy = True
+    other.is_deepspeed_available = is_deepspeed_available

@@ -30,6 +30,7 @@ from ..encoding.collator import CollatedBatch, raise_batch_error
 from ..encoding.inputs import select_rows, split_rows
 from ..losses import Side, build_loss
 from ..model.embedding import EmbeddingModel
+from .device_flags import import_deepspeed_only_when_used
 from .distributed import GlobalBatchLoss, max_over_processes, world
 from .evaluation import evaluation_metrics
 from .gradcache import GradCache, deepspeed_chunk_backward
@@ -72,6 +73,7 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
                  train_datasets: list | None = None, **kwargs):
         # the Trainer refuses an eval strategy without an eval set; --eval_beir / --eval_sts
         # are something to evaluate too, so it gets a stand-in that evaluate() never reads
+        import_deepspeed_only_when_used()  # no "Setting accelerator to CPU" on runs without DeepSpeed
         tasks_only = kwargs.get("eval_dataset") is None and bool(eval_tasks)
         if tasks_only:
             kwargs["eval_dataset"] = ()
