@@ -143,7 +143,7 @@ def test_qwen3_reranker_ids_equal_the_real_tokenizer_on_the_written_out_text(qwe
              ("The capital of China is Beijing.", "Gravity pulls.", "Paris.")]
     for row, text in enumerate(texts):
         assert unpadded(batch, row) == qwen_tokenizer(text, add_special_tokens=False)["input_ids"] == reference_ids(text)
-    assert batch["attention_mask"][:, 0].tolist() == [1, 0, 0]  # left padding (the template's)
+    assert batch["attention_mask"][:, -1].tolist() == [1, 0, 0]  # right padding (the template's, as ms-swift pads)
     assert batch["labels"].dtype == torch.float32 and batch["labels"].tolist() == [1.0, 0.0, 0.0]
     assert batch[GROUP_IDS].dtype == torch.long and batch[GROUP_IDS].tolist() == [0, 0, 0]
 

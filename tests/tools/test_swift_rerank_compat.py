@@ -9,8 +9,7 @@ data with the recorded settings (each step's loss and gradient norm).
 
 Where mmembed differs on purpose the test states the difference exactly (README_rerank_compat.md):
 the BERT pair is the tokenizer's text pair with token type ids (CrossEncoder's encoding; ms-swift
-joins the texts with a literal ``[SEP]`` and gives none); the Qwen3 batch is padded on the left
-(ms-swift pads on the right; the score is read at each row's last real token either way).
+joins the texts with a literal ``[SEP]`` and gives none); the Qwen3 batch is ms-swift's, padded on the right.
 """
 
 import json
@@ -194,11 +193,10 @@ def test_qwen3_reranker_pairs_are_ms_swifts_ids(qwen_tokenizer, tmp_path):
     assert sorted(k for k in batch if k not in ("group_ids",)) == sorted(swift["keys"])
     assert list(batch["input_ids"].shape) == swift["keys"]["input_ids"]
     assert batch["labels"].tolist() == [float(y) for y in swift["labels"]]
-    assert [unpadded(*r) for r in zip(batch["input_ids"].tolist(), batch["attention_mask"].tolist())] == \
-        [unpadded(*r) for r in zip(swift["input_ids"], swift["attention_mask"])]
-    # the one difference: mmembed pads on the left (the template's), ms-swift on the right
-    assert swift["padding_side"] == "right" and template.padding_side == "left"
-    assert batch["attention_mask"][:, -1].all() and not all(m[-1] for m in swift["attention_mask"])
+    # padded on the right as ms-swift pads: the very batch
+    assert swift["padding_side"] == "right" and template.padding_side == "right"
+    assert batch["input_ids"].tolist() == swift["input_ids"]
+    assert batch["attention_mask"].tolist() == swift["attention_mask"]
 
 
 def test_bert_pairs_are_the_tokenizers_text_pair_where_ms_swift_joins_with_sep(minilm_tokenizer, tmp_path):
