@@ -90,7 +90,7 @@ def load_reranker_folder(path: str, task_type: str | None = None, torch_dtype: s
     processing = (AutoProcessor if template.media else AutoTokenizer).from_pretrained(tok_dir)
     tokens = cfg.get("tokens") or [None, None]
     model = load_reranker(base, task, torch_dtype=torch_dtype, tokenizer=processing,
-                          positive_token=tokens[0], negative_token=tokens[1])
+                          positive_token=tokens[0], negative_token=tokens[1], head_from_adapter=is_adapter)
     if is_adapter:
         from peft import PeftModel
 

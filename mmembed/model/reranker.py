@@ -169,7 +169,8 @@ def token_id(tokenizer: Any, token: str, variable: str, vocab_rows: int | None =
 
 def load_reranker(path: str, task_type: str, torch_dtype: str | torch.dtype | None = None,
                   positive_token: str | None = None, negative_token: str | None = None,
-                  tokenizer: Any = None, attn_impl: str | None = None) -> RerankerModel:
+                  tokenizer: Any = None, attn_impl: str | None = None,
+                  head_from_adapter: bool = False) -> RerankerModel:
     """Load the reranker at ``path`` (a local folder) for ``task_type``.
 
     Args:
@@ -183,6 +184,8 @@ def load_reranker(path: str, task_type: str, torch_dtype: str | torch.dtype | No
             else ``yes`` / ``no``.
         tokenizer: the tokenizer (or processor) that converts them; None: the folder's.
         attn_impl: ``--attn_impl`` (sdpa, eager, flash_attn, ...); None: transformers' default.
+        head_from_adapter: the base of a LoRA reranker checkpoint, whose adapter brings the
+            trained head (no word about a new head starting from random weights).
 
     Raises:
         UsageError: an unknown ``task_type``, a folder that is not local or needs its own code,
@@ -205,17 +208,18 @@ def load_reranker(path: str, task_type: str, torch_dtype: str | torch.dtype | No
         kwargs["attn_implementation"] = {"flash_attn": "flash_attention_2"}.get(attn_impl, attn_impl)
     config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     if RERANK_TASKS[task_type] == "classifier":
-        return _load_classifier(path, config, kwargs, tokenizer)
+        return _load_classifier(path, config, kwargs, tokenizer, head_from_adapter)
     return _load_generative(path, config, kwargs, tokenizer, positive_token, negative_token)
 
 
-def _load_classifier(path: str, config: Any, kwargs: dict[str, Any], tokenizer: Any) -> RerankerModel:
+def _load_classifier(path: str, config: Any, kwargs: dict[str, Any], tokenizer: Any,
+                     head_from_adapter: bool = False) -> RerankerModel:
     from transformers import AutoModelForSequenceClassification
 
     model, info = _quietly(AutoModelForSequenceClassification.from_pretrained, path, num_labels=1, **kwargs)
     missing = list(info.get("missing_keys", []))
     head = [k for k in missing if k.split(".")[0] in ("classifier", "score") or k.startswith("pooler.")]
-    if head:
+    if head and not head_from_adapter:
         logger.warning("%s: no sequence-classification head with one label: a new one (%s) starts from random weights, "
                        "as expected when a reranker is trained from a model without one", path, ", ".join(sorted(head)))
     _report(path, [k for k in missing if k not in head], info.get("unexpected_keys", []))

@@ -42,6 +42,7 @@ from ..encoding.templates import template_config
 from ..eval.rerank import rerank_metrics
 from ..losses.rerank import RerankLoss
 from ..model.reranker import RerankerModel, load_reranker
+from . import checkpoints
 from .arguments import SftArguments, UsageError
 from .distributed import max_over_processes
 from .gradcache import GradCache, deepspeed_chunk_backward
@@ -189,7 +190,7 @@ class RerankTrainer(EmbeddingTrainer):
                               "log": [r for r in self.state.log_history if "loss" in r or "eval_loss" in r][-20:]}
         with open(os.path.join(output_dir, CONFIG_NAME), "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2, ensure_ascii=False)
-        write_reranker_card(output_dir, config)
+        write_reranker_card(output_dir, config, final_path=checkpoints.final_folder(output_dir))
         from .saving import args_without_tokens
 
         torch.save(args_without_tokens(self.args), os.path.join(output_dir, "training_args.bin"))

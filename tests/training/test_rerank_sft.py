@@ -139,6 +139,8 @@ def test_a_classifier_run_resumes_to_the_same_weights_and_crossencoder_scores_it
     config = json.load(open(os.path.join(folder, "mmembed.json")))
     assert config["task_type"] == "reranker" and config["kind"] == "classifier"
     assert not os.path.exists(os.path.join(folder, "modules.json"))  # CrossEncoder must not read an embedder's modules
+    card = open(os.path.join(folder, "README.md"), encoding="utf-8").read()
+    assert f"mmembed rerank --model {os.path.abspath(folder)} " in card  # the folder's final name, not its staging one
 
 
 def test_a_generative_run_scores_with_the_yes_and_no_rows_of_its_lm_head(qwen3, data, tmp_path):
