@@ -20,6 +20,7 @@ variable                          section        meaning
 ``NPROC_PER_NODE``, ``NNODES``    launch         ms-swift's launch habit: more than 1 re-runs ``mmembed sft`` under torchrun
 ``NODE_RANK``                     launch         this node's rank, ``0 .. NNODES-1`` (default 0)
 ``MASTER_ADDR``, ``MASTER_PORT``  launch         the rendezvous (default ``127.0.0.1:29500``)
+``MMEMBED_WORKER_STDERR``         launch         set by ``NPROC_PER_NODE``'s relaunch: where each process writes its stderr (the user's)
 ``MAX_PIXELS``, ``MIN_PIXELS``    media          pixels of an image (qwen-vl-utils' budgets; :mod:`mmembed.encoding.media`)
 ``VIDEO_MAX_PIXELS``              media          pixels of a video frame, at most
 ``VIDEO_MIN_PIXELS``              media          pixels of a video frame, at least
@@ -79,7 +80,7 @@ __all__ = [
 #: every variable mmembed reads (``INFONCE_*``: any of that prefix), by section
 VARIABLES: dict[str, tuple[str, ...]] = {
     "launch": ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NPROC_PER_NODE", "NNODES", "NODE_RANK",
-               "MASTER_ADDR", "MASTER_PORT"),
+               "MASTER_ADDR", "MASTER_PORT", "MMEMBED_WORKER_STDERR"),
     "media": ("MAX_PIXELS", "MIN_PIXELS", "VIDEO_MAX_PIXELS", "VIDEO_MIN_PIXELS", "VIDEO_TOTAL_PIXELS", "FPS",
               "FPS_MIN_FRAMES", "FPS_MAX_FRAMES", "FORCE_QWENVL_VIDEO_READER"),
     "downloads": ("MMEMBED_HTTP_TIMEOUT", "MMEMBED_MEDIA_MAX_BYTES", "MMEMBED_OFFLINE", "HF_HUB_OFFLINE",
@@ -136,6 +137,7 @@ class Launch:
     node_rank: str | None = None
     master_addr: str | None = None
     master_port: str | None = None
+    mmembed_worker_stderr: str | None = None  # the user's stderr, for the processes torchrun starts
 
     @property
     def launched(self) -> bool:

@@ -85,7 +85,18 @@ def _maybe_relaunch(argv: list[str], environment: Environment) -> int | None:
     # --debug true: the processes torchrun starts show their tracebacks too (MMEMBED_DEBUG=1).
     env = for_children(debug=environment.debug,
                        defaults={"TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"})
-    child = subprocess.Popen(cmd, env=env)
+    # torchrun's own report of a stopped run (its log lines and the ChildFailedError block after
+    # mmembed's one-line error) goes to a log file; the processes it starts write to the user's
+    # stderr (MMEMBED_WORKER_STDERR, reopened by each: torchrun closes inherited descriptors)
+    report = None
+    if not environment.debug:
+        import tempfile
+
+        handle, report = tempfile.mkstemp(prefix="mmembed-torchrun-", suffix=".log")
+        env["MMEMBED_WORKER_STDERR"] = f"/proc/{os.getpid()}/fd/{sys.stderr.fileno()}"
+    child = subprocess.Popen(cmd, env=env, stderr=handle if report else None)
+    if report:
+        os.close(handle)
     received: list[int] = []
 
     def forward(signum, frame):
@@ -99,6 +110,14 @@ def _maybe_relaunch(argv: list[str], environment: Environment) -> int | None:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    if report and code == 0:
+        os.remove(report)
+    elif report:
+        try:  # a stderr that is a file was appended to by the processes: write after them
+            os.lseek(sys.stderr.fileno(), 0, os.SEEK_END)
+        except OSError:  # a terminal or a pipe
+            pass
+        print(f"mmembed: torchrun's report of the stopped processes: {report}", file=sys.stderr)
     # torchrun exits 1 when its workers stopped for the signal; the run's own code says why
     if received and code != 0:
         from ..training.preemption import EXIT_CODE
@@ -441,6 +460,21 @@ def exit_code(error: BaseException) -> int | None:
     return 1 if isinstance(error, tuple(known)) else None
 
 
+def _write_to_the_users_stderr(environment: Environment) -> None:
+    """A process torchrun started for ``NPROC_PER_NODE`` writes its stderr (errors, logs,
+    progress) to the user's, which the relaunching process named, rather than to torchrun's
+    (a log file of torchrun's own report). Where that cannot be opened, it stays as it is."""
+    target = environment.launch.mmembed_worker_stderr
+    if not target or not environment.launch.launched:
+        return
+    try:
+        stream = open(target, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - kept open for the process
+    except OSError:
+        return
+    sys.stderr.flush()
+    os.dup2(stream.fileno(), sys.stderr.fileno())
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -451,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mmembed: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
     environment = read_environment()  # every variable the command follows, read once here
+    _write_to_the_users_stderr(environment)
     try:
         rest, debug = take_debug(rest, environment.debug)
     except UsageError as e:  # a bad MMEMBED_DEBUG
