@@ -334,6 +334,7 @@ def refuse_custom_code(path: str, flag: str = "--model") -> None:
     transformers implements. When transformers does implement it (gte-Qwen2's folders carry an
     ``auto_map`` beside ``model_type: qwen2``), its own classes load the weights and the folder's
     ``.py`` files are not run; a warning says so, as they may differ from transformers' classes."""
+    _refuse_custom_tokenizer(path, flag)
     try:
         with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
             config = json.load(f)
@@ -360,6 +361,37 @@ def refuse_custom_code(path: str, flag: str = "--model") -> None:
 
 
 _warned_custom_code: set[str] = set()
+
+
+def _refuse_custom_tokenizer(path: str, flag: str) -> None:
+    """The same rule for ``tokenizer_config.json``'s ``auto_map`` (a tokenizer in the folder's
+    own code): refused when its ``tokenizer_class`` is not one transformers implements, else
+    transformers' class loads it and a warning says the folder's code is not run."""
+    try:
+        with open(os.path.join(path, "tokenizer_config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return
+    auto_map = config.get("auto_map") if isinstance(config, dict) else None
+    if not auto_map:
+        return
+    import transformers
+
+    values = auto_map.values() if isinstance(auto_map, dict) else [auto_map]
+    names = ", ".join(sorted({str(x) for v in values for x in (v if isinstance(v, list) else [v]) if x}))
+    cls = config.get("tokenizer_class")
+    known = isinstance(cls, str) and any(hasattr(transformers, c) for c in (cls, cls + "Fast", cls.removesuffix("Fast")))
+    if known:
+        key = os.path.abspath(path) + ":tokenizer"
+        if key not in _warned_custom_code:
+            _warned_custom_code.add(key)
+            logging.getLogger("mmembed").warning(
+                "%s: tokenizer_config.json's auto_map (%s) is ignored: transformers' own %s loads this tokenizer; "
+                "mmembed never runs a model folder's own code", path, names, cls)
+        return
+    raise UsageError(f"{flag} {path!r}: its tokenizer_config.json has auto_map ({names}), custom tokenizer code in the "
+                     f"model folder, for tokenizer_class {cls!r}, which transformers does not implement; mmembed never "
+                     "runs a model folder's own code (no trust_remote_code): use a tokenizer transformers implements")
 
 
 def load_backbone(path: str, torch_dtype: str | None = None, attn_impl: str | None = None) -> nn.Module:

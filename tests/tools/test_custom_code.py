@@ -61,3 +61,29 @@ def test_a_known_model_type_loads_with_transformers_classes_not_the_folders_code
     assert not marker.exists()
     assert "auto_map" in runs["custom"].stderr and "never runs a model folder's own code" in runs["custom"].stderr
     np.testing.assert_array_equal(np.load(tmp_path / "custom.npy"), np.load(tmp_path / "plain.npy"))
+
+
+@pytest.mark.parametrize("tokenizer_class, refused", [("CustomTokenizer", True), ("BertTokenizer", False)])
+def test_a_tokenizer_in_the_folders_own_code_is_checked_as_the_model_is(minilm_path, tmp_path, tokenizer_class, refused):
+    """tokenizer_config.json's auto_map gets config.json's rule: a tokenizer class transformers
+    does not implement is refused in one line (its code not run); one it implements loads with
+    transformers' class and a warning."""
+    folder = tmp_path / "custom_tok"
+    shutil.copytree(minilm_path, folder)
+    marker = tmp_path / "code-ran"
+    (folder / "tokenization_custom.py").write_text(PAYLOAD.format(marker=str(marker)))
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["tokenizer_class"] = tokenizer_class
+    cfg["auto_map"] = {"AutoTokenizer": ["tokenization_custom.CustomTokenizer", None]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    inputs = tmp_path / "in.txt"
+    inputs.write_text("a cat sits on the mat\n")
+    r = run_cli(["embed", "--model", str(folder), "--input", str(inputs), "--output", str(tmp_path / "e.npy")])
+    assert not marker.exists()
+    if refused:
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr[-3000:]
+        assert r.stderr.startswith(f"mmembed embed: error: --model {str(folder)!r}: its tokenizer_config.json has auto_map "
+                                   "(tokenization_custom.CustomTokenizer)")
+    else:
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "tokenizer_config.json's auto_map (tokenization_custom.CustomTokenizer) is ignored" in r.stderr
