@@ -18,6 +18,8 @@ from ..files import WriteError
 from ..model.weights import load_backbone_weights
 from .arguments import SftArguments, UsageError
 from .checkpoints import (
+    IncompleteCheckpointError,
+    UnsafeCheckpointError,
     check_complete,
     clear_output_dir,
     find_last_complete_checkpoint,
@@ -54,7 +56,7 @@ def resume_checkpoint(args: SftArguments) -> str | None:
             # final models and exports load too (an mmembed checkpoint must still be whole: a
             # killed save's weights may be partial)
             return resume
-        check_complete(resume)  # before the Trainer's own loaders (DeepSpeed's included) read it
+        check_complete_once_per_node(resume, args)  # before the Trainer's own loaders (DeepSpeed's included) read it
         if is_model_only(resume):  # whole, but the model alone (--resume_only_model took it above)
             raise UsageError(f"--resume_from_checkpoint: {not_a_checkpoint(resume, saved_model(resume))}")
     return resume
@@ -144,3 +146,29 @@ def training_facts(args: SftArguments, loss: Any, data: Any) -> dict[str, Any]:
         "started_at": time.time(),
     }
 
+
+def check_complete_once_per_node(checkpoint: str, args: SftArguments) -> None:
+    """:func:`~mmembed.training.checkpoints.check_complete` (every file's sha256 against the
+    manifest: the checkpoint read whole) by one process per node, the node's first, while the
+    others wait; each then raises the same error when it failed, or goes on. One process, or no
+    process group: checked here."""
+    import torch.distributed as dist
+
+    if args.world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
+        check_complete(checkpoint)
+        return
+    failure = None
+    if args.local_process_index == 0:
+        try:
+            check_complete(checkpoint)
+        except (IncompleteCheckpointError, OSError) as e:
+            failure = e
+    status: list = [None] * dist.get_world_size()
+    dist.all_gather_object(status, None if failure is None else (isinstance(failure, UnsafeCheckpointError),
+                                                                 isinstance(failure, OSError), str(failure)))
+    if failure is not None:
+        raise failure
+    failed = next((s for s in status if s is not None), None)
+    if failed is not None:
+        unsafe, os_error, message = failed
+        raise (OSError if os_error else UnsafeCheckpointError if unsafe else IncompleteCheckpointError)(message)
