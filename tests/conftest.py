@@ -107,6 +107,11 @@ LONGEST_FIRST = [
     "model/test_tiny_models.py", "training/test_methods_sft.py", "training/test_charts.py",
     "training/test_sft_e2e.py", "eval/test_beir_eval.py", "data/test_bad_data.py", "encoding/test_remote_media.py",
     "training/test_bad_settings.py", "data/test_teacher_data.py", "model/test_io.py",
+    # the reranker files, alone on one thread (2026-11-26): 97-124 s, 47, 39, 38, 37 s; test_rerank_cli
+    # before test_serve_rerank's and test_mine_teacher's turn on a worker makes their checkpoint
+    # (reranker_checkpoints) ready for them
+    "training/test_rerank_sft.py", "tools/test_rerank_cli.py", "tools/test_serve_rerank.py",
+    "tools/test_mine_teacher.py", "model/test_reranker.py",
 ]
 
 
