@@ -108,6 +108,11 @@ LONGEST_FIRST = [
     "model/test_tiny_models.py", "training/test_methods_sft.py", "training/test_charts.py",
     "training/test_sft_e2e.py", "eval/test_beir_eval.py", "data/test_bad_data.py", "encoding/test_remote_media.py",
     "training/test_bad_settings.py", "data/test_teacher_data.py", "model/test_io.py",
+    # the reranker files, alone on one thread (2026-11-26): 97-124 s, 47, 39, 38, 37 s; test_rerank_cli
+    # before test_serve_rerank's and test_mine_teacher's turn on a worker makes their checkpoint
+    # (reranker_checkpoints) ready for them
+    "training/test_rerank_sft.py", "tools/test_rerank_cli.py", "tools/test_serve_rerank.py",
+    "tools/test_mine_teacher.py", "model/test_reranker.py",
 ]
 
 
@@ -167,6 +172,65 @@ def tiny_model(tmp_path_factory):
         return built[kind]
 
     return get
+
+
+# The reranker checkpoints that tests only read (score, serve, export, mine with): each trained
+# once per session, on first request, by one step on one data file (tests/tools/test_rerank_cli.py,
+# test_serve_rerank.py and test_mine_teacher.py share them; the files that test training itself
+# train their own runs).
+RERANKER_ROWS = [{"query": f"question {i} about flutes", "response": f"answer {i}: a flute is a woodwind",
+                  "rejected_response": [f"bananas {i}", f"the sea {i}"]} for i in range(8)]
+
+
+class RerankerCheckpoints:
+    """``checkpoints[name]``: the folder of one reranker checkpoint, trained (or exported) the first
+    time it is asked for. ``classifier_full``, ``classifier_lora`` (all-MiniLM-L6-v2) and
+    ``generative_lora`` (the tiny Qwen3): one step of ``mmembed sft`` each (batch 2, max_length 256,
+    learning rate 1e-3 full / 1e-2 LoRA rank 4) on ``data``; ``classifier_lora_export`` and
+    ``generative_lora_export``: the LoRA ones exported (``mmembed export``); ``base``: the MiniLM
+    folder the classifiers were trained from. Ask for them in a fixture, not in a test's body: the
+    training prints (a test that reads its captured output would read that too)."""
+
+    LORA = ["--tuner_type", "lora", "--lora_rank", "4", "--learning_rate", "1e-2"]
+
+    def __init__(self, root, minilm: str, tiny_model):
+        self.root, self.base, self._tiny_model = root, minilm, tiny_model
+        self.data = write_jsonl(root / "train.jsonl", RERANKER_ROWS)
+        self._built: dict[str, str] = {}
+
+    def _flags(self, name: str) -> list[str]:
+        if name == "classifier_full":
+            return ["--task_type", "reranker", "--model", self.base, "--tuner_type", "full", "--learning_rate", "1e-3"]
+        if name == "classifier_lora":
+            return ["--task_type", "reranker", "--model", self.base, *self.LORA]
+        if name == "generative_lora":
+            return ["--task_type", "generative_reranker", "--model", self._tiny_model("qwen3"), *self.LORA]
+        raise KeyError(name)
+
+    def __getitem__(self, name: str) -> str:
+        if name == "base":
+            return self.base
+        if name not in self._built:
+            if name.endswith("_export"):
+                from mmembed.tools.export import export_checkpoint
+
+                self._built[name] = export_checkpoint(self[name[: -len("_export")]])
+            else:
+                from mmembed.training.arguments import parse_sft_args
+                from mmembed.training.sft import run_sft
+
+                args = parse_sft_args([
+                    "--dataset", self.data, "--per_device_train_batch_size", "2", "--max_length", "256",
+                    "--max_steps", "1", "--save_steps", "1", "--disable_tqdm", "true", "--dataloader_num_workers", "0",
+                    "--report_to", "none", *self._flags(name), "--output_dir", str(self.root / name)])
+                self._built[name] = run_sft(args)["last_checkpoint"]
+        return self._built[name]
+
+
+@pytest.fixture(scope="session")
+def reranker_checkpoints(tmp_path_factory, minilm_path, tiny_model) -> RerankerCheckpoints:
+    """The session's reranker checkpoints (``RerankerCheckpoints``), each made on first request."""
+    return RerankerCheckpoints(tmp_path_factory.mktemp("reranker_checkpoints"), minilm_path, tiny_model)
 
 
 def write_video(path, frames: int = 4, size: int = 32, rate: int = 4) -> str:

@@ -91,12 +91,9 @@ def test_generative_under_zero3_calls_the_head_on_the_last_rows(qwen3):
     assert torch.allclose(plain, gathered, atol=1e-6)
 
 
-def test_generative_gradients_flow(tiny_model):
-    from transformers import AutoTokenizer
-
-    path = tiny_model("qwen3")
-    model = load_reranker(path, "generative_reranker")
-    tok = AutoTokenizer.from_pretrained(path)
+def test_generative_gradients_flow(qwen3):
+    path, _, tok = qwen3
+    model = load_reranker(path, "generative_reranker", tokenizer=tok)  # a model of its own: this one trains
     model.gradient_checkpointing_enable()
     assert model.is_gradient_checkpointing
     model.train()
@@ -118,7 +115,7 @@ def test_generative_with_lora(qwen3):
     batch = _batch(tok, ROWS, "left")
     with torch.no_grad():
         before = model(**batch)["scores"]
-    peft = get_peft_model(load_reranker(path, "generative_reranker").backbone,
+    peft = get_peft_model(load_reranker(path, "generative_reranker", tokenizer=tok).backbone,
                           LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     lora = RerankerModel(peft, "generative", model.token_ids, model.tokens).eval()
     scores = lora(**batch)["scores"]
@@ -181,7 +178,8 @@ def _image(seed, h=64, w=48):
 
 @pytest.fixture(scope="module")
 def vl_rerankers(tiny_model):
-    """``get(kind) -> (model, processor)``, each loaded once."""
+    """``get(kind) -> (model, processor)``, each loaded once (the processor's tokenizer gives the
+    model its yes / no ids: the folder's tokenizer is read once)."""
     from transformers import AutoProcessor
 
     loaded = {}
@@ -189,7 +187,8 @@ def vl_rerankers(tiny_model):
     def get(kind):
         if kind not in loaded:
             path = tiny_model(kind)
-            loaded[kind] = load_reranker(path, "generative_reranker").eval(), AutoProcessor.from_pretrained(path)
+            proc = AutoProcessor.from_pretrained(path)
+            loaded[kind] = load_reranker(path, "generative_reranker", tokenizer=proc).eval(), proc
         return loaded[kind]
 
     return get
@@ -280,21 +279,28 @@ def test_classifier_gradients_flow(minilm_no_dropout):
     assert model.backbone.bert.encoder.layer[0].attention.self.query.weight.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("side", ["left", "right"])
-def test_decoder_classifier_finds_the_last_token(tiny_model, tmp_path_factory, side):
-    """A causal LM folder as a sequence classifier (Qwen3ForSequenceClassification): the pad id
-    comes from the tokenizer, and the score is the last real token's, on either padding side."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+@pytest.fixture(scope="module")
+def qwen3_classifier(qwen3, tmp_path_factory):
+    """The tiny Qwen3 folder loaded as a classifier reranker (its pad id found by load_reranker
+    itself), and saved once; with transformers' own load of the saved folder."""
+    from transformers import AutoModelForSequenceClassification
 
-    path = tiny_model("qwen3")
-    model = load_reranker(path, "reranker").eval()
-    tok = AutoTokenizer.from_pretrained(path)
-    assert model.config.pad_token_id == tok.pad_token_id
-    batch = _batch(tok, ROWS, side)
+    model = load_reranker(qwen3[0], "reranker").eval()
     folder = str(tmp_path_factory.mktemp("qwen3_classifier"))
     model.save_pretrained(folder)
+    return model, AutoModelForSequenceClassification.from_pretrained(folder).eval()
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_decoder_classifier_finds_the_last_token(qwen3, qwen3_classifier, side):
+    """A causal LM folder as a sequence classifier (Qwen3ForSequenceClassification): the pad id
+    comes from the tokenizer, and the score is the last real token's, on either padding side."""
+    _, _, tok = qwen3
+    model, saved = qwen3_classifier
+    assert model.config.pad_token_id == tok.pad_token_id
+    batch = _batch(tok, ROWS, side)
     with torch.no_grad():
         scores = model(**batch)["scores"]
-        ref = AutoModelForSequenceClassification.from_pretrained(folder).eval()(**batch).logits[:, 0]
+        ref = saved(**batch).logits[:, 0]
         alone = torch.cat([model(**tok(ROWS[i:i + 1], return_tensors="pt"))["scores"] for i in range(4)])
     assert torch.allclose(scores, ref, atol=1e-6) and torch.allclose(alone, scores, atol=1e-5)

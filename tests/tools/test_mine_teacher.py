@@ -10,7 +10,6 @@ import shutil
 import numpy as np
 import pytest
 from conftest import DATA, stsb_pairs, write_jsonl
-from test_serve_rerank import train_reranker
 
 from mmembed.data import read_file
 from mmembed.data.sample import Item
@@ -86,8 +85,9 @@ def test_rows_with_media_the_reranker_does_not_take_are_left_unscored(tmp_path):
 
 # ---- end to end: MiniLM mines, the trained reranker scores, distill_kl trains ------------------
 @pytest.fixture(scope="module")
-def checkpoint(minilm_path, tmp_path_factory):
-    return train_reranker(minilm_path, str(tmp_path_factory.mktemp("reranker")))
+def checkpoint(reranker_checkpoints):
+    """A one-step full classifier reranker from all-MiniLM-L6-v2 (the session's, tests/conftest.py)."""
+    return reranker_checkpoints["classifier_full"]
 
 
 def test_mine_with_teacher_reranker_then_distill(minilm_path, checkpoint, tmp_path, capsys):

@@ -36,37 +36,22 @@ def _write_jsonl(path, rows):
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, minilm_path, tiny_model):
-    """One-step reranker checkpoints, trained once: a classifier (full and LoRA) from
-    all-MiniLM-L6-v2 and a generative LoRA from a tiny Qwen3, and the LoRA ones exported."""
-    from mmembed.tools.export import export_checkpoint
-    from mmembed.training.arguments import parse_sft_args
-    from mmembed.training.sft import run_sft
-
-    root = tmp_path_factory.mktemp("rerank_cli")
-    train = _write_jsonl(root / "train.jsonl", [
-        {"query": f"question {i} about flutes", "response": f"answer {i}: a flute is a woodwind",
-         "rejected_response": [f"bananas {i}", f"the sea {i}"]} for i in range(8)])
-    common = ["--dataset", train, "--per_device_train_batch_size", "2", "--max_length", "256", "--max_steps", "1",
-              "--save_steps", "1", "--disable_tqdm", "true", "--dataloader_num_workers", "0", "--report_to", "none"]
-    lora = ["--tuner_type", "lora", "--lora_rank", "4", "--learning_rate", "1e-2"]
-    out = {}
-    for name, extra in [("full", ["--task_type", "reranker", "--model", minilm_path, "--tuner_type", "full",
-                                  "--learning_rate", "1e-3"]),
-                        ("lora", ["--task_type", "reranker", "--model", minilm_path, *lora]),
-                        ("gen_lora", ["--task_type", "generative_reranker", "--model", tiny_model("qwen3"), *lora])]:
-        out[name] = run_sft(parse_sft_args([*common, *extra, "--output_dir", str(root / name)]))["last_checkpoint"]
-    out["merged"] = export_checkpoint(out["lora"])
-    out["gen_merged"] = export_checkpoint(out["gen_lora"])
-    out["root"] = str(root)
-    out["base"] = minilm_path
-    return out
+RUNS = {"full": "classifier_full", "lora": "classifier_lora", "gen_lora": "generative_lora",
+        "merged": "classifier_lora_export", "gen_merged": "generative_lora_export", "base": "base"}
 
 
 @pytest.fixture(scope="module")
-def docs_file(runs):
-    path = os.path.join(runs["root"], "docs.txt")
+def runs(reranker_checkpoints):
+    """The session's one-step reranker checkpoints (tests/conftest.py ``reranker_checkpoints``:
+    a classifier, full and LoRA, from all-MiniLM-L6-v2 and a generative LoRA from a tiny Qwen3,
+    the LoRA ones exported) under this file's names; all made here, before the tests (whose
+    captured output must hold the command's alone)."""
+    return {name: reranker_checkpoints[key] for name, key in RUNS.items()}
+
+
+@pytest.fixture(scope="module")
+def docs_file(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("rerank_cli") / "docs.txt")
     with open(path, "w", encoding="utf-8") as f:
         f.write(DOCS[0] + "\n\n" + "\n".join(DOCS[1:]) + "\n")  # a blank line: skipped, not a document
     return path
@@ -85,10 +70,23 @@ def _scores_by_index(line, n):
     return scores
 
 
+_LOADED: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _loaded_once():
+    """``_reranker(folder)`` loads each folder once for the file (the references of several
+    tests), and lets them go after it."""
+    yield
+    _LOADED.clear()
+
+
 def _reranker(folder):
     from mmembed.model.rerank_scorer import Reranker
 
-    return Reranker.from_pretrained(folder, device="cpu")
+    if folder not in _LOADED:
+        _LOADED[folder] = Reranker.from_pretrained(folder, device="cpu")
+    return _LOADED[folder]
 
 
 def _cross_encoder_logits(folder, query, documents):

@@ -4,7 +4,6 @@
 and rerank endpoints each refuse the other kind of model."""
 
 import asyncio
-import json
 import math
 import os
 import subprocess
@@ -13,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import REPO, free_port, stsb_pairs
+from conftest import REPO, free_port
 from test_serve import ThreadServer, httpx
 from transformers import AutoTokenizer
 
@@ -27,30 +26,10 @@ DOCS = ["A man plays the flute.", "Two dogs run through the snow.", "Someone is 
         "The stock market fell today.", "A woman slices an onion.", "A man is playing a flute."]
 
 
-def train_reranker(model: str, folder) -> str:
-    """One step of full tuning of ``model`` as a classifier reranker; the checkpoint folder."""
-    from mmembed.training.arguments import parse_sft_args
-    from mmembed.training.sft import run_sft
-
-    os.makedirs(folder, exist_ok=True)
-    rows = stsb_pairs(8)
-    data = os.path.join(folder, "train.jsonl")
-    with open(data, "w", encoding="utf-8") as f:
-        for i, r in enumerate(rows):
-            negatives = [rows[(i + 1) % len(rows)]["response"], rows[(i + 2) % len(rows)]["response"]]
-            f.write(json.dumps({"query": r["query"], "response": r["response"], "rejected_response": negatives}) + "\n")
-    args = parse_sft_args([
-        "--model", model, "--task_type", "reranker", "--dataset", data, "--tuner_type", "full",
-        "--per_device_train_batch_size", "2", "--max_length", "64", "--max_steps", "1", "--save_steps", "1",
-        "--eval_strategy", "no", "--output_dir", os.path.join(folder, "run"), "--report_to", "none",
-        "--disable_tqdm", "true", "--dataloader_num_workers", "0",
-    ])
-    return run_sft(args)["last_checkpoint"]
-
-
 @pytest.fixture(scope="module")
-def checkpoint(minilm_path, tmp_path_factory):
-    return train_reranker(minilm_path, str(tmp_path_factory.mktemp("reranker")))
+def checkpoint(reranker_checkpoints):
+    """A one-step full classifier reranker from all-MiniLM-L6-v2 (the session's, tests/conftest.py)."""
+    return reranker_checkpoints["classifier_full"]
 
 
 @pytest.fixture(scope="module")

@@ -153,13 +153,19 @@ def _documents(row):
     return [(1, d) for d in row["positive_messages"]] + [(0, d) for d in row["negative_messages"]]
 
 
-def test_qwen3_reranker_inputs_are_the_written_out_prompt(tiny_model):
-    """Every pair: ms-swift's fixed system prompt, the instruction (the document's own system, else
-    the row's, else the default), the query and the document; the real Qwen tokenizer's ids of it."""
+@pytest.fixture(scope="module")
+def qwen3_tokenizer(tiny_model):
+    """The tiny Qwen3's tokenizer (the real Qwen vocabulary), read once for the file."""
     from transformers import AutoTokenizer
 
+    return AutoTokenizer.from_pretrained(tiny_model("qwen3"))
+
+
+def test_qwen3_reranker_inputs_are_the_written_out_prompt(qwen3_tokenizer):
+    """Every pair: ms-swift's fixed system prompt, the instruction (the document's own system, else
+    the row's, else the default), the query and the document; the real Qwen tokenizer's ids of it."""
     fx = load("qwen3_reranker.json")
-    tok = AutoTokenizer.from_pretrained(tiny_model("qwen3"))
+    tok = qwen3_tokenizer
     assert tok.convert_tokens_to_ids(["yes", "no"]) == fx["yes_no_token_ids"]
     for entry in fx["rows"]:
         row = entry["row"]
@@ -277,18 +283,18 @@ def _train_two_steps(run, model, scores_of, listwise_loss: bool):
 
 
 @pytest.mark.parametrize("name", ["generative_pointwise", "generative_listwise"])
-def test_generative_first_steps_are_yes_minus_no_at_the_last_position(name, tiny_model):
+def test_generative_first_steps_are_yes_minus_no_at_the_last_position(name, tiny_model, qwen3_tokenizer):
     """``swift sft --task_type generative_reranker``: score = logit(yes) - logit(no) at the last
     attended position of the causal LM (the tiny Qwen3, its head tied to the embeddings), the
     loss over the collated pairs; grad_norm over all parameters before clipping; step 2 after
     one AdamW step as transformers' Trainer takes it."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     run = _first_step_fixture()[name]
     base = tiny_model("qwen3")
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).train()
     assert _digest_float32(model) == run["start_weights_sha256_float32"]
-    yes, no = AutoTokenizer.from_pretrained(base).convert_tokens_to_ids(["yes", "no"])
+    yes, no = qwen3_tokenizer.convert_tokens_to_ids(["yes", "no"])
 
     def scores_of(inputs):
         ids, mask = torch.tensor(inputs["input_ids"]), torch.tensor(inputs["attention_mask"])
