@@ -161,14 +161,15 @@ def check_complete_once_per_node(checkpoint: str, args: SftArguments) -> None:
     if args.local_process_index == 0:
         try:
             check_complete(checkpoint)
-        except (IncompleteCheckpointError, OSError) as e:
+        except BaseException as e:  # noqa: BLE001 (the others must learn of any failure, then it is raised)
             failure = e
+    kinds = (UnsafeCheckpointError, IncompleteCheckpointError, OSError)
+    kind = next((k.__name__ for k in kinds if isinstance(failure, k)), "Exception")
     status: list = [None] * dist.get_world_size()
-    dist.all_gather_object(status, None if failure is None else (isinstance(failure, UnsafeCheckpointError),
-                                                                 isinstance(failure, OSError), str(failure)))
+    dist.all_gather_object(status, None if failure is None else (kind, str(failure)))
     if failure is not None:
         raise failure
     failed = next((s for s in status if s is not None), None)
     if failed is not None:
-        unsafe, os_error, message = failed
-        raise (OSError if os_error else UnsafeCheckpointError if unsafe else IncompleteCheckpointError)(message)
+        kind, message = failed
+        raise next((k for k in kinds if k.__name__ == kind), RuntimeError)(message)
