@@ -208,3 +208,28 @@ def test_a_vision_language_reranker_trains_on_image_rows_and_scores_them(tiny_mo
     with torch.no_grad():
         again = reranker.model(**{k: v for k, v in batch.items() if k not in ("labels", "group_ids")})["scores"]
     np.testing.assert_allclose(float(again[0]), scores[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("task", ["reranker", "generative_reranker"])
+def test_a_lora_run_resumes_to_the_same_adapter(minilm_path, qwen3, data, tmp_path, task):
+    """A LoRA reranker (a classifier's trained head saved whole beside the adapter, or a
+    generative one's adapter) resumed from its step-2 checkpoint ends with the uninterrupted
+    run's adapter weights, the head included."""
+    from safetensors.torch import load_file
+
+    model = minilm_path if task == "reranker" else qwen3
+    common = ["--tuner_type", "lora", "--loss_type", "pointwise_reranker", "--max_steps", "4", "--save_steps", "2",
+              "--learning_rate", "1e-2", "--lora_dropout", "0"]
+    whole = run_sft(_args(model, task, data, tmp_path / "whole", *common))
+    shutil.copytree(tmp_path / "whole" / "checkpoint-2", tmp_path / "cut" / "checkpoint-2")
+    resumed = run_sft(_args(model, task, data, tmp_path / "cut", *common,
+                            "--resume_from_checkpoint", str(tmp_path / "cut" / "checkpoint-2")))
+    a = load_file(os.path.join(whole["last_checkpoint"], "adapter_model.safetensors"))
+    b = load_file(os.path.join(resumed["last_checkpoint"], "adapter_model.safetensors"))
+    start = load_file(str(tmp_path / "whole" / "checkpoint-2" / "adapter_model.safetensors"))
+    assert a.keys() == b.keys()
+    if task == "reranker":
+        assert any("classifier" in k for k in a)  # the head, trained and saved whole
+    assert any(not torch.equal(a[k], start[k]) for k in a)  # steps 3-4 changed the adapter
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
