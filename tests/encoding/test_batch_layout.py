@@ -44,7 +44,8 @@ def reference_groups(neg_counts: list[int]) -> tuple[list[int], list[int], list[
 
 def test_layout_values_are_ms_swifts_names():
     assert Layout("group") is Layout.GROUP and Layout("pair") is Layout.PAIR
-    assert [m.value for m in Layout] == ["group", "pair"]
+    assert [m.value for m in Layout] == ["group", "pair", "rerank"]  # ms-swift's two, and a reranker's scored pairs
+    assert Layout("rerank") is Layout.RERANK
     from mmembed.losses import Layout as public
 
     assert public is Layout  # the public name of mmembed.losses is this one
