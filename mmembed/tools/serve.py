@@ -47,7 +47,7 @@ from ..data.sample import MEDIA_KINDS, DataError, Item, json_type
 from ..encoding.templates import SIDES
 from ..errors import ArgumentParser
 from ..model.embedder import Embedder, as_item
-from .serve_batching import Batcher, RequestError, as_request_error
+from .serve_batching import Batcher, RequestError, as_request_error, batching_app
 
 log = logging.getLogger("mmembed.serve")
 
@@ -255,33 +255,12 @@ def shorten(emb: np.ndarray, dims: int | None) -> np.ndarray:
 
 def create_app(embedder: Embedder, config: ServeConfig):
     """The FastAPI application serving ``embedder`` as ``config`` says."""
-    from contextlib import asynccontextmanager
-
-    from fastapi import FastAPI
     from fastapi.responses import JSONResponse
 
     model_name = config.name()
     batcher = BatchingEmbedder(embedder, config.max_batch_size, config.max_wait_ms, config.batching,
                                config.encode_batch_size)
-
-    @asynccontextmanager
-    async def lifespan(app):
-        await batcher.start()
-        yield
-        await batcher.stop()
-
-    app = FastAPI(title="mmembed", lifespan=lifespan)
-    app.state.batcher = batcher
-
-    @app.exception_handler(RequestError)
-    async def _refused(request: Request, e: RequestError):
-        return JSONResponse(e.body(), status_code=e.status)
-
-    @app.get("/health")
-    async def health():
-        s = batcher.stats
-        return {"status": "ok", "model": model_name, "requests": s.requests, "batches": s.batches,
-                "largest_batch": s.largest_batch}
+    app = batching_app(batcher, "mmembed", {"model": model_name})
 
     @app.get("/v1/models")
     async def models():

@@ -158,3 +158,34 @@ def as_request_error(e: Exception) -> RequestError:
         return RequestError(str(e), code="invalid_input")
     log.exception("the model call failed")
     return RequestError(f"internal error: {type(e).__name__}: {e}", status=500, kind="server_error")
+
+
+def batching_app(batcher: Batcher, title: str, health: dict[str, Any]):
+    """The FastAPI application both servers start from: ``batcher`` started and stopped with the
+    app (``app.state.batcher``), a :class:`RequestError` answered as its JSON body and status,
+    and ``GET /health``: ``{"status": "ok", **health}`` with the batcher's counts."""
+    from contextlib import asynccontextmanager
+
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+
+    @asynccontextmanager
+    async def lifespan(app):
+        await batcher.start()
+        yield
+        await batcher.stop()
+
+    app = FastAPI(title=title, lifespan=lifespan)
+    app.state.batcher = batcher
+
+    @app.exception_handler(RequestError)
+    async def _refused(request: Request, e: RequestError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.get("/health")
+    async def _health():
+        s = batcher.stats
+        return {"status": "ok", **health, "requests": s.requests, "batches": s.batches,
+                "largest_batch": s.largest_batch}
+
+    return app

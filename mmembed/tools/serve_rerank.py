@@ -55,7 +55,7 @@ from fastapi import Request  # at module level: FastAPI resolves the handlers' a
 from ..data.sample import MEDIA_KINDS, Item, json_type
 from ..model.io import read_mmembed_config
 from ..model.reranker import RERANK_TASKS
-from .serve_batching import Batcher, RequestError
+from .serve_batching import Batcher, RequestError, batching_app
 
 if TYPE_CHECKING:
     from ..model.rerank_scorer import Reranker
@@ -191,34 +191,13 @@ def _sigmoid(x: float) -> float:
 # ---- the app -----------------------------------------------------------------------------
 def create_rerank_app(reranker: Reranker, config: ServeConfig):
     """The FastAPI application serving ``reranker`` as ``config`` says."""
-    from contextlib import asynccontextmanager
-
-    from fastapi import FastAPI
     from fastapi.responses import JSONResponse
 
     model_name = config.name()
     task = getattr(reranker, "task_type", "reranker")
     batcher = BatchingReranker(reranker, config.max_batch_size, config.max_wait_ms, config.batching,
                                config.encode_batch_size)
-
-    @asynccontextmanager
-    async def lifespan(app):
-        await batcher.start()
-        yield
-        await batcher.stop()
-
-    app = FastAPI(title="mmembed reranker", lifespan=lifespan)
-    app.state.batcher = batcher
-
-    @app.exception_handler(RequestError)
-    async def _refused(request: Request, e: RequestError):
-        return JSONResponse(e.body(), status_code=e.status)
-
-    @app.get("/health")
-    async def health():
-        s = batcher.stats
-        return {"status": "ok", "model": model_name, "task_type": task, "requests": s.requests,
-                "batches": s.batches, "largest_batch": s.largest_batch}
+    app = batching_app(batcher, "mmembed reranker", {"model": model_name, "task_type": task})
 
     @app.get("/v1/models")
     async def models():
