@@ -46,7 +46,43 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch
     raise ValueError(f"pooling must be one of {POOLINGS}, got {mode!r}")
 
 
-class EmbeddingModel(nn.Module):
+class BackboneCheckpointing:
+    """Activation (gradient) checkpointing switched on a wrapper's ``backbone``: the Trainer calls
+    these on its model, transformers >= 5.23 by the ``activation_*`` names, older 5.x by the
+    ``gradient_*`` names; the backbone has one spelling or both. A subclass overrides the
+    ``activation_*`` methods; the ``gradient_*`` names follow."""
+
+    backbone: nn.Module
+
+    def _backbone_method(self, new: str, old: str):
+        return getattr(self.backbone, new, None) or getattr(self.backbone, old)
+
+    def activation_checkpointing_enable(self, *args: Any, **kwargs: Any) -> None:
+        self._backbone_method("activation_checkpointing_enable", "gradient_checkpointing_enable")(*args, **kwargs)
+
+    def activation_checkpointing_disable(self) -> None:
+        self._backbone_method("activation_checkpointing_disable", "gradient_checkpointing_disable")()
+
+    @property
+    def is_activation_checkpointing(self) -> bool:
+        for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+            value = getattr(self.backbone, name, None)
+            if value is not None:
+                return bool(value)
+        return False
+
+    def gradient_checkpointing_enable(self, *args: Any, **kwargs: Any) -> None:
+        self.activation_checkpointing_enable(*args, **kwargs)
+
+    def gradient_checkpointing_disable(self) -> None:
+        self.activation_checkpointing_disable()
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        return self.is_activation_checkpointing
+
+
+class EmbeddingModel(BackboneCheckpointing, nn.Module):
     """An embedding model: ``forward(**batch) -> {"last_hidden_state": [N, D]}``.
 
     Args:
@@ -209,13 +245,9 @@ class EmbeddingModel(nn.Module):
         emb = torch.cat([call(idx) for idx in order.chunk(chunks)])
         return emb[torch.argsort(order)]  # back to the batch's row order
 
-    # The Trainer calls these on its model: transformers >= 5.23 by the activation_* names,
-    # older 5.x by the gradient_* names; the backbone has one spelling or both.
-    def _backbone_method(self, new: str, old: str):
-        return getattr(self.backbone, new, None) or getattr(self.backbone, old)
-
     def activation_checkpointing_enable(self, *args: Any, **kwargs: Any) -> None:
-        self._backbone_method("activation_checkpointing_enable", "gradient_checkpointing_enable")(*args, **kwargs)
+        """The backbone's (BackboneCheckpointing), then no checkpointing of frozen towers."""
+        super().activation_checkpointing_enable(*args, **kwargs)
         self._untrack_frozen_towers()
 
     def _untrack_frozen_towers(self) -> None:
@@ -243,20 +275,6 @@ class EmbeddingModel(nn.Module):
                 hook.remove()
                 hooks.remove(hook)
 
-    def activation_checkpointing_disable(self) -> None:
-        self._backbone_method("activation_checkpointing_disable", "gradient_checkpointing_disable")()
-
-    @property
-    def is_activation_checkpointing(self) -> bool:
-        for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-            value = getattr(self.backbone, name, None)
-            if value is not None:
-                return bool(value)
-        return False
-
-    gradient_checkpointing_enable = activation_checkpointing_enable
-    gradient_checkpointing_disable = activation_checkpointing_disable
-    is_gradient_checkpointing = is_activation_checkpointing
 
 
 def _take(out: Any, start: int, stop: int | None) -> Any:

@@ -32,7 +32,7 @@ from torch import nn
 
 from ..environment import read
 from ..errors import UsageError
-from .embedding import refuse_custom_code, require_local_model
+from .embedding import BackboneCheckpointing, refuse_custom_code, require_local_model
 
 __all__ = ["RERANK_TASKS", "RerankerModel", "load_reranker", "token_id"]
 
@@ -55,7 +55,7 @@ def last_positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long() * positions).argmax(1)
 
 
-class RerankerModel(nn.Module):
+class RerankerModel(BackboneCheckpointing, nn.Module):
     """A reranker around a transformers model (or a PEFT model around one).
 
     Args:
@@ -127,29 +127,6 @@ class RerankerModel(nn.Module):
         a sequence-classification model (CrossEncoder-loadable) or the causal LM; a PEFT
         backbone saves its adapter."""
         self.backbone.save_pretrained(save_directory, **kwargs)
-
-    # The Trainer calls these on its model: transformers >= 5.23 by the activation_* names,
-    # older 5.x by the gradient_* names; the backbone has one spelling or both.
-    def _backbone_method(self, new: str, old: str):
-        return getattr(self.backbone, new, None) or getattr(self.backbone, old)
-
-    def activation_checkpointing_enable(self, *args: Any, **kwargs: Any) -> None:
-        self._backbone_method("activation_checkpointing_enable", "gradient_checkpointing_enable")(*args, **kwargs)
-
-    def activation_checkpointing_disable(self) -> None:
-        self._backbone_method("activation_checkpointing_disable", "gradient_checkpointing_disable")()
-
-    @property
-    def is_activation_checkpointing(self) -> bool:
-        for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-            value = getattr(self.backbone, name, None)
-            if value is not None:
-                return bool(value)
-        return False
-
-    gradient_checkpointing_enable = activation_checkpointing_enable
-    gradient_checkpointing_disable = activation_checkpointing_disable
-    is_gradient_checkpointing = is_activation_checkpointing
 
 
 def token_id(tokenizer: Any, token: str, variable: str, vocab_rows: int | None = None) -> int:
