@@ -1,4 +1,4 @@
-"""ms-swift's reranker example scripts, as examples/reranker/ holds them (`swift sft` ->
+"""ms-swift's reranker example scripts, as examples/ holds them (`swift sft` ->
 `mmembed sft`, hub ids -> local paths), train a few steps as written: a cross-encoder in one
 process, and across two processes under DeepSpeed ZeRO-3 (a generative reranker, full) and
 ZeRO-2 (a classifier with LoRA); each checkpoint scores as the libraries that load it do."""
@@ -21,7 +21,7 @@ PAIRS = [("A man is playing a flute.", "A man plays the flute."), ("A man is pla
 
 def run_script(script, env, extra):
     e = dict(os.environ, OMP_NUM_THREADS="1", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], **env)
-    return subprocess.run(["bash", os.path.join(REPO, "examples", "reranker", script), *extra], capture_output=True,
+    return subprocess.run(["bash", os.path.join(REPO, "examples", script), *extra], capture_output=True,
                           text=True, env=e, cwd=REPO)
 
 

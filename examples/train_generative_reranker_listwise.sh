@@ -3,7 +3,7 @@
 # ms-swift's examples/train/reranker/train_generative_reranker_listwise.sh with `swift sft` -> `mmembed sft`
 # and the hub ids (model and dataset) -> local paths; every other flag as ms-swift's script has it.
 #
-#   MODEL=... bash examples/reranker/train_generative_reranker_listwise.sh [extra flags, which win]
+#   MODEL=... bash examples/train_generative_reranker_listwise.sh [extra flags, which win]
 #
 # MODEL (required: a local Qwen3-Reranker folder), DATA (default: the bundled STS-B rows with hard negatives; ms-swift's script
 # names MTEB/scidocs-reranking), NPROC_PER_NODE (default 4), DEEPSPEED (default zero2; empty: none),
@@ -11,7 +11,7 @@
 # and LISTWISE_RERANKER_* / GENERATIVE_RERANKER_* pass through.
 set -euo pipefail
 MODEL=${MODEL:?set MODEL to a local Qwen3-Reranker folder (ms-swift names Qwen/Qwen3-Reranker-4B)}
-DATA=${DATA:-$(dirname "$0")/../data/stsb_train_hardneg.jsonl}
+DATA=${DATA:-$(dirname "$0")/data/stsb_train_hardneg.jsonl}
 DEEPSPEED=${DEEPSPEED-zero2}
 
 NPROC_PER_NODE=${NPROC_PER_NODE:-4} \
