@@ -6,9 +6,12 @@ naming the group of each pair. Per group, the positive's rank ``r`` among the gr
 (1 = the best; a tie counts against the positive, as the worst rank among equals), then the
 mean over the groups of:
 
-- ``mrr``: ``1 / r`` (ms-swift's reranker ``mrr``);
-- ``ndcg``: ``1 / log2(r + 1)`` (one relevant candidate: its DCG over the ideal's, ms-swift's ``ndcg``);
-- ``acc``: ``r == 1``, the positive scored above every negative.
+- ``mrr_at_10``: ``1 / r`` when ``r <= 10``, else 0;
+- ``ndcg_at_10``: ``1 / log2(r + 1)`` when ``r <= 10``, else 0 (one relevant candidate: its DCG
+  over the ideal's);
+- ``accuracy``: ``r == 1``, the positive scored above every negative.
+
+(ms-swift's reranker metrics ``mrr`` and ``ndcg`` are the same without the cut at 10.)
 
 A group of one (a row with no negatives) ranks its positive first.
 """
@@ -19,11 +22,12 @@ import numpy as np
 
 __all__ = ["RERANK_METRICS", "rerank_metrics"]
 
-RERANK_METRICS = ("mrr", "ndcg", "acc")
+RERANK_METRICS = ("mrr_at_10", "ndcg_at_10", "accuracy")
+CUTOFF = 10
 
 
 def rerank_metrics(scores: np.ndarray, labels: np.ndarray, group_ids: np.ndarray) -> dict[str, float]:
-    """``{"mrr", "ndcg", "acc"}`` of the pairs' ``scores`` ``[N]``, ``labels`` ``[N]`` (1.0 for
+    """``{"mrr_at_10", "ndcg_at_10", "accuracy"}`` of the pairs' ``scores`` ``[N]``, ``labels`` ``[N]`` (1.0 for
     the one positive of each group) and ``group_ids`` ``[N]`` (a group's pairs together, any
     ids). Raises ValueError when a group has no positive or several."""
     scores = np.asarray(scores, dtype=np.float64).reshape(-1)
@@ -45,5 +49,7 @@ def rerank_metrics(scores: np.ndarray, labels: np.ndarray, group_ids: np.ndarray
     # the positive's rank: 1 + the group's negatives scored at or above it
     ahead = (~positive) & (scores >= positive_score[group])
     rank = 1 + np.bincount(group, weights=ahead.astype(np.float64), minlength=n_groups)
-    return {"mrr": float(np.mean(1.0 / rank)), "ndcg": float(np.mean(1.0 / np.log2(rank + 1))),
-            "acc": float(np.mean(rank == 1))}
+    kept = rank <= CUTOFF
+    return {"mrr_at_10": float(np.mean(np.where(kept, 1.0 / rank, 0.0))),
+            "ndcg_at_10": float(np.mean(np.where(kept, 1.0 / np.log2(rank + 1), 0.0))),
+            "accuracy": float(np.mean(rank == 1))}

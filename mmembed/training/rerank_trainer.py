@@ -18,7 +18,7 @@ loss's gradient with respect to the scores is taken, then each chunk is scored a
 and given its slice: the same gradients as the plain step, with the memory of N pairs.
 
 Evaluation scores every pair of each eval row (no draws: each positive with every negative) and
-logs ``eval_loss`` with ``eval_mrr``, ``eval_ndcg`` and ``eval_acc``
+logs ``eval_loss`` with ``eval_mrr_at_10``, ``eval_ndcg_at_10`` and ``eval_accuracy``
 (:func:`~mmembed.eval.rerank.rerank_metrics`). Every process scores the whole eval set (as many
 forwards on each, as ZeRO-3 requires), so no gather is needed.
 """

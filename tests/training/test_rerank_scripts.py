@@ -44,7 +44,7 @@ def test_the_cross_encoder_scripts_train_and_crossencoder_loads_the_result(tmp_p
     if deepspeed:
         extra = [*extra, "--deepspeed", deepspeed]
     metrics = _metrics(run_script(script, env, FEW_STEPS + extra))
-    assert np.isfinite(metrics["train_loss"]) and {"eval_loss", "eval_mrr", "eval_ndcg", "eval_acc"} <= metrics.keys()
+    assert np.isfinite(metrics["train_loss"]) and {"eval_loss", "eval_mrr_at_10", "eval_ndcg_at_10", "eval_accuracy"} <= metrics.keys()
     folder = metrics["last_checkpoint"]
     ours = Reranker.from_pretrained(folder, device="cpu").score_pairs(PAIRS)
     merged = folder if "lora" not in extra else export_checkpoint(folder)
@@ -64,7 +64,7 @@ def test_the_generative_script_trains_under_zero3_across_two_processes(tiny_mode
            "DEEPSPEED": "zero3"}
     metrics = _metrics(run_script("train_generative_reranker.sh", env,
                                   FEW_STEPS + ["--gradient_accumulation_steps", "1", "--learning_rate", "1e-3"]))
-    assert np.isfinite(metrics["train_loss"]) and np.isfinite(metrics["eval_mrr"])
+    assert np.isfinite(metrics["train_loss"]) and np.isfinite(metrics["eval_mrr_at_10"])
     folder = metrics["last_checkpoint"]
     config = json.load(open(os.path.join(folder, "mmembed.json")))
     tok = AutoTokenizer.from_pretrained(folder)

@@ -111,7 +111,7 @@ def test_the_step_is_the_loss_of_the_scores_and_the_cached_step_gives_its_gradie
 def test_a_classifier_run_resumes_to_the_same_weights_and_crossencoder_scores_it(minilm_path, data, tmp_path):
     """Four steps in one run equal two steps, then a resume for two more (weights and the
     sampler's rows); the checkpoint loads in sentence-transformers' CrossEncoder with the
-    scores of mmembed's Reranker; evaluation logs loss, mrr, ndcg and acc."""
+    scores of mmembed's Reranker; evaluation logs loss, mrr_at_10, ndcg_at_10 and accuracy."""
     from safetensors.torch import load_file
     from sentence_transformers import CrossEncoder
 
@@ -129,7 +129,7 @@ def test_a_classifier_run_resumes_to_the_same_weights_and_crossencoder_scores_it
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
-    for name in ("eval_loss", "eval_mrr", "eval_ndcg", "eval_acc"):
+    for name in ("eval_loss", "eval_mrr_at_10", "eval_ndcg_at_10", "eval_accuracy"):
         assert np.isfinite(whole[name]), name
     folder = whole["last_checkpoint"]
     pairs = [("a cat sits on the mat", "the cat sits"), ("flute music plays", "dogs run under a red tree")]
