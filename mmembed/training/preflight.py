@@ -69,6 +69,7 @@ def check_settings(args: SftArguments, environment: Environment | None = None) -
                          f"got {args.max_length}")
     if is_reranker(args):
         loss = build_rerank_loss(args.loss_type, environment)  # LISTWISE_RERANKER_* checked now
+        check_reranker_head(args, config)
         own = [e.name for e in args.dataset_entries if e.has_loss_settings]
         if own:  # the reranker losses take their settings from LISTWISE_RERANKER_*, one for the run
             raise UsageError(f"--dataset_config {args.dataset_config}: dataset(s) {', '.join(own)} have loss settings of "
@@ -98,6 +99,19 @@ def check_settings(args: SftArguments, environment: Environment | None = None) -
         if path and not exists(path):  # the user's data, as a --dataset that is not there (exit status 1)
             raise SpecError(f"{flag} {path}: no such {'file' if exists is os.path.isfile else 'folder'}")
     return RunSetup(media, config, template, loss)
+
+
+def check_reranker_head(args: SftArguments, config) -> None:
+    """``--task_type reranker`` scores with a one-label head: a folder whose classification head
+    has more labels (an NLI classifier, a multi-class model) is refused before it loads; a folder
+    without a classification head gets a new one-label head."""
+    architectures = getattr(config, "architectures", None) or []
+    labels = getattr(config, "num_labels", 1)
+    if args.task_type == "reranker" and labels != 1 and any(a.endswith("ForSequenceClassification")
+                                                           for a in architectures):
+        raise UsageError(f"--model {args.model}: its classification head has {labels} labels (config.json's "
+                         "id2label); a reranker scores a pair with one label: use a one-label cross-encoder, or its "
+                         "base model (a new one-label head is trained)")
 
 
 def check_model_folders(args: SftArguments) -> None:

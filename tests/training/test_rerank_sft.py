@@ -233,3 +233,21 @@ def test_a_lora_run_resumes_to_the_same_adapter(minilm_path, qwen3, data, tmp_pa
     assert any(not torch.equal(a[k], start[k]) for k in a)  # steps 3-4 changed the adapter
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
+
+
+def test_a_classifier_with_more_than_one_label_is_refused_before_it_loads(minilm_path, data, tmp_path):
+    """An NLI-style head (3 labels) is not a reranker's: one line naming --model, before any weight
+    is read (the folder holds no weights at all)."""
+    from mmembed.errors import UsageError
+
+    folder = tmp_path / "nli"
+    folder.mkdir()
+    config = json.load(open(os.path.join(minilm_path, "config.json")))
+    config.update(architectures=["BertForSequenceClassification"], id2label={"0": "a", "1": "b", "2": "c"},
+                  label2id={"a": 0, "b": 1, "c": 2})
+    (folder / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        shutil.copy(os.path.join(minilm_path, name), folder / name)
+    with pytest.raises(UsageError, match=r"its classification head has 3 labels .* a reranker scores a pair with one label"):
+        run_sft(_args(str(folder), "reranker", data, tmp_path / "out", "--tuner_type", "full"))
+    assert not (tmp_path / "out").exists()
