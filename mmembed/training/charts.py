@@ -161,14 +161,21 @@ def plot_lines(title: str, lines: dict[str, tuple[list[int], list[float]]]):
 Similarities = dict[str, np.ndarray]  # kind ("positive", "hard negative", ...) -> cosines
 
 
-def plot_histogram(before: Similarities, after: Similarities | None, after_label: str = "after training"):
-    """The cosine similarities of each kind, one panel per moment (before, after)."""
+def plot_histogram(before: Similarities, after: Similarities | None, after_label: str = "after training",
+                   x_label: str = "cosine similarity"):
+    """The cosine similarities of each kind, one panel per moment (before, after); any other
+    ``x_label`` (a reranker's scores, unbounded): 80 bins over the values' range."""
     from matplotlib.ticker import MaxNLocator
 
     panels = [("before training", before)] + ([(after_label, after)] if after is not None else [])
     fig = _figure(5.5 * len(panels), 4.0)
     axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
-    bins = np.linspace(-1.0, 1.0, 81)
+    if x_label == "cosine similarity":
+        bins = np.linspace(-1.0, 1.0, 81)
+    else:
+        values = np.concatenate([np.asarray(v, dtype=float) for _, sims in panels for v in sims.values()] or [np.zeros(1)])
+        low, high = float(values.min()), float(values.max())
+        bins = np.linspace(low, high if high > low else low + 1.0, 81)
     colors = {"positive": "tab:green", "hard negative": "tab:red", "negative": "tab:red", "other documents": "tab:gray"}
     for ax, (title, sims) in zip(axes, panels):
         for kind, values in sims.items():
@@ -177,7 +184,7 @@ def plot_histogram(before: Similarities, after: Similarities | None, after_label
                 ax.hist(values, bins=bins, density=True, alpha=0.5, color=colors.get(kind),
                         label=f"query-{kind} (n={len(values)}, mean {np.mean(values):.3f})")
         ax.set_title(title)
-        ax.set_xlabel("cosine similarity")
+        ax.set_xlabel(x_label)
         ax.legend(fontsize=7, loc="upper left")
         ax.grid(True, alpha=0.3)
     axes[0].set_ylabel("density")
@@ -247,11 +254,14 @@ class TrainingCharts(TrainerCallback):
         similarities: Returns the eval set's cosines by kind with the model as it is (e.g.
             ``lambda: eval_similarities(trainer)``), or None when there is no eval set.
             Called on every process at the start and the end of training.
+        x_label: What ``similarities`` measures (a reranker run's: its pair scores).
     """
 
     def __init__(self, similarities: Callable[[], Similarities | None] | None = None,
-                 redraw_seconds: float = REDRAW_SECONDS, clock: Callable[[], float] = time.monotonic):
+                 redraw_seconds: float = REDRAW_SECONDS, clock: Callable[[], float] = time.monotonic,
+                 x_label: str = "cosine similarity"):
         self.similarities = similarities
+        self.x_label = x_label  # what similarities() measures (a reranker's: "reranker score")
         self.before: Similarities | None = None
         self.drawn: dict[str, tuple[list[int], list[float]]] = {}  # series -> as last drawn
         self.redraw_seconds = redraw_seconds
@@ -296,7 +306,8 @@ class TrainingCharts(TrainerCallback):
             written = draw_series(state.log_history, folder, self.drawn)
             if self.before is not None:
                 path = os.path.join(folder, HISTOGRAM_FILE)
-                save_figure(plot_histogram(self.before, after, f"after training (step {state.global_step})"), path)
+                save_figure(plot_histogram(self.before, after, f"after training (step {state.global_step})",
+                                           self.x_label), path)
                 written.append(path)
         except WriteError as e:  # the charts are a view of the run: its model is saved all the same
             logger.warning("charts: %s; the run goes on without them", e)

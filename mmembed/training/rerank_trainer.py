@@ -143,6 +143,25 @@ class RerankTrainer(EmbeddingTrainer):
     def score_eval_set(self, dataset) -> dict[str, float]:
         """The eval rows' loss (the mean over batches, as the Trainer's ``eval_loss``) and ranking
         metrics, every pair of each row scored."""
+        scores, labels, groups, losses = self.scored_eval_pairs(dataset)
+        return {"loss": float(np.mean(losses)), **rerank_metrics(scores, labels, groups)}
+
+    def score_kinds(self, rows: int = 256) -> dict[str, np.ndarray] | None:
+        """The scores of the first ``rows`` eval rows' pairs by kind (``positive``, ``negative``),
+        for the before / after histogram of :class:`~mmembed.training.charts.TrainingCharts`;
+        None without an eval set."""
+        dataset = self.eval_dataset
+        if dataset is None or not len(dataset):
+            return None
+        from torch.utils.data import Subset
+
+        scores, labels, _, _ = self.scored_eval_pairs(Subset(dataset, range(min(rows, len(dataset)))))
+        return {"positive": scores[labels == 1], "negative": scores[labels == 0]}
+
+    @torch.no_grad()
+    def scored_eval_pairs(self, dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[float]]:
+        """Every pair of each row of ``dataset`` scored (no draws): ``(scores, labels,
+        group ids, the loss of each batch)``."""
         model = self.model_wrapped if self.is_deepspeed_enabled else self.model
         was_training = model.training
         model.eval()
@@ -164,8 +183,7 @@ class RerankTrainer(EmbeddingTrainer):
                 offset += int(ids.max()) + 1 if ids.size else 0
         finally:
             model.train(was_training)
-        metrics = rerank_metrics(np.concatenate(scores), np.concatenate(labels), np.concatenate(groups))
-        return {"loss": float(np.mean(losses)), **metrics}
+        return np.concatenate(scores), np.concatenate(labels), np.concatenate(groups), losses
 
     # ---- the saved folder -----------------------------------------------------------
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
@@ -267,7 +285,7 @@ def build_rerank_trainer(args: SftArguments, setup) -> RerankTrainer:
         bucket=bool(args.length_buckets), media=media, strict=args.strict,
         instructions=Instructions.of(args.dataset_entries),
     )
-    return RerankTrainer(
+    trainer = RerankTrainer(
         model=model,
         args=args,
         train_dataset=data.train,
@@ -279,3 +297,8 @@ def build_rerank_trainer(args: SftArguments, setup) -> RerankTrainer:
         train_datasets=data.datasets,
         dataset_names=[d.name for d in data.datasets] if args.dataset_config else None,
     )
+    from .charts import HISTOGRAM_SAMPLES, TrainingCharts
+
+    # the line charts of the logged series, and the eval pairs' scores before / after training
+    trainer.add_callback(TrainingCharts(lambda: trainer.score_kinds(HISTOGRAM_SAMPLES), x_label="reranker score"))
+    return trainer

@@ -139,6 +139,9 @@ def test_a_classifier_run_resumes_to_the_same_weights_and_crossencoder_scores_it
     config = json.load(open(os.path.join(folder, "mmembed.json")))
     assert config["task_type"] == "reranker" and config["kind"] == "classifier"
     assert not os.path.exists(os.path.join(folder, "modules.json"))  # CrossEncoder must not read an embedder's modules
+    charts = tmp_path / "whole" / "charts"  # as for embeddings: the logged series, the scores before / after
+    assert {"train_loss.png", "eval_mrr_at_10.png", "eval_accuracy.png", "similarity_histogram.png"} <= set(
+        os.listdir(charts))
     card = open(os.path.join(folder, "README.md"), encoding="utf-8").read()
     assert f"mmembed rerank --model {os.path.abspath(folder)} " in card  # the folder's final name, not its staging one
 
