@@ -65,11 +65,10 @@ documents join the corpus only when every model in use embeds their media kinds.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +80,7 @@ from ..data.rows import (
     parse_row,
 )
 from ..data.sample import MEDIA_KINDS, DataError, Item, Sample
+from ..eval.bm25 import Scorer, bm25_scorer
 from ..eval.ranking import top_k
 from .mined_rows import check_output_path, rebase_media, with_negative_groups, with_rejected_responses, write_rows
 from .rerank_teacher import add_teacher_scores, load_teacher_reranker
@@ -98,7 +98,6 @@ __all__ = [
 
 # A scorer maps the indices of some distinct queries to their scores against every
 # document: [len(query_ids), num_docs], float64.
-Scorer = Callable[[np.ndarray], np.ndarray]
 DocKey = tuple  # (text, images, videos, audios)
 
 
@@ -183,31 +182,6 @@ class MiningStats:
 
 
 # ----------------------------------------------------------------------------- scorers
-
-
-def _bm25_tokenize(texts: Sequence[str]) -> list[list[str]]:
-    import bm25s
-
-    return bm25s.tokenize(list(texts), stopwords="en", return_ids=False, show_progress=False)
-
-
-def bm25_scorer(queries: Sequence[str], docs: Sequence[str]) -> Scorer:
-    """BM25 scores (``bm25s`` defaults) of ``queries`` against ``docs``."""
-    import bm25s
-
-    logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG on import
-    index = bm25s.BM25()
-    index.index(_bm25_tokenize(docs), show_progress=False)
-    query_ids = [index.get_tokens_ids(tokens) for tokens in _bm25_tokenize(queries)]
-
-    def score(ids: np.ndarray) -> np.ndarray:
-        out = np.zeros((len(ids), len(docs)), dtype=np.float64)
-        for row, q in enumerate(ids):
-            if query_ids[q]:
-                out[row] = index.get_scores_from_ids(query_ids[q])
-        return out
-
-    return score
 
 
 def dense_scorer(query_emb: np.ndarray, doc_emb: np.ndarray) -> Scorer:

@@ -224,7 +224,12 @@ def eval_metric_names(layout: Layout, dataset: bool, beir, sts: bool, datasets=(
     beir_names = ([None] if beir else []) if isinstance(beir, bool) else list(beir)
     if beir_names:
         data = BeirData(["d0", "d1"], ["x", "y"], ["q0"], ["q"], {"q0": {"d0": 1.0}})
-        found = list(evaluate_beir(Vectors(), data))
+        if layout is Layout.RERANK:  # a reranker reorders BM25's candidates (eval.rerank_beir)
+            from ..eval.rerank_beir import rerank_beir
+
+            found = list(rerank_beir(lambda pairs: np.zeros(len(pairs)), data))
+        else:
+            found = list(evaluate_beir(Vectors(), data))
         names |= {f"beir_{name}_{k}" if name else f"beir_{k}" for name in beir_names for k in found}
     if sts:
         names |= {f"sts_{k}" for k in evaluate_pairs(Vectors().encode, ["a", "b"], ["c", "d"], [1.0, 0.0])}

@@ -35,16 +35,21 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..data.sample import Sample
 from ..encoding.collator import raise_batch_error
 from ..encoding.inputs import split_rows
 from ..encoding.rerank_inputs import GROUP_IDS, RerankCollator
 from ..encoding.templates import template_config
 from ..eval.rerank import rerank_metrics
+from ..eval.rerank_beir import rerank_beir
 from ..losses.rerank import RerankLoss
+from ..model.rerank_scorer import Reranker
 from ..model.reranker import RerankerModel, load_reranker
 from . import checkpoints
 from .arguments import SftArguments, UsageError
 from .distributed import max_over_processes
+from .evaluation import logged_metric_name
+from .flag_checks import beir_pairs
 from .gradcache import GradCache, deepspeed_chunk_backward
 from .model_assembly import Encoding, apply_lora, freeze_parts, lora_flags, parts_to_freeze
 from .run_folder import training_facts
@@ -67,8 +72,11 @@ class RerankTrainer(EmbeddingTrainer):
     samplers, preemption, guards) with the reranker's loss call, gradient cache, evaluation
     and saved folder. ``loss``: a :class:`~mmembed.losses.rerank.RerankLoss`."""
 
-    def __init__(self, *args, loss: RerankLoss, **kwargs):
-        super().__init__(*args, loss=loss, **kwargs)
+    def __init__(self, *args, loss: RerankLoss, beir_tasks: list | None = None, **kwargs):
+        """``beir_tasks``: ``[(name or None, BeirData, query instruction or None)]`` of
+        ``--eval_beir``, evaluated at every evaluation (:func:`~mmembed.eval.rerank_beir.rerank_beir`)."""
+        self.beir_tasks = list(beir_tasks or [])
+        super().__init__(*args, loss=loss, eval_tasks=bool(self.beir_tasks) or None, **kwargs)
 
     # ---- the loss call --------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -133,9 +141,13 @@ class RerankTrainer(EmbeddingTrainer):
     @torch.no_grad()
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if dataset is None or not len(dataset):
+        if (dataset is None or not len(dataset)) and not self.beir_tasks:
             return {}
-        metrics = {f"{metric_key_prefix}_{k}": v for k, v in self.score_eval_set(dataset).items()}
+        found = self.score_eval_set(dataset) if dataset is not None and len(dataset) else {}
+        for name, data, system in self.beir_tasks:  # --eval_beir: BM25's candidates reordered
+            found.update({f"beir_{name}_{k}" if name else f"beir_{k}": v
+                          for k, v in rerank_beir(self.score_pairs, data, query_system=system).items()})
+        metrics = {logged_metric_name(k, metric_key_prefix): v for k, v in found.items()}
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
@@ -145,6 +157,26 @@ class RerankTrainer(EmbeddingTrainer):
         metrics, every pair of each row scored."""
         scores, labels, groups, losses = self.scored_eval_pairs(dataset)
         return {"loss": float(np.mean(losses)), **rerank_metrics(scores, labels, groups)}
+
+    @torch.no_grad()
+    def score_pairs(self, pairs, batch_size: int | None = None) -> np.ndarray:
+        """The model's scores of ``(query, document)`` pairs (strings, or dicts as
+        :class:`~mmembed.model.rerank_scorer.Reranker` takes them), built as in training."""
+        model = self.model_wrapped if self.is_deepspeed_enabled else self.model
+        was_training = model.training
+        model.eval()
+        collator = dataclasses.replace(self.data_collator, train=False)
+        size = batch_size or max(8, self.args.per_device_eval_batch_size)
+        out = []
+        try:
+            for start in range(0, len(pairs), size):
+                samples = [Sample(anchor=Reranker._item(q), positives=[Reranker._item(d)], source="<eval_beir>",
+                                  line=start + k + 1) for k, (q, d) in enumerate(pairs[start:start + size])]
+                batch = self._prepare_inputs(collator(samples))
+                out.append(model(**model_inputs(batch))["scores"].float().cpu().numpy())
+        finally:
+            model.train(was_training)
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
 
     def score_kinds(self, rows: int = 256) -> dict[str, np.ndarray] | None:
         """The scores of the first ``rows`` eval rows' pairs by kind (``positive``, ``negative``),
@@ -285,6 +317,14 @@ def build_rerank_trainer(args: SftArguments, setup) -> RerankTrainer:
         bucket=bool(args.length_buckets), media=media, strict=args.strict,
         instructions=Instructions.of(args.dataset_entries),
     )
+    beir_tasks = []
+    for name, folder in beir_pairs(args.eval_beir):  # --eval_beir [name=]folder: BM25's candidates reranked
+        from ..eval.beir import load_beir
+
+        try:
+            beir_tasks.append((name, load_beir(folder, args.eval_beir_split), None))
+        except ValueError as e:
+            raise UsageError(f"--eval_beir {folder if name is None else f'{name}={folder}'}: {e}") from None
     trainer = RerankTrainer(
         model=model,
         args=args,
@@ -296,6 +336,7 @@ def build_rerank_trainer(args: SftArguments, setup) -> RerankTrainer:
         mmembed_config=reranker_config(args, encoding, model, loss, data),
         train_datasets=data.datasets,
         dataset_names=[d.name for d in data.datasets] if args.dataset_config else None,
+        beir_tasks=beir_tasks,
     )
     from .charts import HISTOGRAM_SAMPLES, TrainingCharts
 

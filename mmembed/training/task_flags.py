@@ -26,7 +26,6 @@ _EMBEDDING_ONLY = (
     ("teacher_scores_file", "a distillation teacher's scores"),
     ("teacher_embeddings_file", "a distillation teacher's embeddings"),
     ("mrl_dims", "Matryoshka widths"),
-    ("eval_beir", "held-out retrieval of embeddings"),
     ("eval_sts", "held-out STS of embeddings"),
     ("loss_kwargs", "options of an embedding loss (the reranker losses read LISTWISE_RERANKER_*)"),
     ("pooling", "an embedding pooling"),
