@@ -80,7 +80,7 @@ from ..data.rows import (
     parse_row,
 )
 from ..data.sample import MEDIA_KINDS, DataError, Item, Sample
-from ..eval.bm25 import Scorer, bm25_scorer
+from ..eval.first_stage import bm25_scorer, dense_scorer
 from ..eval.ranking import top_k
 from .mined_rows import check_output_path, rebase_media, with_negative_groups, with_rejected_responses, write_rows
 from .rerank_teacher import add_teacher_scores, load_teacher_reranker
@@ -182,15 +182,6 @@ class MiningStats:
 
 
 # ----------------------------------------------------------------------------- scorers
-
-
-def dense_scorer(query_emb: np.ndarray, doc_emb: np.ndarray) -> Scorer:
-    """Dot products of normalized embeddings (``[Q, D]`` and ``[C, D]``)."""
-
-    def score(ids: np.ndarray) -> np.ndarray:
-        return (query_emb[ids] @ doc_emb.T).astype(np.float64)
-
-    return score
 
 
 # ----------------------------------------------------------------------------- corpus

@@ -120,6 +120,7 @@ class SftArguments(TrainingArguments):
     mrl_dims: str | None = field(default=None, metadata={"help": "Matryoshka: '{\"64\": 1.0, \"128\": 1.0}' (width: weight)"})
     eval_beir: list[str] = field(default_factory=list, metadata={"help": "also evaluate retrieval on this BEIR folder at every evaluation; several as name=folder pairs (with --dataset_config, a dataset's name gives its instructions)"})
     eval_beir_split: str = field(default="test", metadata={"help": "the qrels split of --eval_beir"})
+    eval_beir_first_stage: str | None = field(default=None, metadata={"help": "a reranker's --eval_beir: the embedding model (a folder) whose top 100 it reorders (default: BM25)"})
     eval_sts: str | None = field(default=None, metadata={"help": "also evaluate STS (Spearman, Pearson) and pair retrieval on these scored pairs at every evaluation"})
     guide_model: str | None = field(default=None, metadata={"help": "gist: the guide model (checkpoint, exported or base folder)"})
     teacher_model: str | None = field(default=None, metadata={"help": "distill_*: the teacher model (checkpoint, exported or base folder); without it the teacher's signals come from the data"})

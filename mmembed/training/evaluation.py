@@ -227,7 +227,8 @@ def eval_metric_names(layout: Layout, dataset: bool, beir, sts: bool, datasets=(
         if layout is Layout.RERANK:  # a reranker reorders BM25's candidates (eval.rerank_beir)
             from ..eval.rerank_beir import rerank_beir
 
-            found = list(rerank_beir(lambda pairs: np.zeros(len(pairs)), data))
+            found = [k for stage in ("bm25", "embedder")  # --eval_beir_first_stage: the embedder's
+                     for k in rerank_beir(lambda pairs: np.zeros(len(pairs)), data, first_stage_name=stage)]
         else:
             found = list(evaluate_beir(Vectors(), data))
         names |= {f"beir_{name}_{k}" if name else f"beir_{k}" for name in beir_names for k in found}

@@ -72,10 +72,14 @@ class RerankTrainer(EmbeddingTrainer):
     samplers, preemption, guards) with the reranker's loss call, gradient cache, evaluation
     and saved folder. ``loss``: a :class:`~mmembed.losses.rerank.RerankLoss`."""
 
-    def __init__(self, *args, loss: RerankLoss, beir_tasks: list | None = None, **kwargs):
+    def __init__(self, *args, loss: RerankLoss, beir_tasks: list | None = None, first_stages: list | None = None,
+                 **kwargs):
         """``beir_tasks``: ``[(name or None, BeirData, query instruction or None)]`` of
-        ``--eval_beir``, evaluated at every evaluation (:func:`~mmembed.eval.rerank_beir.rerank_beir`)."""
+        ``--eval_beir``, evaluated at every evaluation (:func:`~mmembed.eval.rerank_beir.rerank_beir`);
+        ``first_stages``: one scorer per task (an embedding model's, ``--eval_beir_first_stage``),
+        or None: BM25."""
         self.beir_tasks = list(beir_tasks or [])
+        self.first_stages = list(first_stages or [None] * len(self.beir_tasks))
         super().__init__(*args, loss=loss, eval_tasks=bool(self.beir_tasks) or None, **kwargs)
 
     # ---- the loss call --------------------------------------------------------------
@@ -144,9 +148,10 @@ class RerankTrainer(EmbeddingTrainer):
         if (dataset is None or not len(dataset)) and not self.beir_tasks:
             return {}
         found = self.score_eval_set(dataset) if dataset is not None and len(dataset) else {}
-        for name, data, system in self.beir_tasks:  # --eval_beir: BM25's candidates reordered
-            found.update({f"beir_{name}_{k}" if name else f"beir_{k}": v
-                          for k, v in rerank_beir(self.score_pairs, data, query_system=system).items()})
+        for (name, data, system), first in zip(self.beir_tasks, self.first_stages):  # --eval_beir: reordered
+            scores = rerank_beir(self.score_pairs, data, query_system=system, first_stage=first,
+                                 first_stage_name="bm25" if first is None else "embedder")
+            found.update({f"beir_{name}_{k}" if name else f"beir_{k}": v for k, v in scores.items()})
         metrics = {logged_metric_name(k, metric_key_prefix): v for k, v in found.items()}
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
@@ -318,13 +323,14 @@ def build_rerank_trainer(args: SftArguments, setup) -> RerankTrainer:
         instructions=Instructions.of(args.dataset_entries),
     )
     beir_tasks = []
-    for name, folder in beir_pairs(args.eval_beir):  # --eval_beir [name=]folder: BM25's candidates reranked
+    for name, folder in beir_pairs(args.eval_beir):  # --eval_beir [name=]folder: the first stage's candidates reranked
         from ..eval.beir import load_beir
 
         try:
             beir_tasks.append((name, load_beir(folder, args.eval_beir_split), None))
         except ValueError as e:
             raise UsageError(f"--eval_beir {folder if name is None else f'{name}={folder}'}: {e}") from None
+    first_stages = embedder_first_stages(args.eval_beir_first_stage, beir_tasks)
     trainer = RerankTrainer(
         model=model,
         args=args,
@@ -337,9 +343,29 @@ def build_rerank_trainer(args: SftArguments, setup) -> RerankTrainer:
         train_datasets=data.datasets,
         dataset_names=[d.name for d in data.datasets] if args.dataset_config else None,
         beir_tasks=beir_tasks,
+        first_stages=first_stages,
     )
     from .charts import HISTOGRAM_SAMPLES, TrainingCharts
 
     # the line charts of the logged series, and the eval pairs' scores before / after training
     trainer.add_callback(TrainingCharts(lambda: trainer.score_kinds(HISTOGRAM_SAMPLES), x_label="reranker score"))
     return trainer
+
+
+def embedder_first_stages(path: str | None, beir_tasks: list) -> list:
+    """``--eval_beir_first_stage``: one dense scorer per BEIR task, from the embedding model at
+    ``path`` (its vectors of the queries and the corpus, computed once now); None each: BM25."""
+    if not path:
+        return [None] * len(beir_tasks)
+    if not beir_tasks:
+        raise UsageError("--eval_beir_first_stage names the first stage of --eval_beir, which is not given")
+    from ..eval.first_stage import dense_scorer
+    from ..model.embedder import Embedder
+
+    embedder = Embedder.from_pretrained(path)
+    stages = []
+    for _, data, _ in beir_tasks:
+        queries = embedder.encode(data.query_texts, input_type="query")
+        docs = embedder.encode(data.doc_texts, input_type="document")
+        stages.append(dense_scorer(np.asarray(queries), np.asarray(docs)))
+    return stages

@@ -44,6 +44,9 @@ def check_task(args: Any) -> None:
     if task not in TASK_TYPES:
         raise UsageError(f"--task_type must be one of {', '.join(TASK_TYPES)}, got {task!r}")
     if task == "embedding":
+        if getattr(args, "eval_beir_first_stage", None):
+            raise UsageError("--eval_beir_first_stage is a reranker's (the candidates it reorders); an embedding "
+                             "run's --eval_beir retrieves from the whole corpus itself")
         if args.loss_type is None:
             args.loss_type = "infonce"
         elif is_rerank_loss(args.loss_type):

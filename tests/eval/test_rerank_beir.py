@@ -72,7 +72,26 @@ def test_bm25s_candidates_reordered_by_the_reranker_give_both_metrics(beir, dept
         assert got["ndcg@10"] == pytest.approx(1.0)  # every relevant document is a candidate
 
 
-def test_a_reranker_run_logs_the_beir_metrics_before_and_after(minilm_path, beir, tmp_path):
+def test_an_embedding_first_stage_gives_its_own_candidates(beir):
+    """With a dense first stage the candidates are its top `depth` (here: vectors that put the
+    relevant documents of each query last), and its metrics are suffixed `_embedder`."""
+    from mmembed.eval.first_stage import dense_scorer
+
+    data = load_beir(beir)
+    relevance = [data.qrels[q] for q in data.query_ids]
+    queries = np.eye(len(data.query_ids), len(data.query_ids) + 1)
+    docs = np.zeros((len(data.doc_ids), len(data.query_ids) + 1))
+    for i, rel in enumerate(relevance):
+        for j, d in enumerate(data.doc_ids):
+            docs[j, i] = -1.0 if rel.get(d, 0) > 0 else 0.0  # relevant documents last for that query
+    got = rerank_beir(lambda pairs: np.zeros(len(pairs)), data, depth=4, first_stage=dense_scorer(queries, docs),
+                      first_stage_name="embedder")
+    assert got["ndcg@10_embedder"] == 0.0 == got["ndcg@10"]  # 4 candidates, none relevant; ties keep its order
+    assert "ndcg@10_bm25" not in got
+
+
+@pytest.mark.parametrize("first_stage", [None, "minilm"])
+def test_a_reranker_run_logs_the_beir_metrics_before_and_after(minilm_path, beir, tmp_path, first_stage):
     from mmembed.training.arguments import parse_sft_args
     from mmembed.training.sft import run_sft
 
@@ -82,8 +101,10 @@ def test_a_reranker_run_logs_the_beir_metrics_before_and_after(minilm_path, beir
     out = run_sft(parse_sft_args(["--model", minilm_path, "--task_type", "reranker", "--tuner_type", "full",
                                   "--dataset", str(rows), "--eval_beir", beir, "--max_steps", "1", "--save_steps", "1",
                                   "--per_device_train_batch_size", "2", "--output_dir", str(tmp_path / "out"),
-                                  "--report_to", "none", "--disable_tqdm", "true", "--dataloader_num_workers", "0"]))
-    for name in ("eval_beir_ndcg_at_10", "eval_beir_mrr_at_10", "eval_beir_recall_at_10", "eval_beir_ndcg_at_10_bm25"):
+                                  "--report_to", "none", "--disable_tqdm", "true", "--dataloader_num_workers", "0",
+                                  *(["--eval_beir_first_stage", minilm_path] if first_stage else [])]))
+    suffix = "embedder" if first_stage else "bm25"
+    for name in ("eval_beir_ndcg_at_10", "eval_beir_mrr_at_10", "eval_beir_recall_at_10", f"eval_beir_ndcg_at_10_{suffix}"):
         assert np.isfinite(out[name]) and 0 <= out[name] <= 1, name
     state = json.load(open(os.path.join(out["last_checkpoint"], "trainer_state.json")))
     assert any("eval_beir_ndcg_at_10" in entry for entry in state["log_history"])

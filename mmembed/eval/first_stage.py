@@ -1,6 +1,11 @@
-"""BM25 over a list of texts (``bm25s`` with its defaults: the Lucene variant, k1 = 1.5, b = 0.75;
-texts lower-cased and split by ``bm25s.tokenize`` with English stopwords): the first stage of
-``mmembed mine`` and of a reranker's ``--eval_beir``."""
+"""First-stage retrieval scorers: what finds the candidates ``mmembed mine`` mines from and a
+reranker's ``--eval_beir`` reorders.
+
+- :func:`bm25_scorer`: BM25 over a list of texts (``bm25s`` with its defaults: the Lucene
+  variant, k1 = 1.5, b = 0.75; texts lower-cased and split by ``bm25s.tokenize`` with English
+  stopwords);
+- :func:`dense_scorer`: dot products of normalized embeddings.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Scorer", "bm25_scorer"]
+__all__ = ["Scorer", "bm25_scorer", "dense_scorer"]
 
 #: ``score(query_indices [B]) -> [B, documents]``
 Scorer = Callable[[np.ndarray], np.ndarray]
@@ -36,5 +41,14 @@ def bm25_scorer(queries: Sequence[str], docs: Sequence[str]) -> Scorer:
             if query_ids[q]:
                 out[row] = index.get_scores_from_ids(query_ids[q])
         return out
+
+    return score
+
+
+def dense_scorer(query_emb: np.ndarray, doc_emb: np.ndarray) -> Scorer:
+    """Dot products of normalized embeddings (``[Q, D]`` and ``[C, D]``)."""
+
+    def score(ids: np.ndarray) -> np.ndarray:
+        return (query_emb[ids] @ doc_emb.T).astype(np.float64)
 
     return score
