@@ -161,6 +161,7 @@ SFT_ROWS = [
     row("--val_dataset", "/nonexistent/val.jsonl", code=1),
     row("--eval_sts", "/nonexistent/sts.jsonl", code=1),
     row("--eval_beir", "/nonexistent/beir", code=1),
+    row("--eval_beir_first_stage", "/nonexistent/embedder", names=("--eval_beir_first_stage", "a reranker's")),
     # beside the rows' --dataset (the file's own checks: tests/data/test_dataset_config.py)
     row("--dataset_config", "{file}", names=("--dataset and --dataset_config {file}", "use one")),
     row("--teacher_embeddings_file", "/nonexistent/t.npy", "--loss_type", "distill_cosine", code=1),
