@@ -366,12 +366,8 @@ def refuse_custom_code(path: str, flag: str = "--model") -> None:
     model_type = config.get("model_type")
     names = ", ".join(sorted({str(v) for v in auto_map.values()})) if isinstance(auto_map, dict) else str(auto_map)
     if isinstance(model_type, str) and model_type in CONFIG_MAPPING:
-        key = os.path.abspath(path)
-        if key not in _warned_custom_code:
-            _warned_custom_code.add(key)
-            logging.getLogger("mmembed").warning(
-                "%s: config.json's auto_map (%s) is ignored: transformers' own %r classes load this model; mmembed "
-                "never runs a model folder's own code", path, names, model_type)
+        _warn_once(os.path.abspath(path), "%s: config.json's auto_map (%s) is ignored: transformers' own %r classes "
+                   "load this model; mmembed never runs a model folder's own code", path, names, model_type)
         return
     raise UsageError(f"{flag} {path!r}: its config.json has auto_map ({names}), custom code in the model folder, for "
                      f"model_type {model_type!r}, which transformers does not implement; mmembed never runs a model "
@@ -379,6 +375,13 @@ def refuse_custom_code(path: str, flag: str = "--model") -> None:
 
 
 _warned_custom_code: set[str] = set()
+
+
+def _warn_once(key: str, message: str, *args) -> None:
+    """A warning about a folder's own code, logged once per process for ``key``."""
+    if key not in _warned_custom_code:
+        _warned_custom_code.add(key)
+        logging.getLogger("mmembed").warning(message, *args)
 
 
 def _refuse_custom_tokenizer(path: str, flag: str) -> None:
@@ -400,12 +403,9 @@ def _refuse_custom_tokenizer(path: str, flag: str) -> None:
     cls = config.get("tokenizer_class")
     known = isinstance(cls, str) and any(hasattr(transformers, c) for c in (cls, cls + "Fast", cls.removesuffix("Fast")))
     if known:
-        key = os.path.abspath(path) + ":tokenizer"
-        if key not in _warned_custom_code:
-            _warned_custom_code.add(key)
-            logging.getLogger("mmembed").warning(
-                "%s: tokenizer_config.json's auto_map (%s) is ignored: transformers' own %s loads this tokenizer; "
-                "mmembed never runs a model folder's own code", path, names, cls)
+        _warn_once(os.path.abspath(path) + ":tokenizer", "%s: tokenizer_config.json's auto_map (%s) is ignored: "
+                   "transformers' own %s loads this tokenizer; mmembed never runs a model folder's own code",
+                   path, names, cls)
         return
     raise UsageError(f"{flag} {path!r}: its tokenizer_config.json has auto_map ({names}), custom tokenizer code in the "
                      f"model folder, for tokenizer_class {cls!r}, which transformers does not implement; mmembed never "
