@@ -29,7 +29,7 @@ from .embedding import default_max_length, require_local_model
 from .io import read_mmembed_config
 from .reranker import RERANK_TASKS, RerankerModel, load_reranker
 
-__all__ = ["Reranker", "load_reranker_folder", "reranker_task_of"]
+__all__ = ["Reranker", "load_reranker_folder", "pair_batches", "reranker_task_of"]
 
 
 def reranker_task_of(path: str, cfg: dict[str, Any] | None = None) -> str:
@@ -105,6 +105,17 @@ def load_reranker_folder(path: str, task_type: str | None = None, torch_dtype: s
     return model, processing, template, info
 
 
+def pair_batches(collator: RerankCollator, pairs: Sequence[tuple[Any, Any]], batch_size: int,
+                 source: str = "<input>"):
+    """The collated batches of ``(query, document)`` pairs (strings, ``Item``s or dicts as
+    :meth:`Reranker._item` takes them), ``batch_size`` pairs each, built by ``collator``
+    (``train=False``: one pair per sample, nothing drawn); pair ``i`` is named line ``i + 1``
+    of ``source`` in an error."""
+    for start in range(0, len(pairs), batch_size):
+        yield collator([Sample(anchor=Reranker._item(q), positives=[Reranker._item(d)], source=source,
+                               line=start + k + 1) for k, (q, d) in enumerate(pairs[start:start + batch_size])])
+
+
 class Reranker:
     """Scores (query, document) pairs with a reranker folder.
 
@@ -147,10 +158,7 @@ class Reranker:
         """``[len(pairs)]`` raw scores; ``lengths``, a list, gets each pair's token count as
         the model sees it (after truncation) appended."""
         out = []
-        for start in range(0, len(pairs), batch_size):
-            samples = [Sample(anchor=self._item(q), positives=[self._item(d)], source="<input>", line=start + k + 1)
-                       for k, (q, d) in enumerate(pairs[start:start + batch_size])]
-            batch = self.collator(samples)
+        for batch in pair_batches(self.collator, pairs, batch_size):
             inputs = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()
                       if k not in ("labels", "group_ids")}
             out.append(self.model(**inputs)["scores"].float().cpu().numpy())

@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data.sample import Sample
 from ..encoding.collator import raise_batch_error
 from ..encoding.inputs import split_rows
 from ..encoding.rerank_inputs import GROUP_IDS, RerankCollator
@@ -43,7 +42,7 @@ from ..encoding.templates import template_config
 from ..eval.rerank import rerank_metrics
 from ..eval.rerank_beir import rerank_beir
 from ..losses.rerank import RerankLoss
-from ..model.rerank_scorer import Reranker
+from ..model.rerank_scorer import pair_batches
 from ..model.reranker import RerankerModel, load_reranker
 from . import checkpoints
 from .arguments import SftArguments, UsageError
@@ -174,10 +173,8 @@ class RerankTrainer(EmbeddingTrainer):
         size = batch_size or max(8, self.args.per_device_eval_batch_size)
         out = []
         try:
-            for start in range(0, len(pairs), size):
-                samples = [Sample(anchor=Reranker._item(q), positives=[Reranker._item(d)], source="<eval_beir>",
-                                  line=start + k + 1) for k, (q, d) in enumerate(pairs[start:start + size])]
-                batch = self._prepare_inputs(collator(samples))
+            for batch in pair_batches(collator, pairs, size, source="<eval_beir>"):
+                batch = self._prepare_inputs(batch)
                 out.append(model(**model_inputs(batch))["scores"].float().cpu().numpy())
         finally:
             model.train(was_training)
