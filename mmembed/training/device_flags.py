@@ -8,6 +8,7 @@ checked (:mod:`mmembed.training.flag_checks`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -18,6 +19,7 @@ from ..environment import read as read_environment
 from .flag_checks import check_prefetch
 
 if TYPE_CHECKING:
+    from ..encoding.templates import Template
     from .arguments import SftArguments
 
 
@@ -117,6 +119,26 @@ def device_defaults(args: SftArguments, cuda: bool) -> list[str]:
         elif args.torch_dtype == "float32":
             choose("fp16", True)
     return chosen
+
+
+def training_padding(template: Template, padding_flag: str | None, cuda: bool) -> Template:
+    """The template the training collator pads with: on a GPU, a template that pads on the left
+    (qwen3_emb, gte_qwen2) pads training batches on the right unless ``--padding_side`` says
+    otherwise. A left-padded row's pad positions come before every real token, so under causal
+    attention their queries have no key at all; PyTorch's cuDNN attention, which SDPA picks on
+    Hopper GPUs for widths that are multiples of 16 (the bucketed widths), returns NaN gradients
+    for such rows (measured on an H200, torch 2.11: benchmarks/sdpa_padding_check.py). The
+    embeddings and gradients are the same on both sides (the last token is found by the mask,
+    rotary positions are relative), so the saved model keeps the template's side."""
+    if cuda and padding_flag is None and template.padding_side == "left":
+        import logging
+
+        logging.getLogger("mmembed").info(
+            "padding training batches on the right (template %s pads on the left, which gives NaN gradients with "
+            "cuDNN attention on a GPU; the embeddings are the same, and --padding_side left keeps the left)",
+            template.name)
+        return dataclasses.replace(template, padding_side="right")
+    return template
 
 
 def gpu_dtype(model_dir: str | None) -> str:

@@ -46,9 +46,10 @@ from ..model.rerank_scorer import pair_batches
 from ..model.reranker import RerankerModel, load_reranker
 from . import checkpoints
 from .arguments import SftArguments, UsageError
+from .device_flags import training_padding
 from .distributed import max_over_processes
 from .evaluation import logged_metric_name
-from .flag_checks import beir_pairs
+from .flag_checks import beir_pairs, has_accelerator
 from .gradcache import GradCache, deepspeed_chunk_backward
 from .model_assembly import Encoding, apply_lora, freeze_parts, lora_flags, parts_to_freeze
 from .run_folder import training_facts
@@ -313,7 +314,7 @@ def build_rerank_trainer(args: SftArguments, setup) -> RerankTrainer:
                     "own RandomState(42), as ms-swift's do; a resumed run starts those draws afresh (with 0 workers "
                     "the draws are saved in each checkpoint and resumed exactly)", args.dataloader_num_workers)
     collator = RerankCollator(
-        encoding.template, encoding.processing, encoding.max_length,
+        training_padding(encoding.template, args.padding_side, has_accelerator()), encoding.processing, encoding.max_length,
         truncation_side="left" if args.truncation_strategy == "left" else "right",
         truncate=True,  # rows over --max_length are gone already under `delete`; a pair is cut document first
         bucket=bool(args.length_buckets), media=media, strict=args.strict,

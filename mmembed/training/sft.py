@@ -26,6 +26,8 @@ from ..model.embedding import hidden_size
 from .arguments import SftArguments
 from .charts import TrainingCharts, eval_similarities
 from .data_assembly import TrainingData, check_drop_last, load_eval_tasks, read_once
+from .device_flags import training_padding
+from .flag_checks import has_accelerator
 from .hooks import arm_test_hooks
 from .model_assembly import (
     Encoding,
@@ -116,7 +118,7 @@ def build_trainer(args: SftArguments, setup: RunSetup | None = None) -> Embeddin
         init_deepspeed_comm()
     model = build_model(args, encoding.template, encoding.pooling)
     collator = EmbeddingCollator(
-        encoding.template, encoding.processing, loss.layout, encoding.max_length,
+        training_padding(encoding.template, args.padding_side, has_accelerator()), encoding.processing, loss.layout, encoding.max_length,
         truncation_side="left" if args.truncation_strategy == "left" else "right",
         truncate=args.truncation_strategy != "delete",
         guide=side_models.builders.get("guide"),

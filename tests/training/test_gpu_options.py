@@ -156,3 +156,48 @@ def test_the_device_defaults_are_logged(minilm_no_dropout, tmp_path, caplog):
                  "--attn_impl sdpa"):
         assert part in line
     assert (model.length_chunks, model.padding_free, model.bucket) == (4, False, False)
+
+
+def test_a_gpu_pads_training_batches_right_where_the_template_pads_left():
+    from mmembed.training.device_flags import training_padding
+
+    for name in ("qwen3_emb", "gte_qwen2"):
+        left = get_template(name, None)
+        assert left.padding_side == "left"
+        assert training_padding(left, None, cuda=True).padding_side == "right"
+        assert training_padding(left, None, cuda=False) is left  # a CPU run pads as the template says
+        assert training_padding(left, "left", cuda=True) is left  # --padding_side left is kept
+    right = get_template("bert", None)
+    assert training_padding(right, None, cuda=True) is right
+
+
+def test_left_and_right_padded_batches_give_the_same_embeddings_and_gradients(tiny_model):
+    """Why a GPU may pad qwen3_emb's training batches on the right: a tiny Qwen3 decoder with
+    last-token pooling gives the same embeddings and parameter gradients for the same rows padded
+    on either side (the collator's InputBuilder, the model as mmembed wraps it)."""
+    import dataclasses
+
+    from transformers import AutoTokenizer
+
+    from mmembed.model.embedding import load_backbone
+
+    folder = tiny_model("qwen3")
+    tok = AutoTokenizer.from_pretrained(folder)
+    left = get_template("qwen3_emb", None)
+    items = [Item(text=r["query"]) for r in stsb_pairs(10)]
+    results = []
+    for template in (left, dataclasses.replace(left, padding_side="right")):
+        batch = InputBuilder(template, tok, max_length=64, bucket=True)(items)
+        mask = batch["attention_mask"]
+        assert (mask[:, 0] if template.padding_side == "right" else mask[:, -1]).all()  # padded on that side
+        assert not mask.all()  # and there is padding
+        torch.manual_seed(0)
+        model = EmbeddingModel(load_backbone(folder, attn_impl="sdpa"), "last", length_chunks=1)
+        emb = model(**batch)["last_hidden_state"]
+        (emb @ emb.T).logsumexp(1).sum().backward()
+        results.append((emb.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (e_left, g_left), (e_right, g_right) = results
+    torch.testing.assert_close(e_right, e_left, atol=1e-5, rtol=1e-4)
+    assert g_left.keys() == g_right.keys() and len(g_left) > 10
+    for name in g_left:
+        torch.testing.assert_close(g_right[name], g_left[name], atol=1e-5, rtol=1e-3, msg=name)
