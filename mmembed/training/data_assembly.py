@@ -83,7 +83,7 @@ class TrainingData:
                          columns=json.loads(args.columns) if args.columns else None,
                          label_rule=loss.label_rule, media_kinds=frozenset(encoding.template.media), reuse=reuse,
                          several_positives=is_reranker(args))
-        checks = Checks(args, encoding, loss, media)
+        checks = Checks(args, encoding, loss, media, reuse)
         if getattr(args, "dataset_config", None):
             return cls.load_config(checks, load_opts)
         if args.streaming:

@@ -51,7 +51,8 @@ def check_processes(num_proc: int, rows: int) -> int:
     return max(1, min(num_proc, rows // _MIN_ROWS_PER_PROCESS))
 
 
-def check_lengths(args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, media: MediaSettings, train, val):
+def check_lengths(args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, media: MediaSettings, train, val,
+                  reuse: bool = False):
     """The length check of the training and eval rows as the run's settings say: with
     ``--truncation_strategy delete`` the rows over ``--max_length`` go; with ``left`` /
     ``right`` only the rows with media are measured (they are never cut). ``train`` None: only
@@ -70,7 +71,7 @@ def check_lengths(args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, m
         if ds is not None:
             ds = drop_overlong(ds, builder, loss.layout, encoding.max_length,
                                check_processes(args.dataset_num_proc, len(ds)), what, args.strict, truncate,
-                               builders=builders)
+                               builders=builders, reuse=reuse)
         checked.append(ds)
     return checked[0], checked[1]
 
@@ -103,7 +104,8 @@ def length_builder(encoding: Encoding, media: MediaSettings | None = None, check
 
 
 def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, num_proc: int, what: str,
-                  strict: bool = True, truncate: bool = False, builders: dict[int, InputBuilder] | None = None):
+                  strict: bool = True, truncate: bool = False, builders: dict[int, InputBuilder] | None = None,
+                  reuse: bool = False):
     """``--truncation_strategy delete``: remove rows with any input over ``max_length`` tokens
     (media expanded, as the model sees them), and say how many.
 
@@ -122,6 +124,10 @@ def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, nu
     ``builders``: ``{dataset: builder}`` for the rows whose ``dataset_id`` names a dataset with
     instructions of its own (its template's; :mod:`mmembed.encoding.instructions`), measured
     with it; the other rows with ``builder``.
+
+    ``reuse``: another process of this run has just measured the same rows
+    (:func:`~mmembed.training.data_assembly.read_once`), so its result is read from the cache
+    even with ``strict=False`` (where a result of an earlier run is measured again).
     """
     builders = builders or {}
 
@@ -184,7 +190,8 @@ def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, nu
 
     # only the two new columns are written (not another copy of the rows). A result kept from
     # an earlier run is reused only when no row could be skipped (strict): a skip recorded
-    # for a media file since mended would otherwise drop its row for good.
+    # for a media file since mended would otherwise drop its row for good. This run's own
+    # result (reuse: the reading process wrote it moments ago) is read whatever strict says.
     features = datasets.Features({"n_tokens": datasets.Value("int64"), "load_error": datasets.Value("string")})
     # the rows are measured in the cache's order (a shuffled set's batch would gather its rows from
     # all over the cache: a page read per row), then put back in the set's order
@@ -194,7 +201,7 @@ def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, nu
         measured = stored.map(measure, batched=True, num_proc=num_proc if num_proc > 1 else None, features=features,
                               remove_columns=ds.column_names, desc=f"length check ({what})",
                               new_fingerprint=length_check_fingerprint(ds, builder, layout, strict, builders)
-                              + ("-media" if truncate else ""), load_from_cache_file=strict)
+                              + ("-media" if truncate else ""), load_from_cache_file=strict or reuse)
     columns = measured[:]  # both columns as lists at once (a column of `datasets` 5 is read row by row)
     lengths, errors = columns["n_tokens"], columns["load_error"]
     if order is not None:  # stored row k is the set's row order[k]

@@ -43,6 +43,9 @@ class Checks:
     encoding: Encoding
     loss: EmbeddingLoss
     media: MediaSettings
+    # the rows were just read and checked by another process of this run (read_once): its
+    # length check is taken from the cache even with --strict false
+    reuse: bool = False
 
 
 @dataclasses.dataclass
@@ -143,8 +146,8 @@ def _lengths(rows: Rows, checks: Checks) -> Rows:
     if isinstance(train, StreamingSamples):
         if args.truncation_strategy == "delete":
             _add_filter(train, length_filter(checks.encoding, checks.media, args.check_media, checks.loss.layout))
-        return Rows([Part(train, check_lengths(args, checks.encoding, checks.loss, checks.media, None, val)[1])])
-    return Rows([Part(*check_lengths(args, checks.encoding, checks.loss, checks.media, train, val))])
+        return Rows([Part(train, check_lengths(args, checks.encoding, checks.loss, checks.media, None, val, checks.reuse)[1])])
+    return Rows([Part(*check_lengths(args, checks.encoding, checks.loss, checks.media, train, val, checks.reuse))])
 
 
 #: the phases every source's rows go through, in this order

@@ -114,6 +114,31 @@ def test_the_length_check_skips_rows_whose_media_fail_to_decode_with_strict_fals
     assert "train: skipped 1 row(s) whose media cannot be loaded" in caplog.text and f"{path}:1 field" in caplog.text
 
 
+def test_with_strict_false_a_reusing_process_reads_the_length_check_rather_than_measure_again(
+        minilm_path, tmp_path, monkeypatch):
+    """--strict false measures the rows afresh in each run (a skip recorded for a media file
+    since mended must not drop its row for good), but the other processes of the same run
+    (``reuse``: read_once's) read the result the reading process has just written: the rows
+    are measured once, and every process keeps the same rows."""
+    import mmembed.training.length_check as length_check
+
+    rows = [{"query": f"query {i}", "response": " ".join(["word"] * (1 + 7 * i))} for i in range(8)]
+    ds = load_samples([write_jsonl(tmp_path / "d.jsonl", rows)], cache_dir=str(tmp_path / "cache")).dataset
+    builder = InputBuilder(get_template("bert"), AutoTokenizer.from_pretrained(minilm_path), 24, truncate=False)
+    measured = []  # the rows measured (text rows take the JSON fast path)
+    real = length_check.json_text_lengths
+    monkeypatch.setattr(length_check, "json_text_lengths", lambda b, rows, *a: measured.extend(rows) or real(b, rows, *a))
+
+    def check(**kw):
+        measured.clear()
+        return drop_overlong(ds, builder, Layout.GROUP, 24, 1, "train", strict=False, **kw)["line"], len(measured)
+
+    first, n_first = check()  # the reading process
+    assert n_first == 8 and 0 < len(first) < 8
+    assert check(reuse=True) == (first, 0)  # the others of the run: nothing measured again
+    assert check() == (first, 8)  # a later run with --strict false measures afresh
+
+
 # ---- remote media fetched up front ----------------------------------------------------------
 
 
