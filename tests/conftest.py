@@ -142,6 +142,19 @@ def minilm_no_dropout(tmp_path_factory, minilm_path):
     return str(d)
 
 
+@pytest.fixture(scope="session")
+def hub_server():
+    """A Hugging Face hub on the loopback interface (tests/fixtures/hub_server.py), empty at
+    first: a test publishes what it needs (``hub_server.add_folder("org/name", folder)``,
+    ``repo_type="dataset"`` for a dataset) under a name of its own, and points the clients at
+    ``hub_server.url`` (``client_env`` for a new process, ``clients_pointed_at`` in this one)."""
+    from fixtures.hub_server import HubServer
+
+    server = HubServer()
+    yield server
+    server.stop()
+
+
 @pytest.fixture(autouse=True)
 def _no_infonce_env(monkeypatch):
     """Tests start without INFONCE_* variables from the caller's shell."""
