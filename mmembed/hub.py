@@ -165,8 +165,8 @@ def _from_hugging_face(repo_id: str, sub: str | None, named: str, options: HubOp
         raise UsageError(f"{named}: --model_revision {revision} is not a branch, tag or commit of {repo_id} on "
                          f"{where}") from None
     except RepositoryNotFoundError:
-        raise UsageError(f"{named} is no local folder and no model of {where}: check the id (or --use_hf: "
-                         f"ModelScope's ids are its default); if it is private, {login}") from None
+        raise UsageError(f"{named} is no local folder and no model of {where}: check the id (without --use_hf / "
+                         f"USE_HF, ids are ModelScope's); if it is private, {login}") from None
     except LocalEntryNotFoundError as e:
         cache = constants.HF_HUB_CACHE
         if cached_only or constants.HF_HUB_OFFLINE:
