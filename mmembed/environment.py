@@ -36,6 +36,7 @@ variable                          section        meaning
 ``MMEMBED_MEDIA_CACHE``           downloads      the media cache folder
 ``XDG_CACHE_HOME``                downloads      its default's base (``~/.cache``): ``$XDG_CACHE_HOME/mmembed/media``
 ``ROOT_IMAGE_DIR``                data           ms-swift's third place for relative media paths
+``USE_HF``                        hub            true: hub ids are Hugging Face's (ms-swift's switch, as ``--use_hf true``); else ModelScope's
 ``INFONCE_*``                     infonce        the InfoNCE settings, as text (parsed by :class:`mmembed.losses.InfoNCEConfig`)
 ``MAX_POSITIVE_SAMPLES``          reranker       positives drawn per reranker row in training (default 1; ms-swift's)
 ``MAX_NEGATIVE_SAMPLES``          reranker       negatives drawn per drawn positive (default 7; ms-swift's)
@@ -86,6 +87,7 @@ VARIABLES: dict[str, tuple[str, ...]] = {
     "downloads": ("MMEMBED_HTTP_TIMEOUT", "MMEMBED_MEDIA_MAX_BYTES", "MMEMBED_OFFLINE", "HF_HUB_OFFLINE",
                   "MMEMBED_MEDIA_CACHE", "XDG_CACHE_HOME"),
     "data": ("ROOT_IMAGE_DIR",),
+    "hub": ("USE_HF",),
     "infonce": ("INFONCE_TEMPERATURE", "INFONCE_USE_BATCH", "INFONCE_HARD_NEGATIVES", "INFONCE_MASK_FAKE_NEGATIVE",
                 "INFONCE_FAKE_NEG_MARGIN", "INFONCE_INCLUDE_QQ", "INFONCE_INCLUDE_DD"),
     "rerank_sampling": ("MAX_POSITIVE_SAMPLES", "MAX_NEGATIVE_SAMPLES"),
@@ -371,6 +373,12 @@ class Environment:
     @cached_property
     def data(self) -> DataPaths:
         return DataPaths(self.variables.get("ROOT_IMAGE_DIR", ""))
+
+    @cached_property
+    def use_hf(self) -> bool:
+        """``USE_HF`` (ms-swift's): hub ids name Hugging Face repositories rather than
+        ModelScope's; a UsageError unless it is a boolean."""
+        return parse_bool("USE_HF", self.variables.get("USE_HF", ""))
 
     @cached_property
     def infonce(self) -> InfoNCEVariables:

@@ -110,8 +110,8 @@ LONGEST_FIRST = [
     "training/test_bad_settings.py", "data/test_teacher_data.py", "model/test_io.py",
     # the reranker files, alone on one thread (2026-11-26): 97-124 s, 47, 39, 38, 37 s; test_rerank_cli
     # before test_serve_rerank's and test_mine_teacher's turn on a worker makes their checkpoint
-    # (reranker_checkpoints) ready for them
-    "training/test_rerank_sft.py", "tools/test_rerank_cli.py", "tools/test_serve_rerank.py",
+    # (reranker_checkpoints) ready for them; test_hub.py (one sft step from the loopback hub): 55-60 s
+    "training/test_rerank_sft.py", "test_hub.py", "tools/test_rerank_cli.py", "tools/test_serve_rerank.py",
     "tools/test_mine_teacher.py", "model/test_reranker.py",
 ]
 
@@ -140,6 +140,19 @@ def minilm_no_dropout(tmp_path_factory, minilm_path):
     cfg["hidden_dropout_prob"] = cfg["attention_probs_dropout_prob"] = 0.0
     (d / "config.json").write_text(json.dumps(cfg))
     return str(d)
+
+
+@pytest.fixture(scope="session")
+def hub_server():
+    """A Hugging Face hub on the loopback interface (tests/fixtures/hub_server.py), empty at
+    first: a test publishes what it needs (``hub_server.add_folder("org/name", folder)``,
+    ``repo_type="dataset"`` for a dataset) under a name of its own, and points the clients at
+    ``hub_server.url`` (``client_env`` for a new process, ``clients_pointed_at`` in this one)."""
+    from fixtures.hub_server import HubServer
+
+    server = HubServer()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -31,6 +31,13 @@ def _enter(env: dict[str, str], out_path: str, err_path: str) -> None:
         target = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         os.dup2(target, fd)
         os.close(target)
+    # huggingface_hub and datasets read their variables (HF_ENDPOINT, HF_HOME, HF_HUB_OFFLINE)
+    # once, at import, in the server: read again from this child's, as a fresh process would
+    import importlib
+
+    for name in ("huggingface_hub.constants", "datasets.config"):
+        if name in sys.modules:
+            importlib.reload(sys.modules[name])
     import torch
 
     torch.set_num_threads(1)

@@ -305,10 +305,13 @@ def hidden_size(config) -> int:
 
 
 def require_local_model(path: str) -> None:
-    """Models are local folders: a hub id cannot be downloaded here, so say so before anything loads."""
+    """The loaders take local folders: a hub id is resolved to one before (the commands do it
+    where they start; from Python, :func:`mmembed.hub.resolve_model`), so say so before
+    anything loads."""
     if not os.path.isdir(path):
         raise FileNotFoundError(
-            f"--model {path!r} is not a local folder; hub ids cannot be downloaded here: download the model and pass its folder"
+            f"--model {path!r} is not a local folder; pass a folder, or resolve a hub id to one first "
+            "(mmembed.hub.resolve_model)"
         )
 
 
@@ -330,9 +333,8 @@ def check_model_folder(path: str, flag: str = "--model", adapter: bool = True) -
     ``adapter_config.json``.
     Checked before anything loads, so the message names the flag rather than what
     transformers could not open."""
-    if not os.path.isdir(path):
-        raise UsageError(f"{flag} {path!r} is not a local folder; hub ids cannot be downloaded here: download the "
-                         "model and pass its folder")
+    if not os.path.isdir(path):  # hub ids are resolved to folders before (mmembed.hub.resolve_model)
+        raise UsageError(f"{flag} {path!r} is not a local folder")
     if os.path.isfile(os.path.join(path, "config.json")):
         refuse_custom_code(path, flag)
         return

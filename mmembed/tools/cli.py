@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ..environment import Environment, for_children
 from ..environment import read as read_environment
 from ..errors import FALSE_WORDS, TRUE_WORDS, ArgumentParser, UsageError, one_line, parse_bool
+from ..hub import add_hub_flags
 
 if TYPE_CHECKING:
     from ..encoding.media import MediaSettings
@@ -64,6 +65,8 @@ def _setup_logging(environment: Environment) -> None:
     level = logging.INFO if environment.launch.local_process == 0 else logging.WARNING
     logging.basicConfig(level=level, format="[%(levelname)s:%(name)s] %(message)s")
     logging.getLogger("mmembed").setLevel(level)
+    for name in ("httpx", "httpx2"):  # one INFO line per request of a hub download; its progress bars say enough
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _maybe_relaunch(argv: list[str], environment: Environment) -> int | None:
@@ -171,14 +174,23 @@ def _close_process_group(code: int) -> None:
 
 def check_model_flags(a, *flags: str, environment: Environment | None = None) -> None:
     """The flags every embedding command shares, checked before a model loads: the model
-    folders named by ``flags`` (when given), ``--batch_size``, ``--torch_dtype`` and the
-    media variables (``MAX_PIXELS``, ``FPS``, ...) of ``environment`` (None: read now)."""
+    flags named by ``flags`` (when given), a hub id resolved to its downloaded folder in its
+    place (:func:`mmembed.hub.resolve_model`, with the command's :func:`mmembed.hub.add_hub_flags`), then
+    checked to hold a model; ``--batch_size``, ``--torch_dtype`` and the media variables
+    (``MAX_PIXELS``, ``FPS``, ...) of ``environment`` (None: read now)."""
     from ..encoding.media import MediaBudget
+    from ..hub import HubOptions, resolve_model
     from ..model.embedding import check_model_folder, check_torch_dtype
 
+    options = None
     for flag in flags:
         path = getattr(a, flag.lstrip("-"))
         if path is not None:
+            if options is None:
+                options = HubOptions.from_flags(getattr(a, "use_hf", None), getattr(a, "model_revision", None),
+                                                getattr(a, "hub_token", None), environment)
+            path = resolve_model(path, flag, options.for_flag(flag))
+            setattr(a, flag.lstrip("-"), path)
             check_model_folder(path, flag)
     check_torch_dtype(a.torch_dtype)
     try:
@@ -213,7 +225,7 @@ def check_input_files(*flags_and_paths: tuple[str, str | None]) -> None:
 
 def cmd_embed(argv: list[str], environment: Environment | None = None) -> int:
     p = ArgumentParser(prog="mmembed embed", allow_abbrev=False)
-    p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder")
+    p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder, or hub id (ORG/NAME)")
     p.add_argument("--input", required=True, help=".txt (one text per line) or .jsonl/.json/.csv rows with query/text (+ images/videos/audios) or messages")
     p.add_argument("--output", required=True, help="where to write the [n, D] float32 .npy")
     p.add_argument("--batch_size", type=int, default=32)
@@ -224,6 +236,7 @@ def cmd_embed(argv: list[str], environment: Environment | None = None) -> int:
                         "--teacher_embeddings_file / --teacher_scores_file")
     p.add_argument("--offline", type=_bool, nargs="?", const=True, default=False,
                    help="fetch no http(s) media (as MMEMBED_OFFLINE=1): a URL not in the media cache is an error")
+    add_hub_flags(p)
     p.add_argument("--input_type", choices=["query", "document"], default=None,
                    help="embed the inputs as queries or documents, with the instruction the model was trained with "
                         "for that side (--query_system / --document_system; what sentence-transformers' encode_query / "
@@ -266,7 +279,7 @@ def cmd_rerank(argv: list[str], environment: Environment | None = None) -> int:
     p = ArgumentParser(prog="mmembed rerank", allow_abbrev=False,
                        description="Score (query, document) pairs with a reranker and rank each query's documents. "
                                    "Scores are raw: the classifier's logit, or logit(yes) - logit(no); no sigmoid.")
-    p.add_argument("--model", required=True, help="reranker checkpoint (full or LoRA), exported folder or reranker model folder")
+    p.add_argument("--model", required=True, help="reranker checkpoint (full or LoRA), exported folder or reranker model folder, or hub id")
     p.add_argument("--query", default=None, help="one query (with --documents)")
     p.add_argument("--documents", default=None,
                    help="the query's documents: .txt (one per line) or .jsonl rows, each a string or {\"text\", \"images\": [...]}")
@@ -281,6 +294,7 @@ def cmd_rerank(argv: list[str], environment: Environment | None = None) -> int:
     p.add_argument("--torch_dtype", default=None)
     p.add_argument("--task_type", choices=["reranker", "generative_reranker"], default=None,
                    help="for a folder without mmembed.json whose config.json does not say (default: from the folder)")
+    add_hub_flags(p)
     a = p.parse_args(argv)
     if a.input is not None and (a.query is not None or a.documents is not None):
         raise UsageError("pass either --input FILE or --query TEXT --documents FILE, not both")
@@ -342,7 +356,7 @@ def cmd_export(argv: list[str], environment: Environment | None = None) -> int:
 
 def cmd_eval(argv: list[str], environment: Environment | None = None) -> int:
     p = ArgumentParser(prog="mmembed eval", allow_abbrev=False)
-    p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder")
+    p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder, or hub id (ORG/NAME)")
     p.add_argument("--sts", help="scored pairs (rows with query, response, label in [0, 1] or 0-5)")
     p.add_argument("--beir", help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv")
     p.add_argument("--split", default="test", choices=["test", "dev", "train"], help="the qrels file of --beir")
@@ -351,6 +365,7 @@ def cmd_eval(argv: list[str], environment: Environment | None = None) -> int:
     p.add_argument("--json", "--output", dest="json", default=None, help="also write the metrics as JSON here")
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--torch_dtype", default=None)
+    add_hub_flags(p)
     a = p.parse_args(argv)
     if not a.sts and not a.beir:
         raise UsageError("pass --sts FILE and/or --beir FOLDER (neither was given)")
@@ -408,6 +423,7 @@ def cmd_mine(argv: list[str], environment: Environment | None = None) -> int:
                    help="replace the rows' existing negatives (default: keep them first)")
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--torch_dtype", default=None)
+    add_hub_flags(p)
     a = p.parse_args(argv)
     from .mining import MiningConfig, check_output_path, mine_file
 
@@ -430,9 +446,12 @@ def cmd_mine(argv: list[str], environment: Environment | None = None) -> int:
 
 
 def cmd_serve(argv: list[str], environment: Environment | None = None) -> int:
+    from ..hub import local_folder
     from .serve import parse_serve_args, serve
 
     config = parse_serve_args(argv)
+    if config.served_model_name is None and local_folder(config.model) is None:
+        config.served_model_name = config.model  # a hub id: the name clients know it by (not its snapshot folder's)
     check_model_flags(config, "--model", environment=environment)
     serve(config)
     return 0

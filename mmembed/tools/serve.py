@@ -46,6 +46,7 @@ from ..data.paths import SCHEME_RE
 from ..data.sample import MEDIA_KINDS, DataError, Item, json_type
 from ..encoding.templates import SIDES
 from ..errors import ArgumentParser
+from ..hub import add_hub_flags
 from ..model.embedder import Embedder, as_item
 from .serve_batching import Batcher, RequestError, as_request_error, batching_app
 
@@ -71,6 +72,9 @@ class ServeConfig:
     device: str | None = None
     torch_dtype: str | None = None
     task_type: str | None = None  # embedding | reranker | generative_reranker; None: from the folder
+    use_hf: bool = False  # --model ORG/NAME is Hugging Face's (else ModelScope's): mmembed.hub
+    model_revision: str | None = None
+    hub_token: str | None = None
 
     def name(self) -> str:
         return self.served_model_name or os.path.basename(os.path.normpath(self.model))
@@ -327,10 +331,11 @@ def parse_serve_args(argv: Sequence[str]) -> ServeConfig:
     p = ArgumentParser(prog="mmembed serve", allow_abbrev=False,
                        description="OpenAI-compatible POST /v1/embeddings (a reranker: POST /v1/rerank) with dynamic "
                                    "batching.")
-    p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder")
+    p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder, or hub id")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served_model_name", default=None, help="the name requests must give (default: the folder name)")
+    p.add_argument("--served_model_name", default=None,
+                   help="the name requests must give (default: the folder name, or the hub id)")
     p.add_argument("--allowed_media_dir", default=None,
                    help="media paths must lie in this folder (relative ones resolve against it); without it, only "
                         "data: URIs are accepted")
@@ -344,6 +349,7 @@ def parse_serve_args(argv: Sequence[str]) -> ServeConfig:
     p.add_argument("--task_type", default=None, choices=["embedding", "reranker", "generative_reranker"],
                    help="what the model is (default: its mmembed.json, else a *ForSequenceClassification is a "
                         "reranker): a reranker answers POST /v1/rerank")
+    add_hub_flags(p)
     a = p.parse_args(list(argv))
     config = ServeConfig(**vars(a))
     for name in ("max_batch_size", "max_inputs", "encode_batch_size"):

@@ -50,7 +50,9 @@ from .task_flags import check_task
 @dataclass
 class SftArguments(TrainingArguments):
     # model and template
-    model: str | None = field(default=None, metadata={"help": "local model folder"})
+    model: str | None = field(default=None, metadata={"help": "model folder, or hub id ORG/NAME (ModelScope's; Hugging Face's with --use_hf true)"})
+    use_hf: bool = field(default=False, metadata={"help": "hub ids are Hugging Face's (as USE_HF=1); default: ModelScope's, as in ms-swift"})
+    model_revision: str | None = field(default=None, metadata={"help": "--model's branch, tag or commit on the hub (default: the default branch)"})
     model_type: str | None = field(default=None, metadata={"help": "ms-swift model type (picks the template)"})
     template: str | None = field(default=None, metadata={"help": "template name from templates/"})
     task_type: str = field(default="embedding", metadata={"help": "embedding | reranker (a classification head over the pair) | generative_reranker (a causal LM's yes / no logits)"})
@@ -120,10 +122,10 @@ class SftArguments(TrainingArguments):
     mrl_dims: str | None = field(default=None, metadata={"help": "Matryoshka: '{\"64\": 1.0, \"128\": 1.0}' (width: weight)"})
     eval_beir: list[str] = field(default_factory=list, metadata={"help": "also evaluate retrieval on this BEIR folder at every evaluation; several as name=folder pairs (with --dataset_config, a dataset's name gives its instructions)"})
     eval_beir_split: str = field(default="test", metadata={"help": "the qrels split of --eval_beir"})
-    eval_beir_first_stage: str | None = field(default=None, metadata={"help": "a reranker's --eval_beir: the embedding model (a folder) whose top 100 it reorders (default: BM25)"})
+    eval_beir_first_stage: str | None = field(default=None, metadata={"help": "a reranker's --eval_beir: the embedding model (a folder or hub id) whose top 100 it reorders (default: BM25)"})
     eval_sts: str | None = field(default=None, metadata={"help": "also evaluate STS (Spearman, Pearson) and pair retrieval on these scored pairs at every evaluation"})
-    guide_model: str | None = field(default=None, metadata={"help": "gist: the guide model (checkpoint, exported or base folder)"})
-    teacher_model: str | None = field(default=None, metadata={"help": "distill_*: the teacher model (checkpoint, exported or base folder); without it the teacher's signals come from the data"})
+    guide_model: str | None = field(default=None, metadata={"help": "gist: the guide model (checkpoint, exported or base folder, or hub id)"})
+    teacher_model: str | None = field(default=None, metadata={"help": "distill_*: the teacher model (checkpoint, exported or base folder, or hub id); without it the teacher's signals come from the data"})
     teacher_scores_file: list[str] = field(default_factory=list, metadata={"help": "distill_kl: one .npy [rows, 1 + negatives] per --dataset, aligned with its rows, NaN-padded"})
     teacher_embeddings_file: list[str] = field(default_factory=list, metadata={"help": "distill_*: one .npy [rows, 2 + negatives, width] per --dataset, aligned with its rows, NaN-padded"})
     # ms-swift defaults that differ from transformers'
@@ -152,7 +154,7 @@ class SftArguments(TrainingArguments):
     def __post_init__(self):
         check_task(self)  # and --loss_type's default, which follows the task
         if not self.model:
-            raise UsageError("--model is required (a local model folder)")
+            raise UsageError("--model is required (a model folder or hub id)")
         if self.tuner_type and self.train_type and self.tuner_type != self.train_type:
             raise UsageError(f"--tuner_type {self.tuner_type} and --train_type {self.train_type} disagree")
         flag = "--tuner_type" if self.tuner_type or not self.train_type else "--train_type"

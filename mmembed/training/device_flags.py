@@ -106,10 +106,11 @@ def device_defaults(args: SftArguments, cuda: bool) -> list[str]:
         if workers and not args.dataloader_persistent_workers:
             choose("dataloader_persistent_workers", True)
         check_prefetch(args)
-    if cuda and args.torch_dtype is None:
+    if cuda and args.torch_dtype is None and (args.tuner_type != "lora" or os.path.isdir(args.model or "")):
         # LoRA: the frozen base in the model's half precision (ms-swift's default); full
         # training keeps float32 master weights under bf16 autocast, since AdamW steps of a
-        # small learning rate round away in bfloat16 weights (ms-swift trains them in bf16)
+        # small learning rate round away in bfloat16 weights (ms-swift trains them in bf16).
+        # A hub id's dtype is chosen once it is downloaded (dtype_after_download).
         choose("torch_dtype", gpu_dtype(args.model) if args.tuner_type == "lora" else "float32")
     if cuda and not (args.bf16 or args.fp16) and args.torch_dtype in ("bfloat16", "float32", None):
         import torch
@@ -119,6 +120,16 @@ def device_defaults(args: SftArguments, cuda: bool) -> list[str]:
         elif args.torch_dtype == "float32":
             choose("fp16", True)
     return chosen
+
+
+def dtype_after_download(args, cuda: bool) -> list[str]:
+    """The ``--torch_dtype`` default :func:`device_defaults` leaves to after a hub id's download
+    (LoRA on a GPU: the half precision of the model's ``config.json``), as it names it; the
+    autocast (``--bf16``) was chosen with the flags, as for a model saved in bfloat16."""
+    if not (cuda and args.torch_dtype is None and args.tuner_type == "lora"):
+        return []
+    args.torch_dtype = gpu_dtype(args.model)
+    return [f"--torch_dtype {args.torch_dtype}"]
 
 
 def training_padding(template: Template, padding_flag: str | None, cuda: bool) -> Template:

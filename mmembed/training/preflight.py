@@ -27,6 +27,7 @@ from ..model.embedding import check_model_folder, hidden_size
 from .arguments import SftArguments, UsageError
 from .evaluation import eval_metric_names
 from .flag_checks import beir_pairs, check_side_flags
+from .hub_models import resolve_model_flags
 from .model_assembly import lora_target_modules, make_loss, parts_to_freeze, read_model_config, resolve_template
 from .task_flags import is_reranker
 
@@ -56,8 +57,13 @@ def check_settings(args: SftArguments, environment: Environment | None = None) -
     against the model's config, the variables, the loss with its options and side flags, and
     last that the data files the flags name are there (the user's data: exit status 1).
 
+    First the model flags that name hub ids are resolved to local folders (downloaded once
+    per node: :func:`~mmembed.training.hub_models.resolve_model_flags`), so that every check
+    after it reads a folder.
+
     ``environment``: the variables the run read at its start (None: read now).
     Returns the :class:`RunSetup` read and built on the way."""
+    resolve_model_flags(args, environment)
     check_model_folders(args)
     media = check_environment(args, environment)
     config = read_model_config(args.model)

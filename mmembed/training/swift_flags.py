@@ -19,7 +19,7 @@ _EMPTY = ("", "[]", "{}", "none", "null")
 _FALSE = ("false", "0")
 _GENERATION = "embeddings are not generated text; no decoding settings apply"
 _TUNER = "only for --tuner_type {}; mmembed trains lora or full"
-_LOCAL = "mmembed reads local folders only (no hub downloads)"
+_LOCAL = "hub downloads use the clients' caches as they are"
 
 #: flag -> why it has no effect on embedding training
 NO_EFFECT: dict[str, str] = {
@@ -60,8 +60,9 @@ NO_EFFECT: dict[str, str] = {
         "hqq_axis")},
     **{f: "only with --eval_use_evalscope, which is refused" for f in ("eval_dataset_args", "eval_limit",
                                                                        "extra_eval_args")},
-    **{f: _LOCAL for f in ("use_hf", "model_revision", "local_repo_path", "download_mode")},
-    "check_model": "it compares a downloaded model with its hub copy; " + _LOCAL,
+    "download_mode": _LOCAL,
+    "local_repo_path": "a local copy of a model's GitHub code repository; mmembed runs no model code",
+    "check_model": "ms-swift's check of a local model folder against its hub copy; a folder is used as it is",
     "max_epochs": "ms-swift's epoch cap for --streaming; use --num_train_epochs / --max_steps",
     **{f: "self-cognition datasets only (not embedding rows)" for f in ("model_name", "model_author")},
     **{f: "decision-making agent datasets only (not embedding rows)" for f in (

@@ -227,10 +227,11 @@ NO_BAD_VALUE = {
     "document_system": "free text: any instruction (an empty one means none on that side)",
     "offline": "a boolean (see the --strict row); with it, a URL outside the media cache is a data error (exit 1)",
     "eval_beir_split": "a split name; its qrels file is read as data with --eval_beir (exit status 1)",
+    "model_revision": "a revision name; one the hub does not have is the hub's one-line error (tests/test_hub.py)",
     **{flag: "a boolean: a value that does not parse is argparse's error (the --strict row)" for flag in (
         "freeze_vit", "freeze_aligner", "freeze_llm", "use_dora", "use_rslora", "use_chat_template", "padding_free", "length_buckets",
         "dataset_shuffle", "train_dataloader_shuffle", "val_dataset_shuffle", "lazy_tokenize", "load_from_cache_file",
-        "overwrite_output_dir", "gradient_checkpointing", "logging_first_step", "remove_unused_columns")},
+        "overwrite_output_dir", "gradient_checkpointing", "logging_first_step", "remove_unused_columns", "use_hf")},
 }
 
 # transformers' training flags users commonly set, which the table must cover too
