@@ -37,6 +37,7 @@ variable                          section        meaning
 ``XDG_CACHE_HOME``                downloads      its default's base (``~/.cache``): ``$XDG_CACHE_HOME/mmembed/media`` (and ``.../hub_datasets``)
 ``ROOT_IMAGE_DIR``                data           ms-swift's third place for relative media paths
 ``USE_HF``                        hub            true: a hub dataset id loads from Hugging Face (``--use_hf true``); else ModelScope
+``MMEMBED_HUB_CACHE``             hub            where a hub dataset's rows are written (default ``$XDG_CACHE_HOME/mmembed/hub_datasets``)
 ``INFONCE_*``                     infonce        the InfoNCE settings, as text (parsed by :class:`mmembed.losses.InfoNCEConfig`)
 ``MAX_POSITIVE_SAMPLES``          reranker       positives drawn per reranker row in training (default 1; ms-swift's)
 ``MAX_NEGATIVE_SAMPLES``          reranker       negatives drawn per drawn positive (default 7; ms-swift's)
@@ -87,7 +88,7 @@ VARIABLES: dict[str, tuple[str, ...]] = {
     "downloads": ("MMEMBED_HTTP_TIMEOUT", "MMEMBED_MEDIA_MAX_BYTES", "MMEMBED_OFFLINE", "HF_HUB_OFFLINE",
                   "MMEMBED_MEDIA_CACHE", "XDG_CACHE_HOME"),
     "data": ("ROOT_IMAGE_DIR",),
-    "hub": ("USE_HF", "XDG_CACHE_HOME"),
+    "hub": ("USE_HF", "MMEMBED_HUB_CACHE", "XDG_CACHE_HOME"),
     "infonce": ("INFONCE_TEMPERATURE", "INFONCE_USE_BATCH", "INFONCE_HARD_NEGATIVES", "INFONCE_MASK_FAKE_NEGATIVE",
                 "INFONCE_FAKE_NEG_MARGIN", "INFONCE_INCLUDE_QQ", "INFONCE_INCLUDE_DD"),
     "rerank_sampling": ("MAX_POSITIVE_SAMPLES", "MAX_NEGATIVE_SAMPLES"),
@@ -279,7 +280,7 @@ class DataPaths:
 class HubVariables:
     """ms-swift's hub switch and where hub datasets are written as rows (:mod:`mmembed.data.hub`):
     ``USE_HF`` (true: Hugging Face, else ModelScope, as ms-swift reads it) and the folder
-    ``$XDG_CACHE_HOME/mmembed/hub_datasets`` (``~/.cache/...``)."""
+    (:func:`hub_cache_folder`)."""
 
     use_hf: bool = False
     cache: str = field(default_factory=lambda: hub_cache_folder({}))
@@ -291,9 +292,12 @@ class HubVariables:
 
 
 def hub_cache_folder(env: Mapping[str, str]) -> str:
-    """``$XDG_CACHE_HOME/mmembed/hub_datasets`` (``~/.cache/...``), absolute."""
-    base = env.get("XDG_CACHE_HOME", "").strip() or os.path.join("~", ".cache")
-    return os.path.abspath(os.path.expanduser(os.path.join(base, "mmembed", "hub_datasets")))
+    """``MMEMBED_HUB_CACHE``, else ``$XDG_CACHE_HOME/mmembed/hub_datasets`` (``~/.cache/...``), absolute."""
+    folder = env.get("MMEMBED_HUB_CACHE", "").strip()
+    if not folder:
+        base = env.get("XDG_CACHE_HOME", "").strip() or os.path.join("~", ".cache")
+        folder = os.path.join(base, "mmembed", "hub_datasets")
+    return os.path.abspath(os.path.expanduser(folder))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ Face with ``--use_hf true`` or ``USE_HF=1`` (an ``hf::`` / ``ms::`` prefix decid
 spec). Each split is loaded with ``datasets.load_dataset`` or ``modelscope.MsDataset.load``
 (the clients download and cache; ``HF_HUB_OFFLINE=1`` reads their caches only), then its rows
 are mapped to mmembed's row forms (:mod:`mmembed.data.hub_columns`) and written to
-``$XDG_CACHE_HOME/mmembed/hub_datasets/<hub>/<org>/<name>/<subset>/<key>/<split>.jsonl``, one
+``$MMEMBED_HUB_CACHE/<hub>/<org>/<name>/<subset>/<key>/<split>.jsonl`` (default
+``$XDG_CACHE_HOME/mmembed/hub_datasets``, ``~/.cache/...``), one
 line per row of the split (a row ms-swift's mapping drops is a blank line, which the reader
 skips), with its embedded media as files beside it. The key hashes the id, subset, splits,
 the loaded data's fingerprint (``datasets`` changes it when the hub's files change), the

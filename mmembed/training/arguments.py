@@ -97,6 +97,8 @@ class SftArguments(TrainingArguments):
     # data
     dataset: list[str] = field(default_factory=list, metadata={"help": "data files / folders, path#N samples N rows"})
     dataset_config: str | None = field(default=None, metadata={"help": "several datasets in a YAML or JSON file, each with its name, path, weight, query_system / document_system, loss settings and val rows (instead of --dataset; README: Several datasets and instructions)"})
+    use_hf: bool = field(default=False, metadata={"help": "a hub dataset id (--dataset org/name[:subset][#N]) loads from Hugging Face, as USE_HF=1 does; otherwise from ModelScope (ms-swift's default; needs the modelscope package)"})
+    download_mode: str = field(default="reuse_dataset_if_exists", metadata={"choices": ["reuse_dataset_if_exists", "force_redownload"], "help": "hub datasets: reuse the client's download and mmembed's rows written from it, or download and write them again"})
     columns: str | None = field(default=None, metadata={"help": "rename row fields before reading, as JSON: '{\"text1\": \"query\", \"text2\": \"response\"}'"})
     val_dataset: list[str] = field(default_factory=list)
     split_dataset_ratio: float = 0.0

@@ -60,7 +60,7 @@ NO_EFFECT: dict[str, str] = {
         "hqq_axis")},
     **{f: "only with --eval_use_evalscope, which is refused" for f in ("eval_dataset_args", "eval_limit",
                                                                        "extra_eval_args")},
-    **{f: _LOCAL for f in ("use_hf", "model_revision", "local_repo_path", "download_mode")},
+    **{f: _LOCAL for f in ("model_revision", "local_repo_path")},
     "check_model": "it compares a downloaded model with its hub copy; " + _LOCAL,
     "max_epochs": "ms-swift's epoch cap for --streaming; use --num_train_epochs / --max_steps",
     **{f: "self-cognition datasets only (not embedding rows)" for f in ("model_name", "model_author")},

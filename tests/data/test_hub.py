@@ -265,6 +265,7 @@ def test_use_hf_comes_from_the_flag_or_the_variable(tmp_path):
     assert HubOptions.of(True, {}).hub_of(hf) == "hf" and HubOptions.of(False, {"USE_HF": "1"}).hub_of(hf) == "hf"
     assert HubOptions.of(True, {}).hub_of(ms) == "ms"
     assert HubOptions.of(None, {"XDG_CACHE_HOME": str(tmp_path)}).cache == str(tmp_path / "mmembed" / "hub_datasets")
+    assert HubOptions.of(None, {"XDG_CACHE_HOME": "/x", "MMEMBED_HUB_CACHE": str(tmp_path)}).cache == str(tmp_path)
     assert HubOptions.of(None, {"MAX_NEGATIVE_SAMPLES": "3"}).max_negative == 3
     with pytest.raises(UsageError, match="USE_HF must be true or false"):
         HubOptions.of(None, {"USE_HF": "maybe"})
