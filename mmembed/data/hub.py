@@ -198,7 +198,7 @@ def _load_split(dataset: HubDataset, hub: str, subset: str, split: str, options:
         text = " ".join(str(e).split())
         hint = "" if hub == "hf" or dataset.hub else \
             " (ModelScope is the default hub, as in ms-swift: --use_hf true or USE_HF=1 loads from Hugging Face)"
-        raise SpecError(f"dataset {dataset}: {where} could not be loaded: {type(e).__name__}: "
+        raise SpecError(f"dataset {dataset}: {_not_local(dataset)}{where} could not be loaded: {type(e).__name__}: "
                         f"{text[:400]}{hint}") from None
     if not isinstance(ds, datasets.Dataset):
         raise SpecError(f"dataset {dataset}: {where} came as a {type(ds).__name__}, not a dataset of rows")
@@ -209,10 +209,15 @@ def _ms_dataset_class(dataset: HubDataset):
     try:
         from modelscope import MsDataset
     except ImportError:
-        raise UsageError(f"dataset {dataset} is a ModelScope id (the default hub, as in ms-swift), and the optional "
-                         "modelscope package is not installed: pip install modelscope, or pass --use_hf true (or "
-                         "USE_HF=1, or an hf:: prefix) to load it from Hugging Face") from None
+        raise UsageError(f"dataset {dataset}: {_not_local(dataset)}a ModelScope id (the default hub, as in ms-swift), "
+                         "and the optional modelscope package is not installed: pip install modelscope, or pass "
+                         "--use_hf true (or USE_HF=1, or an hf:: prefix) to load it from Hugging Face") from None
     return MsDataset
+
+
+def _not_local(dataset: HubDataset) -> str:
+    """For an id without a prefix, which may be a local path mistyped: say it is not one."""
+    return "" if dataset.hub else "not a local file or folder, so "
 
 
 # ----------------------------------------------------------------------------- writing the rows

@@ -236,8 +236,10 @@ def test_several_subsets_in_the_specs_order(hub):
     ("swift/TextCaps", "subset 'default' is ms-swift's captioning rows .* use swift/TextCaps:emb"),
     ("sentence-transformers/stsb:reg", "subset 'reg' is ms-swift's regression rows"),
     ("sentence-transformers/stsb", r"reads the column\(s\) score, which it does not have .*--columns"),
-    ("org/absent", r"^dataset org/absent: Hugging Face dataset org/absent \(subset 'default', split 'train'\) could "
-                   r"not be loaded: FileNotFoundError: Dataset 'org/absent' doesn't exist"),
+    ("org/absent", r"^dataset org/absent: not a local file or folder, so Hugging Face dataset org/absent \(subset "
+                   r"'default', split 'train'\) could not be loaded: FileNotFoundError: Dataset 'org/absent' doesn't "
+                   r"exist"),
+    ("hf::org/absent", r"^dataset hf::org/absent: Hugging Face dataset org/absent \(subset 'default'"),
 ])
 def test_what_cannot_be_read_is_one_spec_error(hub, spec, message):
     hub.store["sentence-transformers/stsb", "default", "train"] = datasets.Dataset.from_dict(
@@ -251,8 +253,9 @@ def test_modelscope_is_the_default_hub_and_its_client_optional(hub, monkeypatch)
                                         r"ms-swift: --use_hf true or USE_HF=1 loads from Hugging Face\)"):
         hub.load(["org/tiny"], hub=hub.options(use_hf=False))
     monkeypatch.setitem(sys.modules, "modelscope", None)  # not installed
-    message = (r"^dataset org/tiny is a ModelScope id \(the default hub, as in ms-swift\), and the optional modelscope "
-               r"package is not installed: pip install modelscope, or pass --use_hf true")
+    message = (r"^dataset org/tiny: not a local file or folder, so a ModelScope id \(the default hub, as in "
+               r"ms-swift\), and the optional modelscope package is not installed: pip install modelscope, or pass "
+               r"--use_hf true")
     with pytest.raises(UsageError, match=message):
         check_hub_client(HubDataset("org/tiny"), HubOptions())
     check_hub_client(HubDataset("org/tiny", (), "hf"), HubOptions())  # a prefix picks the hub
