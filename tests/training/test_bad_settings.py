@@ -131,6 +131,7 @@ SFT_ROWS = [
         names=("--multi_dataset_sampler proportional", "8 training row(s)", "global batch of 16 rows")),
     row("--batch_sampler", "unique"),
     row("--check_media", "pixels"),
+    row("--download_mode", "sometimes"),
     row("--interleave_prob", "1", "1", names=("--interleave_prob", "2 probabilities for 1 dataset")),
     row("--interleave_prob", "1", "--multi_dataset_sampler", "weighted",
         names=("--interleave_prob", "--multi_dataset_sampler weighted")),
@@ -216,6 +217,7 @@ SFT_ROWS = [
     row(env={"MMEMBED_MEDIA_MAX_BYTES": "lots"}),
     row(env={"MMEMBED_OFFLINE": "maybe"}),
     row(env={"HF_HUB_OFFLINE": "sometimes"}),
+    row(env={"USE_HF": "maybe"}),  # ms-swift's hub switch for hub dataset ids
     row(env={"MMEMBED_DEBUG": "maybe"}),
 ]
 
@@ -230,7 +232,7 @@ NO_BAD_VALUE = {
     **{flag: "a boolean: a value that does not parse is argparse's error (the --strict row)" for flag in (
         "freeze_vit", "freeze_aligner", "freeze_llm", "use_dora", "use_rslora", "use_chat_template", "padding_free", "length_buckets",
         "dataset_shuffle", "train_dataloader_shuffle", "val_dataset_shuffle", "lazy_tokenize", "load_from_cache_file",
-        "overwrite_output_dir", "gradient_checkpointing", "logging_first_step", "remove_unused_columns")},
+        "overwrite_output_dir", "gradient_checkpointing", "logging_first_step", "remove_unused_columns", "use_hf")},
 }
 
 # transformers' training flags users commonly set, which the table must cover too
