@@ -34,9 +34,10 @@ variable                          section        meaning
 ``MMEMBED_OFFLINE``               downloads      true: no download, the media cache only
 ``HF_HUB_OFFLINE``                downloads      true: no download either (the Hugging Face switch)
 ``MMEMBED_MEDIA_CACHE``           downloads      the media cache folder
-``XDG_CACHE_HOME``                downloads      its default's base (``~/.cache``): ``$XDG_CACHE_HOME/mmembed/media``
+``XDG_CACHE_HOME``                downloads      its default's base (``~/.cache``): ``$XDG_CACHE_HOME/mmembed/media`` (and ``.../hub_datasets``)
 ``ROOT_IMAGE_DIR``                data           ms-swift's third place for relative media paths
-``USE_HF``                        hub            true: hub ids are Hugging Face's (ms-swift's switch, as ``--use_hf true``); else ModelScope's
+``USE_HF``                        hub            true: hub ids (models, datasets) are Hugging Face's (ms-swift's switch, as ``--use_hf true``); else ModelScope's
+``MMEMBED_HUB_CACHE``             hub            where a hub dataset's rows are written (default ``$XDG_CACHE_HOME/mmembed/hub_datasets``)
 ``INFONCE_*``                     infonce        the InfoNCE settings, as text (parsed by :class:`mmembed.losses.InfoNCEConfig`)
 ``MAX_POSITIVE_SAMPLES``          reranker       positives drawn per reranker row in training (default 1; ms-swift's)
 ``MAX_NEGATIVE_SAMPLES``          reranker       negatives drawn per drawn positive (default 7; ms-swift's)
@@ -74,7 +75,7 @@ from typing import Any
 from .errors import UsageError, parse_bool
 
 __all__ = [
-    "VARIABLES", "DataPaths", "DownloadVariables", "Environment", "InfoNCEVariables", "Launch", "MediaVariables",
+    "VARIABLES", "DataPaths", "DownloadVariables", "Environment", "HubVariables", "InfoNCEVariables", "Launch", "MediaVariables",
     "RerankSampling", "RerankerVariables", "TestHooks", "env_number", "export", "for_children", "read",
 ]  # fmt: skip
 
@@ -87,7 +88,7 @@ VARIABLES: dict[str, tuple[str, ...]] = {
     "downloads": ("MMEMBED_HTTP_TIMEOUT", "MMEMBED_MEDIA_MAX_BYTES", "MMEMBED_OFFLINE", "HF_HUB_OFFLINE",
                   "MMEMBED_MEDIA_CACHE", "XDG_CACHE_HOME"),
     "data": ("ROOT_IMAGE_DIR",),
-    "hub": ("USE_HF",),
+    "hub": ("USE_HF", "MMEMBED_HUB_CACHE", "XDG_CACHE_HOME"),
     "infonce": ("INFONCE_TEMPERATURE", "INFONCE_USE_BATCH", "INFONCE_HARD_NEGATIVES", "INFONCE_MASK_FAKE_NEGATIVE",
                 "INFONCE_FAKE_NEG_MARGIN", "INFONCE_INCLUDE_QQ", "INFONCE_INCLUDE_DD"),
     "rerank_sampling": ("MAX_POSITIVE_SAMPLES", "MAX_NEGATIVE_SAMPLES"),
@@ -276,6 +277,30 @@ class DataPaths:
 
 
 @dataclass(frozen=True)
+class HubVariables:
+    """ms-swift's hub switch and where hub datasets are written as rows (:mod:`mmembed.data.hub`):
+    ``USE_HF`` (true: Hugging Face, else ModelScope, as ms-swift reads it) and the folder
+    (:func:`hub_cache_folder`)."""
+
+    use_hf: bool = False
+    cache: str = field(default_factory=lambda: hub_cache_folder({}))
+
+    @classmethod
+    def parse(cls, env: Mapping[str, str]) -> HubVariables:
+        """A UsageError names a ``USE_HF`` that is not a boolean."""
+        return cls(parse_bool("USE_HF", env.get("USE_HF", "")), hub_cache_folder(env))
+
+
+def hub_cache_folder(env: Mapping[str, str]) -> str:
+    """``MMEMBED_HUB_CACHE``, else ``$XDG_CACHE_HOME/mmembed/hub_datasets`` (``~/.cache/...``), absolute."""
+    folder = env.get("MMEMBED_HUB_CACHE", "").strip()
+    if not folder:
+        base = env.get("XDG_CACHE_HOME", "").strip() or os.path.join("~", ".cache")
+        folder = os.path.join(base, "mmembed", "hub_datasets")
+    return os.path.abspath(os.path.expanduser(folder))
+
+
+@dataclass(frozen=True)
 class InfoNCEVariables:
     """Every ``INFONCE_*`` variable that is set, as text (known or not: preflight warns about
     the unknown ones). :class:`mmembed.losses.InfoNCEConfig` parses them."""
@@ -375,10 +400,9 @@ class Environment:
         return DataPaths(self.variables.get("ROOT_IMAGE_DIR", ""))
 
     @cached_property
-    def use_hf(self) -> bool:
-        """``USE_HF`` (ms-swift's): hub ids name Hugging Face repositories rather than
-        ModelScope's; a UsageError unless it is a boolean."""
-        return parse_bool("USE_HF", self.variables.get("USE_HF", ""))
+    def hub(self) -> HubVariables:
+        """Raises UsageError naming a malformed ``USE_HF``."""
+        return HubVariables.parse(self.variables)
 
     @cached_property
     def infonce(self) -> InfoNCEVariables:

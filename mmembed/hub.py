@@ -77,7 +77,7 @@ class HubOptions:
             offline = bool(env.downloads.offline_switches())
         except ValueError as e:
             raise UsageError(str(e)) from None
-        return cls(bool(use_hf) or env.use_hf, revision or None, token or None, offline)
+        return cls(bool(use_hf) or env.hub.use_hf, revision or None, token or None, offline)
 
     def for_flag(self, flag: str) -> HubOptions:
         """``--model_revision`` is ``--model``'s: the other model flags take the default branch."""

@@ -1,4 +1,5 @@
-"""Rows -> samples: the readers for both ms-swift row forms, media binding, dataset specs.
+"""Rows -> samples: the readers for both ms-swift row forms, media binding, dataset specs
+(local files and folders, hub dataset ids).
 
 Validate a file without training::
 
@@ -8,15 +9,18 @@ Validate a file without training::
 
 from .dataset import EmbeddingDataset, LoadResult, load_samples
 from .formats import iter_raw_rows
+from .hub import DatasetHubOptions
 from .labels import LabelRule
 from .reader import read_file
 from .rows import parse_row
 from .sample import DataError, Item, Sample
-from .specs import SpecError, parse_spec, split_dataset
+from .specs import HubDataset, SpecError, parse_spec, split_dataset
 
 __all__ = [
     "DataError",
     "EmbeddingDataset",
+    "HubDataset",
+    "DatasetHubOptions",
     "Item",
     "LabelRule",
     "LoadResult",

@@ -32,13 +32,14 @@ import torch.utils.data
 
 from ..environment import read as read_environment
 from .formats import iter_rows_or_errors
+from .hub import DatasetHubOptions, hub_files
 from .labels import LabelRule
 from .paths import MediaFileError
 from .rows import parse_row
 from .sample import DataError, Sample
-from .specs import SpecError, data_files, draw_seed, parse_spec, sample_and_split
+from .specs import HubDataset, SpecError, data_files, draw_seed, parse_spec, sample_and_split
 
-__all__ = ["EmbeddingDataset", "LoadResult", "load_samples"]
+__all__ = ["EmbeddingDataset", "LoadResult", "load_samples", "spec_files"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,38 +97,42 @@ def _features():
 
 def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: str, work_dir: str,
               columns: dict[str, str] | None = None, label_rule: dict | None = None,
-              media_kinds: tuple[str, ...] | None = None, root_image_dir: str = "", several_positives: bool = False):
+              media_kinds: tuple[str, ...] | None = None, root_image_dir: str = "", several_positives: bool = False,
+              sources: dict[str, str] | None = None):
     """Arrow rows for the given file shards; a bad row becomes an ``error`` row.
 
     ``version`` only feeds the cache fingerprint; ``work_dir`` is where relative media paths
     are tried besides the data file's folder, and ``root_image_dir`` (ms-swift's
     ``ROOT_IMAGE_DIR``, "" when unset) too (so both key the cache); ``columns`` renames
     row fields (old -> new) before a row is read; ``label_rule`` (a :class:`LabelRule` as a
-    dict), ``media_kinds`` and ``several_positives`` are :func:`parse_row`'s. With ``strict`` a shard stops at its
-    first bad row (the caller raises it).
+    dict), ``media_kinds`` and ``several_positives`` are :func:`parse_row`'s. ``sources``: the
+    name a file's rows are read under when it is not its path (a hub dataset's split,
+    :mod:`mmembed.data.hub`). With ``strict`` a shard stops at its first bad row (the caller
+    raises it).
     """
     del version
     rule = LabelRule.from_dict(label_rule) if label_rule else None
     kinds = frozenset(media_kinds) if media_kinds is not None else None
     for path, _mtime_ns, _size, shard, num_shards in shards:
         base_dir = os.path.dirname(path)
+        source = (sources or {}).get(path, path)
         for line, raw in iter_rows_or_errors(path, shard, num_shards):
             if isinstance(raw, DataError):
-                err = raw
+                err = DataError(source, raw.line, raw.field, raw.reason) if raw.source == path != source else raw
             else:
                 if columns and isinstance(raw, dict):
                     raw = {columns.get(k, k): v for k, v in raw.items()}
                 try:
-                    sample = parse_row(raw, path, line, base_dir, verify_images=verify_images, work_dir=work_dir,
+                    sample = parse_row(raw, source, line, base_dir, verify_images=verify_images, work_dir=work_dir,
                                        root_image_dir=root_image_dir, label_rule=rule, media_kinds=kinds,
                                        several_positives=several_positives)
                 except DataError as e:
                     err = e
                 except RecursionError:  # raised inside datasets' generator it would become its own error
-                    err = DataError(path, line, None, "row nested too deeply to read")
+                    err = DataError(source, line, None, "row nested too deeply to read")
                 else:
                     text = sample.to_json()
-                    yield {"sample": text, "source": path, "line": line, "error": None, "remote": _names_a_url(sample)}
+                    yield {"sample": text, "source": source, "line": line, "error": None, "remote": _names_a_url(sample)}
                     continue
             yield {
                 "sample": None,
@@ -318,11 +323,12 @@ def _from_cache(ds, started: float) -> bool:
 def _load_files(
     files: list[str], *, strict: bool, verify_images: bool, cache_dir: str | None, num_proc: int, force: bool,
     columns: dict[str, str] | None = None, label_rule: LabelRule | None = None, media_kinds: frozenset[str] | None = None,
-    reuse: bool = False, several_positives: bool = False,
+    reuse: bool = False, several_positives: bool = False, sources: dict[str, str] | None = None,
 ):
     """Arrow dataset of the files' good rows (with their ``row`` in their file), the bad rows
     as DataErrors, the rows read per file, and whether the files were parsed now (False: the
-    cache). ``reuse``: take the cache as it is (another process of the run has just written it)."""
+    cache). ``reuse``: take the cache as it is (another process of the run has just written it).
+    ``sources``: a hub dataset's files -> the names their rows are read under."""
     shards = []
     for path in files:
         st = os.stat(path)
@@ -334,6 +340,8 @@ def _load_files(
                   "label_rule": label_rule.as_dict() if label_rule else None,
                   "media_kinds": tuple(sorted(media_kinds)) if media_kinds is not None else None,
                   "several_positives": several_positives}
+    if sources:
+        gen_kwargs["sources"] = sources
     started = time.time()
     ds = _build(gen_kwargs, cache_dir, num_proc, force and not reuse)
     parsed = not _from_cache(ds, started)
@@ -388,6 +396,7 @@ def load_samples(
     media_kinds: frozenset[str] | None = None,
     reuse: bool = False,
     several_positives: bool = False,
+    hub: DatasetHubOptions | None = None,
 ) -> LoadResult:
     """Read dataset specs into one Arrow-backed ``datasets.Dataset`` of samples.
 
@@ -423,6 +432,11 @@ def load_samples(
     has read the files; see :func:`mmembed.training.data_assembly.read_once`).
     ``several_positives`` (a reranker run) lets a messages-form row hold several
     ``positive_messages`` groups (:func:`~mmembed.data.rows.parse_row`).
+
+    A hub dataset id (``org/name[:subset][#N]``, :func:`parse_spec`) is loaded as ``hub`` says
+    (None: ``USE_HF`` decides, ModelScope by default) and read from the JSONL files
+    :func:`mmembed.data.hub.hub_files` writes (``columns`` applied there), its rows named
+    ``hf::org/name[split]:ROW`` (the row's number in the split).
     """
     import datasets
 
@@ -431,13 +445,14 @@ def load_samples(
     if not specs:
         raise SpecError("no dataset specs given")
     parsed = [parse_spec(s) for s in specs]
-    file_lists = [data_files(path) for path, _ in parsed]
+    resolved = [spec_files(target, hub, columns) for target, _ in parsed]
+    file_lists = [[sources.get(f, f) for f in files] for files, sources in resolved]
     if not 0 <= split_ratio <= 1:
         raise ValueError(f"split_dataset_ratio must be in [0, 1], got {split_ratio}")
     rng = np.random.RandomState(seed)
     parts, vals, skipped, records = [], [], [], {}
     started, parsed_any = time.perf_counter(), False
-    for (path, n), files in zip(parsed, file_lists):
+    for (path, n), (files, sources) in zip(parsed, resolved):
         draw_seed(rng)  # ms-swift draws a seed per spec before reading it (for its decision-task augmentation)
         ds, bad, read, parsed_now = _load_files(
             files,
@@ -446,20 +461,21 @@ def load_samples(
             cache_dir=cache_dir,
             num_proc=max(1, int(num_proc or 1)),
             force=not load_from_cache_file,
-            columns=columns,
+            columns=None if sources else columns,  # (a hub dataset's rows were renamed when written)
             label_rule=label_rule,
             media_kinds=media_kinds,
             reuse=reuse,
             several_positives=several_positives,
+            sources=sources,
         )
         parsed_any = parsed_any or parsed_now
         skipped += bad
         records.update(read)
         if len(ds) == 0:
-            raise _no_rows(path, bad, skipped, sum(records.values()))
+            raise _no_rows(str(path), bad, skipped, sum(records.values()))
         if n is not None and n > len(ds):
             logger.warning("%s#%d: more than its %d rows, so rows repeat", path, n, len(ds))
-        train, val = sample_and_split(ds, n, split_ratio, shuffle, rng, path)
+        train, val = sample_and_split(ds, n, split_ratio, shuffle, rng, str(path))
         if train is not None:
             parts.append(train)
         if val is not None:
@@ -484,13 +500,24 @@ def load_samples(
     return result
 
 
+def spec_files(target: str | HubDataset, hub: DatasetHubOptions | None = None, columns: dict[str, str] | None = None
+               ) -> tuple[list[str], dict[str, str]]:
+    """A parsed spec's data files, and for a hub dataset the name each is read under (its
+    splits written as JSONL now, unless cached: :func:`mmembed.data.hub.hub_files`)."""
+    if isinstance(target, HubDataset):
+        written = hub_files(target, hub if hub is not None else DatasetHubOptions.of(), columns)
+        return [f.path for f in written], {f.path: f.name for f in written}
+    return data_files(target), {}
+
+
 def _no_rows(path: str, bad: list[DataError], skipped: list[DataError], rows_read: int) -> DataError:
     """The error for a spec that gives no usable row (``bad``: its skipped rows); the rows
     skipped so far (``skipped``, of ``rows_read``) are logged first."""
     if skipped:
         logger.warning("%s", LoadResult(dataset=None, skipped=skipped, rows_read=rows_read).report())
     if not bad:
-        what = "a folder of data files that hold" if os.path.isdir(path) else "the file holds"
+        what = "a folder of data files that hold" if os.path.isdir(path) else \
+            "the file holds" if os.path.exists(path) else "the hub dataset holds"
         return DataError(path, 0, None, f"no usable rows: {what} no rows (empty, or only blank lines)")
     return DataError(path, 0, None, f"no usable rows, {len(bad)} skipped (strict=False; listed above); "
                                     f"the first: {bad[0]}")

@@ -5,7 +5,7 @@ The file (YAML or JSON) is a list of datasets, or an object whose ``datasets`` k
 
     datasets:
       - name: retrieval                 # letters, digits, '_' and '-'; unique
-        path: [data/msmarco.jsonl, data/more/]   # a file or folder, or a list of them
+        path: [data/msmarco.jsonl, data/more/]   # a file or folder or hub dataset id, or a list of them
         sample: 2000                    # ms-swift's path#N over the dataset's rows (optional)
         weight: 2.0                     # the weighted sampler's share (default 1.0)
         query_system: "Given a web search query, retrieve relevant passages"
@@ -18,7 +18,9 @@ Keys of ``infonce`` are the fields of :class:`~mmembed.losses.InfoNCEConfig` or 
 the ``INFONCE_*`` variables (``temperature`` or ``INFONCE_TEMPERATURE``); a value is read as
 the variable's text would be, over the variables of the run (the keys and values are the
 loss's: :mod:`mmembed.losses.config` checks them; this module keeps the mapping as written). A
-relative path is taken from the configuration file's folder, else from the working directory. A
+relative path is taken from the configuration file's folder, else from the working directory;
+one found in neither that reads as a hub dataset id (``org/name[:subset][#N]``, ``hf::...``) is
+kept as written, for :func:`mmembed.data.load_samples` to load from the hub. A
 file that breaks these rules is one :class:`ConfigError` naming the file, the dataset and the
 key; unknown keys are refused.
 
@@ -35,6 +37,8 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from .specs import looks_like_hub_id
 
 __all__ = ["ConfigError", "DatasetEntry", "DatasetInfo", "read_dataset_config"]
 
@@ -134,9 +138,13 @@ def _paths(file: str, name: str, key: str, value: Any, base: str) -> list[str]:
         v = os.path.expanduser(v.strip())
         tried = [v] if os.path.isabs(v) else [os.path.join(base, v), os.path.abspath(v)]
         found = next((p for p in tried if exists(p)), None)
+        if found is None and looks_like_hub_id(re.sub(r"#\d+$", "", v)):
+            out.append(v)
+            continue
         if found is None:
             raise ConfigError(file, name, key, f"no such file or folder: {v!r} (a relative path is taken from the "
-                                               f"configuration file's folder, {base}, then from the working directory)")
+                                               f"configuration file's folder, {base}, then from the working directory), "
+                                               "nor a hub dataset id (org/name[:subset])")
         out.append(os.path.normpath(found) if os.path.exists(found) else found)
     return out
 

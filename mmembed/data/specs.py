@@ -1,6 +1,6 @@
 """What a ``--dataset`` spec names and how its rows are drawn: ``path``, ``path#N``, a folder
-of data files (:func:`parse_spec`, :func:`data_files`; :class:`SpecError` for a path that is
-not there or a hub id), ms-swift's ``#N`` sampling (:func:`sample_indices`, with or without
+of data files, a hub dataset id (:func:`parse_spec`, :func:`data_files`, :class:`HubDataset`;
+:class:`SpecError` for a path that is not there), ms-swift's ``#N`` sampling (:func:`sample_indices`, with or without
 repetition) and its validation split (:func:`sample_and_split` per spec,
 :func:`split_dataset` for ``--split_dataset_ratio``), each seeded as ms-swift seeds them.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,23 +18,42 @@ from .sample import DataError
 
 
 class SpecError(ValueError):
-    """A ``--dataset`` spec that names no readable local file or folder."""
+    """A ``--dataset`` spec that names no readable local file or folder, or a hub dataset that
+    cannot be loaded."""
 
 
 # ----------------------------------------------------------------------------- specs
 
 _HUB_PREFIX_RE = re.compile(r"^(hf|ms)::", re.IGNORECASE)
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(:[\w./-]+)?$")
+_PREFIXED_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?(:[\w./-]+)?$")
 
 
-def parse_spec(spec: str) -> tuple[str, int | None]:
-    """Split a dataset spec into ``(absolute path, N or None)``.
+@dataclass(frozen=True)
+class HubDataset:
+    """A spec that names a hub dataset, in ms-swift's syntax ``[hf::|ms::]ORG/NAME[:SUBSET[/SUBSET...]]``
+    (its ``#N`` is returned beside it by :func:`parse_spec`). ``hub``: ``"hf"`` or ``"ms"`` from
+    the prefix, None when the run's ``--use_hf`` / ``USE_HF`` decides (ModelScope by default, as
+    in ms-swift). :mod:`mmembed.data.hub` loads it."""
+
+    repo_id: str
+    subsets: tuple[str, ...] = ()
+    hub: str | None = None
+
+    def __str__(self) -> str:
+        prefix = f"{self.hub}::" if self.hub else ""
+        return prefix + self.repo_id + (":" + "/".join(self.subsets) if self.subsets else "")
+
+
+def parse_spec(spec: str) -> tuple[str | HubDataset, int | None]:
+    """Split a dataset spec into ``(absolute path, N or None)``, or ``(HubDataset, N or None)``.
 
     Accepted: ``path``, ``path#N`` (N > 0: sample N rows, see :func:`load_samples`), a folder
-    (every data file under it). A path that exists as written wins over the ``#N`` reading.
-    A spec naming nothing on disk raises :class:`SpecError`; when it looks like a hub id
-    (``org/name``, ``AI-ModelScope/...``, ``hf::``/``ms::`` prefixes, ``:subset`` suffixes) the
-    message says that hub datasets cannot be downloaded here and to pass a local file.
+    (every data file under it), and a hub dataset id as ms-swift writes it (``org/name``,
+    ``org/name:subset``, ``org/name:a/b``, ``hf::org/name``, ``ms::org/name``, each with an
+    optional ``#N``). A path that exists as written wins over the ``#N`` reading, and a local
+    path wins over a hub id. Nothing is downloaded here. A spec that names nothing on disk
+    and does not look like a hub id raises :class:`SpecError`.
     """
     spec = spec.strip()
     if not spec:
@@ -49,21 +69,36 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
     local = os.path.expanduser(path)
     if os.path.exists(local):
         return os.path.abspath(local), n
-    if _looks_like_hub_id(path):
-        raise SpecError(
-            f"dataset {path!r} is not a local file or folder. It looks like a ModelScope / Hugging Face "
-            "hub dataset id: hub datasets cannot be downloaded here (mmembed reads local data only, "
-            "offline). Download the dataset and pass its local file or folder (e.g. data.jsonl or data.jsonl#1000)."
-        )
+    prefix = _HUB_PREFIX_RE.match(path)
+    if prefix:  # ms-swift: hf::data.jsonl is the local file (the prefix names a hub for ids only)
+        rest = os.path.expanduser(path[prefix.end():])
+        if os.path.exists(rest):
+            return os.path.abspath(rest), n
+    if looks_like_hub_id(path):
+        return hub_dataset(path), n
     raise SpecError(f"dataset file or folder not found: {path!r} (from spec {spec!r})")
 
 
-def _looks_like_hub_id(path: str) -> bool:
-    if _HUB_PREFIX_RE.match(path):
-        return True
-    if path.startswith(("/", ".", "~")) or _has_data_extension(path.split(":")[0]):
+def hub_dataset(text: str) -> HubDataset:
+    """``[hf::|ms::]ORG/NAME[:SUBSET[/SUBSET...]]`` (no ``#N``) as a :class:`HubDataset`."""
+    hub = None
+    prefix = _HUB_PREFIX_RE.match(text)
+    if prefix:
+        hub, text = prefix.group(1).lower(), text[prefix.end():]
+    repo_id, _, subsets = text.partition(":")
+    return HubDataset(repo_id.strip(), tuple(s.strip() for s in subsets.split("/") if s.strip()), hub)
+
+
+def looks_like_hub_id(path: str) -> bool:
+    """Whether ``path`` (not found on disk) reads as a hub dataset id: ``org/name`` with an
+    optional ``:subset``, and after an ``hf::``/``ms::`` prefix also ``name``; not ``./x``,
+    ``/x``, ``~/x`` or a name with a data file's extension."""
+    rest = _HUB_PREFIX_RE.sub("", path)
+    if rest.startswith(("/", ".", "~")) or _has_data_extension(rest.split(":")[0]):
         return False
-    return bool(_HUB_ID_RE.match(path))
+    if rest != path:  # with a prefix an id without an organisation is one too (hf::imdb)
+        return bool(_PREFIXED_ID_RE.match(rest))
+    return bool(_HUB_ID_RE.match(rest))
 
 
 def _has_data_extension(path: str) -> bool:

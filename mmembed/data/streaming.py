@@ -30,34 +30,38 @@ import numpy as np
 import torch.utils.data
 
 from ..environment import read as read_environment
-from .dataset import _CACHE_VERSION, _generate
+from .dataset import _CACHE_VERSION, _generate, spec_files
+from .hub import DatasetHubOptions
 from .labels import LabelRule
 from .paths import MediaFileError
 from .sample import DataError, Sample
-from .specs import data_files, draw_seed, parse_spec
+from .specs import draw_seed, parse_spec
 
 logger = logging.getLogger("mmembed")
 
 
 def stream_samples(specs: list[str], *, strict: bool, seed: int | None, shuffle: bool, buffer_size: int,
                    columns: dict[str, str] | None = None, label_rule: LabelRule | None = None,
-                   media_kinds: frozenset[str] | None = None, several_positives: bool = False) -> StreamingSamples:
+                   media_kinds: frozenset[str] | None = None, several_positives: bool = False,
+                   hub: DatasetHubOptions | None = None) -> StreamingSamples:
     """The training rows of ``specs`` as a stream (see the module's description); the seeds
-    are drawn as :func:`load_samples` draws them (one per spec, then the shuffle's)."""
+    are drawn as :func:`load_samples` draws them (one per spec, then the shuffle's). A hub
+    dataset's splits are written as JSONL first (:func:`mmembed.data.hub.hub_files`), then
+    streamed from there."""
     import datasets
 
     rng = np.random.RandomState(seed)
     parts = []
     for spec in specs:
-        path, n = parse_spec(spec)
+        target, n = parse_spec(spec)
         draw_seed(rng)
-        files = data_files(path)
+        files, sources = spec_files(target, hub, columns)
         # one shard per file (a list: datasets gives data-loader workers whole files)
         shards = list((f, os.stat(f).st_mtime_ns, os.stat(f).st_size, 0, 1) for f in files)
         part = datasets.IterableDataset.from_generator(
             _generate, gen_kwargs={"shards": shards, "strict": strict, "verify_images": True, "version": _CACHE_VERSION,
                                    "work_dir": os.getcwd(), "root_image_dir": read_environment().data.root_image_dir,
-                                   "columns": columns,
+                                   "columns": None if sources else columns, "sources": sources,
                                    "label_rule": label_rule.as_dict() if label_rule else None,
                                    "media_kinds": tuple(sorted(media_kinds)) if media_kinds is not None else None,
                                    "several_positives": several_positives})

@@ -51,7 +51,7 @@ from .task_flags import check_task
 class SftArguments(TrainingArguments):
     # model and template
     model: str | None = field(default=None, metadata={"help": "model folder, or hub id ORG/NAME (ModelScope's; Hugging Face's with --use_hf true)"})
-    use_hf: bool = field(default=False, metadata={"help": "hub ids are Hugging Face's (as USE_HF=1); default: ModelScope's, as in ms-swift"})
+    use_hf: bool = field(default=False, metadata={"help": "hub ids (--model, --dataset org/name[:subset][#N], ...) are Hugging Face's, as USE_HF=1; default: ModelScope's (needs the modelscope package), as in ms-swift"})
     model_revision: str | None = field(default=None, metadata={"help": "--model's branch, tag or commit on the hub (default: the default branch)"})
     model_type: str | None = field(default=None, metadata={"help": "ms-swift model type (picks the template)"})
     template: str | None = field(default=None, metadata={"help": "template name from templates/"})
@@ -99,6 +99,7 @@ class SftArguments(TrainingArguments):
     # data
     dataset: list[str] = field(default_factory=list, metadata={"help": "data files / folders, path#N samples N rows"})
     dataset_config: str | None = field(default=None, metadata={"help": "several datasets in a YAML or JSON file, each with its name, path, weight, query_system / document_system, loss settings and val rows (instead of --dataset; README: Several datasets and instructions)"})
+    download_mode: str = field(default="reuse_dataset_if_exists", metadata={"choices": ["reuse_dataset_if_exists", "force_redownload"], "help": "hub datasets: reuse the client's download and mmembed's rows written from it, or download and write them again"})
     columns: str | None = field(default=None, metadata={"help": "rename row fields before reading, as JSON: '{\"text1\": \"query\", \"text2\": \"response\"}'"})
     val_dataset: list[str] = field(default_factory=list)
     split_dataset_ratio: float = 0.0

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..data import EmbeddingDataset, SpecError, load_samples
 from ..data.dataset_config import DatasetEntry, DatasetInfo
+from ..data.hub import DatasetHubOptions
 from ..data.sample import DataError
 from ..data.streaming import StreamingSamples, stream_samples
 from ..data.teacher import TeacherFiles, teacher_signal
@@ -82,7 +83,7 @@ class TrainingData:
                          load_from_cache_file=args.load_from_cache_file,
                          columns=json.loads(args.columns) if args.columns else None,
                          label_rule=loss.label_rule, media_kinds=frozenset(encoding.template.media), reuse=reuse,
-                         several_positives=is_reranker(args))
+                         several_positives=is_reranker(args), hub=hub_options(args))
         checks = Checks(args, encoding, loss, media, reuse)
         if getattr(args, "dataset_config", None):
             return cls.load_config(checks, load_opts)
@@ -133,7 +134,7 @@ class TrainingData:
         train = stream_samples(args.dataset, strict=args.strict, seed=args.data_seed, shuffle=args.dataset_shuffle,
                                buffer_size=args.shuffle_buffer_size, columns=load_opts["columns"],
                                label_rule=load_opts["label_rule"], media_kinds=load_opts["media_kinds"],
-                               several_positives=load_opts["several_positives"])
+                               several_positives=load_opts["several_positives"], hub=load_opts["hub"])
         val, files = None, {}
         if args.val_dataset:
             val_loaded = load_samples(args.val_dataset, split_ratio=1.0, shuffle=args.val_dataset_shuffle, **load_opts)
@@ -198,6 +199,13 @@ class TrainingData:
         data.teacher_key, data.teacher_width = data_teacher(args, loss, data.train)
         logger.info("%s", dataset_report(infos, data.train, encoding, losses, loss, sampler))
         return data
+
+
+def hub_options(args: SftArguments) -> DatasetHubOptions:
+    """How the run loads hub dataset ids: ``--use_hf`` (or ``USE_HF``), ``--hub_token``,
+    ``--download_mode`` (:class:`~mmembed.data.hub.DatasetHubOptions`)."""
+    return DatasetHubOptions.of(args.use_hf, token=getattr(args, "hub_token", None),
+                         download_mode=getattr(args, "download_mode", None))
 
 
 def read_once(args: SftArguments, read):

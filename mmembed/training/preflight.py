@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from ..data import SpecError
-from ..data.specs import parse_spec
+from ..data.hub import DatasetHubOptions, check_hub_client
+from ..data.specs import HubDataset, parse_spec
 from ..encoding.templates import Template
 from ..environment import Environment
 from ..environment import read as read_environment
@@ -91,12 +92,16 @@ def check_settings(args: SftArguments, environment: Environment | None = None) -
         check_lora_targets(args, template, config)
     check_metric_for_best_model(args, loss)
     # the data paths last: a flag that does not fit the loss says more than a file that is not there
-    for flag in ("dataset", "val_dataset"):
-        for spec in getattr(args, flag):
+    hub = DatasetHubOptions.of(args.use_hf, environment)
+    entries = [spec for entry in args.dataset_entries for spec in entry.specs() + entry.val]
+    for flag, specs in (("dataset", args.dataset), ("val_dataset", args.val_dataset), ("dataset_config", entries)):
+        for spec in specs:
             try:
-                parse_spec(spec)  # a path that is not there, a hub id, a bad #N: the user's data (exit status 1)
+                target, _ = parse_spec(spec)  # a path that is not there, a bad #N: the user's data (exit status 1)
             except SpecError as e:
                 raise SpecError(f"--{flag}: {e}") from None
+            if isinstance(target, HubDataset):
+                check_hub_client(target, hub)  # a ModelScope id without modelscope installed: a usage error
     files = [("--eval_sts", args.eval_sts, os.path.isfile)]
     files += [("--eval_beir", folder, os.path.isdir) for _, folder in beir_pairs(args.eval_beir)]
     files += [(f"--{flag}", path, os.path.isfile) for flag in ("teacher_scores_file", "teacher_embeddings_file")

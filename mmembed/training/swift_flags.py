@@ -60,7 +60,6 @@ NO_EFFECT: dict[str, str] = {
         "hqq_axis")},
     **{f: "only with --eval_use_evalscope, which is refused" for f in ("eval_dataset_args", "eval_limit",
                                                                        "extra_eval_args")},
-    "download_mode": _LOCAL,
     "local_repo_path": "a local copy of a model's GitHub code repository; mmembed runs no model code",
     "check_model": "ms-swift's check of a local model folder against its hub copy; a folder is used as it is",
     "max_epochs": "ms-swift's epoch cap for --streaming; use --num_train_epochs / --max_steps",

@@ -13,6 +13,7 @@ from PIL import Image
 from mmembed.data import (
     DataError,
     EmbeddingDataset,
+    HubDataset,
     Sample,
     SpecError,
     load_samples,
@@ -49,12 +50,14 @@ def test_parse_spec_prefers_an_existing_path_with_hash_in_its_name(tmp_path):
     assert parse_spec(path) == (path, None)
 
 
-@pytest.mark.parametrize(
-    "spec", ["AI-ModelScope/LLaVA-Pretrain", "sentence-transformers/stsb", "hf::org/name#100", "org/name:subset"]
-)
-def test_hub_ids_are_a_clear_offline_error(spec):
-    with pytest.raises(SpecError, match="hub dataset id: hub datasets cannot be downloaded"):
-        parse_spec(spec)
+@pytest.mark.parametrize("spec, target, n", [
+    ("AI-ModelScope/LLaVA-Pretrain", HubDataset("AI-ModelScope/LLaVA-Pretrain"), None),
+    ("hf::org/name#100", HubDataset("org/name", (), "hf"), 100),
+    ("org/name:subset", HubDataset("org/name", ("subset",)), None),
+])
+def test_hub_ids_parse_as_hub_datasets(spec, target, n):
+    """(tests/data/test_hub.py loads them.)"""
+    assert parse_spec(spec) == (target, n)
 
 
 @pytest.mark.parametrize("spec", ["missing.jsonl", "data/missing.jsonl#10", "./org/name"])

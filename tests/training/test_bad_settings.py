@@ -131,6 +131,7 @@ SFT_ROWS = [
         names=("--multi_dataset_sampler proportional", "8 training row(s)", "global batch of 16 rows")),
     row("--batch_sampler", "unique"),
     row("--check_media", "pixels"),
+    row("--download_mode", "sometimes"),
     row("--interleave_prob", "1", "1", names=("--interleave_prob", "2 probabilities for 1 dataset")),
     row("--interleave_prob", "1", "--multi_dataset_sampler", "weighted",
         names=("--interleave_prob", "--multi_dataset_sampler weighted")),
@@ -216,6 +217,7 @@ SFT_ROWS = [
     row(env={"MMEMBED_MEDIA_MAX_BYTES": "lots"}),
     row(env={"MMEMBED_OFFLINE": "maybe"}),
     row(env={"HF_HUB_OFFLINE": "sometimes"}),
+    row(env={"USE_HF": "maybe"}),  # ms-swift's hub switch for hub dataset ids
     row(env={"MMEMBED_DEBUG": "maybe"}),
 ]
 
