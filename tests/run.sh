@@ -25,6 +25,7 @@ ruff check --no-cache mmembed tests benchmarks examples docs
 echo "docs: mkdocs $(python -c 'import mkdocs; print(mkdocs.__version__)') build --strict"
 site=$(mktemp -d)
 trap 'rm -rf "$site"' EXIT
-NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir "$site"
+# (not --quiet: it hides the warnings that --strict counts, and a broken link would pass)
+NO_MKDOCS_2_WARNING=1 mkdocs build --strict --site-dir "$site"
 # --durations: every run shows where the time goes (the suite must stay under 20 minutes)
 python -m pytest tests "${parallel[@]}" --durations=30 "$@"
