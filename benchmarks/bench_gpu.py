@@ -63,7 +63,7 @@ non-matmul work -- norms, rotary, softmax, the loss -- is under 1% and left out)
     column adds it back (hardware FLOPs utilisation of that recomputation, not of work done
     twice by other causes).
 
-Run (on a GPU machine; see README "Benchmarks" for the wheels to carry):
+Run (on a GPU machine; see docs/benchmarks.md for the wheels to carry):
 
     python benchmarks/bench_gpu.py [--parts text,oom,gme] [--save results.json]
     python benchmarks/bench_gpu.py --load text.json,gme.json     # one table from several runs

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GME LoRA over several datasets, as GME / VLM2Vec / Qwen3-Embedding are trained: three tasks
 # (image-text retrieval, text retrieval with hard negatives, STS pairs), each with its own
-# instruction and loss settings, every global batch from one dataset (README: "Several
-# datasets and instructions"). The datasets are bundled (examples/data/multitask/, rebuilt by
+# instruction and loss settings, every global batch from one dataset (docs/datasets.md:
+# "Several datasets and instructions"). The datasets are bundled (examples/data/multitask/, rebuilt by
 # examples/data/make_multitask.py); the config names them: examples/data/multitask/multitask.yaml.
 #
 #   bash examples/train_multitask.sh                                   # CPU, a tiny random GME (built offline)

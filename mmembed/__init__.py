@@ -1,7 +1,7 @@
 """mmembed: fine-tune text and multimodal embedding models with contrastive losses.
 
 A drop-in for ms-swift's ``swift sft --task_type embedding``: the same data, flags and
-``INFONCE_*`` variables. See README.md.
+``INFONCE_*`` variables. See README.md and the pages under docs/.
 """
 
 __version__ = "0.1.0"

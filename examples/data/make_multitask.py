@@ -25,7 +25,7 @@ SHAPES = ("circle", "square", "triangle")
 
 CONFIG = """\
 # examples/train_multitask.sh: three tasks, one dataset each, every batch from one dataset.
-# Paths are relative to this file. README: "Several datasets and instructions".
+# Paths are relative to this file. docs/datasets.md: "Several datasets and instructions".
 datasets:
   - name: image_text                  # image <-> caption retrieval
     path: image_text.jsonl

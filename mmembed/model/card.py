@@ -290,7 +290,7 @@ def _transformers_vision_usage(path: str, template, config: dict[str, Any]) -> s
     )
     return ("### transformers\n\nThe model's rendering around the input, the processor (images sized by qwen-vl-utils "
             "under `MAX_PIXELS`/`MIN_PIXELS`, as in training), the last token's hidden state, L2 normalization. "
-            "There are no sentence-transformers files: see the mmembed README (Checkpoints, exporting).\n\n" + code
+            "There are no sentence-transformers files: see the mmembed documentation (docs/checkpoints.md).\n\n" + code
             + _side_renderings(config))
 
 
@@ -324,8 +324,8 @@ def _transformers_audio_usage(path: str, template, config: dict[str, Any]) -> st
     )
     return ("### transformers\n\nThe model's rendering around the input, the audio read as mmembed reads it (mono, "
             "resampled to the feature extractor's rate), the processor, the last token's hidden state, L2 "
-            "normalization. There are no sentence-transformers files: see the mmembed README (Checkpoints, "
-            "exporting).\n\n" + code + _side_renderings(config))
+            "normalization. There are no sentence-transformers files: see the mmembed documentation "
+            "(docs/checkpoints.md).\n\n" + code + _side_renderings(config))
 
 
 def _fstring(fmt: str) -> str:

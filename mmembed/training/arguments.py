@@ -98,7 +98,7 @@ class SftArguments(TrainingArguments):
     length_buckets: bool | None = field(default=None, metadata={"help": "pad text batches to a bounded set of widths (default: on a GPU, off on a CPU)"})
     # data
     dataset: list[str] = field(default_factory=list, metadata={"help": "data files / folders, path#N samples N rows"})
-    dataset_config: str | None = field(default=None, metadata={"help": "several datasets in a YAML or JSON file, each with its name, path, weight, query_system / document_system, loss settings and val rows (instead of --dataset; README: Several datasets and instructions)"})
+    dataset_config: str | None = field(default=None, metadata={"help": "several datasets in a YAML or JSON file, each with its name, path, weight, query_system / document_system, loss settings and val rows (instead of --dataset; docs/datasets.md)"})
     download_mode: str = field(default="reuse_dataset_if_exists", metadata={"choices": ["reuse_dataset_if_exists", "force_redownload"], "help": "hub datasets: reuse the client's download and mmembed's rows written from it, or download and write them again"})
     columns: str | None = field(default=None, metadata={"help": "rename row fields before reading, as JSON: '{\"text1\": \"query\", \"text2\": \"response\"}'"})
     val_dataset: list[str] = field(default_factory=list)

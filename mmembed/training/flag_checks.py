@@ -374,7 +374,7 @@ def check_swift_flags(args: SftArguments) -> None:
         if args.multi_dataset_sampler != "mixed":
             raise UsageError(f"--stopping_strategy {args.stopping_strategy} applies to --interleave_prob under "
                              f"--multi_dataset_sampler mixed; --multi_dataset_sampler {args.multi_dataset_sampler} "
-                             "decides itself when an epoch ends (see the README): leave it out")
+                             "decides itself when an epoch ends (see docs/datasets.md): leave it out")
         logging.getLogger("mmembed").info("--stopping_strategy %s has no effect without --interleave_prob (the "
                                           "datasets are concatenated)", args.stopping_strategy)
     if args.streaming and (args.multi_dataset_sampler != "mixed" or args.batch_sampler != "default"

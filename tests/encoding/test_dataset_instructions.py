@@ -1,5 +1,5 @@
 """The instructions' one home (mmembed/encoding/instructions.py): the system prompt of a text by
-(dataset, side, row), in the order the README states, each step written out as the string the
+(dataset, side, row), in the order docs/instructions.md states, each step written out as the string the
 MiniLM / BERT template renders ('{system} {text}')."""
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""A user's own loss: the README's worked example (examples/custom_loss.py) against its
+"""A user's own loss: the worked example of docs/losses.md (examples/custom_loss.py) against its
 formula written out, the registry (register_loss, module:Class), and a run from the CLI."""
 
 import json

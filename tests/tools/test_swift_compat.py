@@ -143,7 +143,7 @@ def swift_command() -> str:
 
 @pytest.mark.parametrize("name", ["qwen3_emb", "qwen2_gme"])
 def test_swift_export_merges_an_mmembed_adapter_as_mmembed_export_does(name, mmembed_checkpoint, tmp_path):
-    """The README's two commands side by side: ``swift export --adapters CKPT --model BASE
+    """The two commands of docs/checkpoints.md side by side: ``swift export --adapters CKPT --model BASE
     --model_type NAME --task_type embedding --merge_lora true`` (ms-swift's own, run here where
     ms-swift is installed) and ``mmembed export --adapters CKPT --merge_lora true`` write folders
     that transformers loads with the same weights, and that embed the same (mmembed's

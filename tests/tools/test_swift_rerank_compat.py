@@ -7,7 +7,7 @@ pairs of each batch, batch after batch), its pair encodings (the Qwen3-Reranker 
 cross-encoder's documented difference) and two training steps of ``mmembed sft`` on the recorded
 data with the recorded settings (each step's loss and gradient norm).
 
-Where mmembed differs on purpose the test states the difference exactly (README_rerank_compat.md):
+Where mmembed differs on purpose the test states the difference exactly (docs/rerankers.md, "Rerankers against ms-swift 4.6.0"):
 the BERT pair is the tokenizer's text pair with token type ids (CrossEncoder's encoding; ms-swift
 joins the texts with a literal ``[SEP]`` and gives none); the Qwen3 batch is ms-swift's, padded on the right.
 """

@@ -1,6 +1,6 @@
 """Two real processes (torchrun, gloo, CPU) against one process on the same global batch.
 
-The claim under test (README, "Several processes"): with cross-device negatives gathered
+The claim under test (docs/distributed.md, "Several processes"): with cross-device negatives gathered
 with gradient and the loss scaled by B_r * W / B, averaged parameter gradients equal those
 of one process on the whole global batch, for equal and unequal per-process sizes.
 """

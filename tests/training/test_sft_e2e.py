@@ -238,7 +238,7 @@ def test_save_strategy_no_writes_the_final_model_only(minilm_path, group_data, t
                             "--save_strategy", "no", "--eval_strategy", "no", "--learning_rate", "5e-4"))
     final = out / "checkpoint-3"
     assert metrics["last_checkpoint"] == str(final)
-    assert sorted(p.name for p in out.iterdir()) == ["charts", "checkpoint-3"]  # the run's charts (README, Charts)
+    assert sorted(p.name for p in out.iterdir()) == ["charts", "checkpoint-3"]  # the run's charts (docs/charts.md)
     names = {p.name for p in final.iterdir()}
     weights = "adapter_model.safetensors" if tuner == "lora" else "model.safetensors"
     assert {weights, "mmembed.json", "tokenizer.json"} <= names
