@@ -14,8 +14,9 @@ another as the files are read again.
 
 ``--dataset_config``'s datasets are one stream each (:func:`stream_samples` with the dataset's
 index); :func:`mix_streams` makes them one in ms-swift's order (``--multi_dataset_sampler
-mixed``), :class:`~mmembed.training.stream_samplers.HomogeneousStreams` draws whole global
-batches from them (:meth:`StreamingSamples.global_batches`) by the other samplers' rules.
+mixed``); :class:`~mmembed.training.stream_samplers.StreamBatches` reads whole global batches
+from them (:meth:`StreamingSamples.global_batches`), under the other samplers drawing each
+global batch's dataset by their rules.
 
 A torch IterableDataset wraps it to turn rows into :class:`Sample` objects, raise or skip
 bad rows (``--strict``) and drop rows over ``--max_length`` (``keep``). Data-loader workers
