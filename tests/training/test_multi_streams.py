@@ -268,7 +268,8 @@ def test_each_dataset_is_checked_against_its_own_loss_and_instructions(minilm_pa
     """Dataset b's own hard_negatives needs negatives: its row without one is a data error naming
     file and line when read (a's rows, under the run's loss, need none); with --strict false it is
     skipped and logged. Dataset a's long instruction counts toward its rows' length: with
-    --truncation_strategy delete its rows over --max_length go (exactly those), b's same rows stay."""
+    --truncation_strategy delete its rows over --max_length go (exactly those). a's val rows are
+    read whole, with a's index."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(minilm_path)
@@ -282,7 +283,8 @@ def test_each_dataset_is_checked_against_its_own_loss_and_instructions(minilm_pa
     limit = sorted(with_long)[4]
     alone = [max(len(tok(p["query"])["input_ids"]), len(tok(p["response"])["input_ids"])) for p in PAIRS[:8]]
     assert max(alone) <= limit < max(with_long)
-    cfg = _config(tmp_path, [{"name": "a", "path": a, "query_system": long},
+    val = write_jsonl(tmp_path / "a_val.jsonl", PAIRS[20:23])
+    cfg = _config(tmp_path, [{"name": "a", "path": a, "query_system": long, "val": val},
                              {"name": "b", "path": b, "infonce": {"hard_negatives": 1}}])
     argv = _argv(minilm_path, cfg, "--output_dir", str(tmp_path / "out"), "--multi_dataset_sampler", "round_robin",
                  "--dataset_shuffle", "false", "--max_length", str(limit))
@@ -292,6 +294,7 @@ def test_each_dataset_is_checked_against_its_own_loss_and_instructions(minilm_pa
     with pytest.raises(DataError, match=r"b\.jsonl:6: .*no negatives"):
         list(b_stream)
     assert data.losses[1].config.hard_negatives == 1 and 0 not in data.losses
+    assert list(data.val.dataset_ids) == [0, 0, 0] and [d.val_rows for d in data.datasets] == [3, 0]
     with caplog.at_level(logging.WARNING, logger="mmembed"):
         kept = list(_load(parse_sft_args(argv + ["--strict", "false"])).train.streams[1])
     assert len(kept) == 7 and re.search(r"skipped a bad row .*b\.jsonl:6", caplog.text)
