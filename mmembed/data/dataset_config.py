@@ -93,11 +93,12 @@ class DatasetEntry:
 @dataclass
 class DatasetInfo:
     """One training dataset as training sees it: its name, weight and number of rows (after
-    the checks), its entry in the configuration (None for a plain ``--dataset`` run)."""
+    the checks; a stream's: its size as declared or counted, None when not needed), its entry in
+    the configuration (None for a plain ``--dataset`` run)."""
 
     name: str
     weight: float
-    rows: int
+    rows: int | None
     entry: DatasetEntry | None = None
     val_rows: int = 0
 

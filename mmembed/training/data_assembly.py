@@ -255,7 +255,8 @@ class TrainingData:
         train, val = check_rows(Rows(parts, join=join), checks).whole()
         val_set = EmbeddingDataset(val) if val is not None else None
         val_rows = np.bincount(val_set.dataset_ids, minlength=len(entries)) if val_set is not None else [0] * len(entries)
-        infos = [DatasetInfo(e.name, e.weight, n or 0, e, int(val_rows[i])) for i, (e, (n, _)) in
+        # rows: the size the sampler draws by (declared or counted); None where none is needed (unknown)
+        infos = [DatasetInfo(e.name, e.weight, n, e, int(val_rows[i])) for i, (e, (n, _)) in
                  enumerate(zip(entries, sizes))]
         data = cls(train, val_set, files=files, datasets=infos, losses=losses)
         logger.info("%s", stream_report(infos, sizes, checks.encoding, losses, loss, sampler, interleave, args))

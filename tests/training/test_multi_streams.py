@@ -209,6 +209,9 @@ def test_mixed_with_interleave_prob_is_datasets_interleaving(files, stopping):
                         stopping=stopping)
     got = [_key(s) for s in mixed]
     assert got == [r["k"] for r in reference]
+    plain = stream_samples(list(files.values()), strict=True, seed=42, shuffle=True, buffer_size=8,
+                           interleave=[1, 2, 1], stopping=stopping)  # --dataset a b c --interleave_prob 1 2 1
+    assert [_key(s) for s in plain] == got
     counts = {n: sum(k.startswith(n + " ") for k in got) for n in ROWS}
     if stopping == "all_exhausted":
         assert all(counts[n] >= k for n, k in ROWS.items())
@@ -298,6 +301,20 @@ def test_each_dataset_is_checked_against_its_own_loss_and_instructions(minilm_pa
     with caplog.at_level(logging.WARNING, logger="mmembed"):
         kept = list(_load(parse_sft_args(argv + ["--strict", "false"])).train.streams[1])
     assert len(kept) == 7 and re.search(r"skipped a bad row .*b\.jsonl:6", caplog.text)
+
+
+def test_a_mixed_run_streams_the_datasets_in_ms_swifts_order(minilm_path, files, tmp_path):
+    """The run's data under mixed: global batches of the stream --dataset a b c would read (the
+    same seeds), each row with its dataset's index; the datasets' sizes are not needed."""
+    cfg = _config(tmp_path, [{"name": n, "path": files[n]} for n in ROWS])
+    data = _load(parse_sft_args(_argv(minilm_path, cfg, "--output_dir", str(tmp_path / "out"),
+                                      "--shuffle_buffer_size", "8")))
+    assert data.train.rule is None and [d.rows for d in data.datasets] == [None] * 3
+    plain = stream_samples(list(files.values()), strict=True, seed=42, shuffle=True, buffer_size=8)
+    keys = [_key(s) for s in plain]
+    rows = list(itertools.islice(iter(data.train), 2 * (len(keys) // 2)))
+    assert [_key(s) for s in rows] == keys[:len(rows)]
+    assert all(list(ROWS).index(_key(s).split()[0]) == s.dataset_id for s in rows)
 
 
 def test_a_bad_row_stops_the_stream_naming_file_and_line_or_is_skipped(minilm_path, files, tmp_path, caplog):
