@@ -7,6 +7,7 @@ The file (YAML or JSON) is a list of datasets, or an object whose ``datasets`` k
       - name: retrieval                 # letters, digits, '_' and '-'; unique
         path: [data/msmarco.jsonl, data/more/]   # a file or folder or hub dataset id, or a list of them
         sample: 2000                    # ms-swift's path#N over the dataset's rows (optional)
+        rows: 1000000                   # --streaming: its size for the samplers (optional; else counted)
         weight: 2.0                     # the weighted sampler's share (default 1.0)
         query_system: "Given a web search query, retrieve relevant passages"
         document_system: null           # optional, like query_system
@@ -42,7 +43,7 @@ from .specs import looks_like_hub_id
 
 __all__ = ["ConfigError", "DatasetEntry", "DatasetInfo", "read_dataset_config"]
 
-KEYS = ("name", "path", "sample", "weight", "query_system", "document_system", "infonce", "loss_kwargs", "val")
+KEYS = ("name", "path", "sample", "rows", "weight", "query_system", "document_system", "infonce", "loss_kwargs", "val")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
@@ -70,6 +71,9 @@ class DatasetEntry:
     name: str
     paths: list[str]
     sample: int | None = None
+    # its number of training rows as declared for --streaming (the samplers that draw by size
+    # read it rather than count the files' lines); None: not declared
+    rows: int | None = None
     weight: float = 1.0
     query_system: str | None = None
     document_system: str | None = None
@@ -93,11 +97,12 @@ class DatasetEntry:
 @dataclass
 class DatasetInfo:
     """One training dataset as training sees it: its name, weight and number of rows (after
-    the checks), its entry in the configuration (None for a plain ``--dataset`` run)."""
+    the checks; a stream's: its size as declared or counted, None when not needed), its entry in
+    the configuration (None for a plain ``--dataset`` run)."""
 
     name: str
     weight: float
-    rows: int
+    rows: int | None
     entry: DatasetEntry | None = None
     val_rows: int = 0
 
@@ -221,6 +226,10 @@ def read_dataset_config(path: str, check_infonce: Callable[[Mapping[str, Any], s
                                                     f"got {sample!r}")
         if sample is not None and any(re.search(r"#\d+$", p) for p in paths):
             raise ConfigError(file, name, "sample", "given with a path#N: give one of them")
+        rows = raw.get("rows")
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+            raise ConfigError(file, name, "rows", f"must be an integer >= 1 (the dataset's training rows, which "
+                                                  f"--streaming's samplers draw by), got {rows!r}")
         weight = raw.get("weight", 1.0)
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
             raise ConfigError(file, name, "weight", f"must be a number > 0, got {weight!r}")
@@ -229,7 +238,7 @@ def read_dataset_config(path: str, check_infonce: Callable[[Mapping[str, Any], s
             raise ConfigError(file, name, "loss_kwargs", f"must be a mapping of the loss's options, got {loss_kwargs!r}")
         val = _paths(file, name, "val", raw["val"], base) if raw.get("val") is not None else []
         entries.append(DatasetEntry(
-            name=name, paths=paths, sample=sample, weight=float(weight),
+            name=name, paths=paths, sample=sample, rows=rows, weight=float(weight),
             query_system=_system(file, name, "query_system", raw.get("query_system")),
             document_system=_system(file, name, "document_system", raw.get("document_system")),
             infonce=_infonce(file, name, raw.get("infonce"), check_infonce), loss_kwargs=dict(loss_kwargs), val=val,

@@ -27,12 +27,13 @@ from ..data import EmbeddingDataset, SpecError, load_samples
 from ..data.dataset_config import DatasetEntry, DatasetInfo
 from ..data.hub import DatasetHubOptions
 from ..data.sample import DataError
-from ..data.streaming import StreamingSamples, stream_samples
+from ..data.streaming import Stream, mix_streams, stream_samples
 from ..data.teacher import TeacherFiles, teacher_signal
 from ..encoding.instructions import Instructions
 from ..eval.tasks import HeldOutTasks
 from ..losses import EmbeddingLoss
 from .arguments import SftArguments, UsageError
+from .distributed import world
 from .flag_checks import beir_pairs
 from .model_assembly import Encoding, make_loss
 from .row_checks import Checks, Part, Rows, check_rows, log_phase
@@ -48,7 +49,7 @@ logger = logging.getLogger("mmembed")
 class TrainingData:
     """The training and eval rows, with their teacher signals."""
 
-    train: EmbeddingDataset | StreamingSamples  # (--streaming: rows read as training consumes them)
+    train: EmbeddingDataset | Stream  # (--streaming: rows read as training consumes them)
     val: EmbeddingDataset | None
     teacher_key: str | None = None  # the data's teacher signal the collator passes on
     teacher_width: int | None = None
@@ -86,7 +87,7 @@ class TrainingData:
                          several_positives=is_reranker(args), hub=hub_options(args))
         checks = Checks(args, encoding, loss, media, reuse)
         if getattr(args, "dataset_config", None):
-            return cls.load_config(checks, load_opts)
+            return cls.stream_config(checks, load_opts) if args.streaming else cls.load_config(checks, load_opts)
         if args.streaming:
             return cls.stream(checks, load_opts)
         return cls.load_files(checks, load_opts)
@@ -128,13 +129,13 @@ class TrainingData:
         skipped with ``--strict false``; rows over ``--max_length`` are dropped
         (``--truncation_strategy delete``); remote media are fetched when read."""
         args, loss = checks.args, checks.loss
-        if loss.side.teacher and not args.teacher_model:
-            raise UsageError(f"--loss_type {args.loss_type} with the teacher's signals in the rows cannot be checked "
-                             "up front with --streaming true: give --teacher_model, or leave out --streaming")
+        _stream_teacher(args, loss)
+        interleave = _interleave(args, [f"--dataset {spec}" for spec in args.dataset])
         train = stream_samples(args.dataset, strict=args.strict, seed=args.data_seed, shuffle=args.dataset_shuffle,
                                buffer_size=args.shuffle_buffer_size, columns=load_opts["columns"],
                                label_rule=load_opts["label_rule"], media_kinds=load_opts["media_kinds"],
-                               several_positives=load_opts["several_positives"], hub=load_opts["hub"])
+                               several_positives=load_opts["several_positives"], hub=load_opts["hub"],
+                               interleave=interleave, stopping=args.stopping_strategy)
         val, files = None, {}
         if args.val_dataset:
             val_loaded = load_samples(args.val_dataset, split_ratio=1.0, shuffle=args.val_dataset_shuffle, **load_opts)
@@ -156,14 +157,8 @@ class TrainingData:
         ``--dataset``. Logs the start-up report (:func:`dataset_report`)."""
         args, encoding, loss = checks.args, checks.encoding, checks.loss
         entries: list[DatasetEntry] = args.dataset_entries
-        losses = dataset_losses(args, entries)
         sampler = getattr(args, "multi_dataset_sampler", None) or "mixed"  # (mixed: ms-swift's order)
-        if losses and sampler == "mixed":
-            named = ", ".join(entries[i].name for i in losses)
-            raise UsageError(f"--dataset_config {args.dataset_config}: dataset(s) {named} have loss settings of their "
-                             "own, which need every batch from one dataset; --multi_dataset_sampler mixed puts rows of "
-                             "all datasets in a batch: use --multi_dataset_sampler proportional, round_robin or "
-                             "weighted, or move the settings to the INFONCE_* variables / --loss_kwargs")
+        losses = dataset_losses(args, entries, sampler)
         parts, files = [], {"train": {}, "val": {}}
         for i, entry in enumerate(entries):
             opts = dict(load_opts, seed=(args.data_seed or 0) + i)  # data_seed for the first: one dataset = --dataset
@@ -201,11 +196,82 @@ class TrainingData:
         return data
 
 
+    @classmethod
+    def stream_config(cls, checks: Checks, load_opts: dict) -> TrainingData:
+        """``--dataset_config`` with ``--streaming true``: each dataset a stream of its own
+        (:func:`~mmembed.data.streaming.stream_samples`: its files, ``sample: N`` its first N rows,
+        its index on every row) whose rows the phases check as a stream's, each against its own
+        loss and instructions; its ``val`` rows read whole. Then ``--multi_dataset_sampler mixed``
+        makes them one stream in ms-swift's order (:func:`~mmembed.data.streaming.mix_streams`:
+        concatenated or ``--interleave_prob``-interleaved, then shuffled with a buffer), the other
+        samplers draw from them by their rules, over the datasets' sizes
+        (:func:`~mmembed.training.stream_samplers.stream_sizes`); either way the training set is
+        whole global batches without end (:class:`~mmembed.training.stream_samplers.StreamBatches`).
+        Logs the start-up report."""
+        from .stream_samplers import StreamBatches, stream_sizes
+
+        args, loss = checks.args, checks.loss
+        entries: list[DatasetEntry] = args.dataset_entries
+        sampler = getattr(args, "multi_dataset_sampler", None) or "mixed"
+        losses = dataset_losses(args, entries, sampler)
+        _stream_teacher(args, loss)
+        mixed = sampler == "mixed"
+        interleave = _interleave(args, [f"dataset {e.name}" for e in entries])
+        sizes = stream_sizes(entries, sampler, args.dataset_config, load_opts["hub"])
+        parts, files = [], {}
+        for i, entry in enumerate(entries):
+            several = entry.sample is not None and len(entry.paths) > 1  # sample: N over the paths together
+            # mixed: the datasets' rows are shuffled together (mix_streams); the others: each its own
+            stream = stream_samples(entry.paths if several else entry.specs(), strict=args.strict,
+                                    seed=(args.data_seed or 0) + i, shuffle=args.dataset_shuffle and not mixed,
+                                    buffer_size=args.shuffle_buffer_size, columns=load_opts["columns"],
+                                    label_rule=load_opts["label_rule"], media_kinds=load_opts["media_kinds"],
+                                    several_positives=load_opts["several_positives"],
+                                    take=entry.sample if several else None, dataset_id=i, name=entry.name,
+                                    hub=load_opts["hub"])
+            val = None
+            if entry.val:
+                opts = dict(load_opts, seed=(args.data_seed or 0) + i)
+                val_loaded = load_samples(entry.val, split_ratio=1.0, shuffle=args.val_dataset_shuffle, **opts)
+                val = val_loaded.dataset
+                files.setdefault("val", {}).update(val_loaded.records)
+            own = (losses.get(i) or loss).negatives_rule
+            parts.append(Part.of(stream, val, own, (own, loss.negatives_rule), entry.name))
+
+        def join(parts: list[Part]) -> tuple[Any, Any]:
+            streams = [p.train for p in parts]
+            batch, accumulation = args.per_device_train_batch_size, int(args.gradient_accumulation_steps or 1)
+            seed = args.data_seed if args.data_seed is not None else args.seed
+            if mixed:
+                train = StreamBatches.mixed(mix_streams(streams, seed=args.data_seed, shuffle=args.dataset_shuffle,
+                                                        buffer_size=args.shuffle_buffer_size, interleave=interleave,
+                                                        stopping=args.stopping_strategy),
+                                            batch, accumulation, args.world_size, seed)
+            else:
+                train = StreamBatches.homogeneous(streams, sampler, sizes, [e.weight for e in entries], batch,
+                                                  accumulation, args.world_size, seed)
+            vals = [with_dataset_id(p.val, i) for i, p in enumerate(parts) if p.val is not None]
+            val = None if not vals else vals[0] if len(vals) == 1 else _concatenate(vals)
+            return train, val
+
+        train, val = check_rows(Rows(parts, join=join), checks).whole()
+        val_set = EmbeddingDataset(val) if val is not None else None
+        val_rows = np.bincount(val_set.dataset_ids, minlength=len(entries)) if val_set is not None else [0] * len(entries)
+        # rows: the size the sampler draws by (declared or counted); None where none is needed (unknown)
+        infos = [DatasetInfo(e.name, e.weight, n, e, int(val_rows[i])) for i, (e, (n, _)) in
+                 enumerate(zip(entries, sizes))]
+        data = cls(train, val_set, files=files, datasets=infos, losses=losses)
+        logger.info("%s", stream_report(infos, sizes, checks.encoding, losses, loss, sampler, interleave, args))
+        if world()[0] == 0:
+            logger.info("%s", train.describe())
+        return data
+
+
 def hub_options(args: SftArguments) -> DatasetHubOptions:
     """How the run loads hub dataset ids: ``--use_hf`` (or ``USE_HF``), ``--hub_token``,
     ``--download_mode`` (:class:`~mmembed.data.hub.DatasetHubOptions`)."""
     return DatasetHubOptions.of(args.use_hf, token=getattr(args, "hub_token", None),
-                         download_mode=getattr(args, "download_mode", None))
+                                download_mode=getattr(args, "download_mode", None))
 
 
 def read_once(args: SftArguments, read):
@@ -308,9 +374,46 @@ def load_eval_tasks(args: SftArguments, encoding: Encoding) -> HeldOutTasks | No
 # ----------------------------------------------------------------------------- --dataset_config
 
 
-def dataset_losses(args: SftArguments, entries: list[DatasetEntry]) -> dict[int, EmbeddingLoss]:
-    """The losses of the datasets with loss settings of their own, by index (:func:`make_loss`)."""
-    return {i: make_loss(args, entry) for i, entry in enumerate(entries) if entry.has_loss_settings}
+def dataset_losses(args: SftArguments, entries: list[DatasetEntry], sampler: str | None = None
+                   ) -> dict[int, EmbeddingLoss]:
+    """The losses of the datasets with loss settings of their own, by index (:func:`make_loss`);
+    refused under ``sampler`` ``mixed``, whose batches mix the datasets."""
+    losses = {i: make_loss(args, entry) for i, entry in enumerate(entries) if entry.has_loss_settings}
+    if losses and sampler == "mixed":
+        named = ", ".join(entries[i].name for i in losses)
+        raise UsageError(f"--dataset_config {args.dataset_config}: dataset(s) {named} have loss settings of their "
+                         "own, which need every batch from one dataset; --multi_dataset_sampler mixed puts rows of "
+                         "all datasets in a batch: use --multi_dataset_sampler proportional, round_robin or "
+                         "weighted, or move the settings to the INFONCE_* variables / --loss_kwargs")
+    return losses
+
+
+def _stream_teacher(args: SftArguments, loss: EmbeddingLoss) -> None:
+    """A stream's rows cannot all be checked for the teacher's signals before training."""
+    if loss.side.teacher and not args.teacher_model:
+        raise UsageError(f"--loss_type {args.loss_type} with the teacher's signals in the rows cannot be checked "
+                         "up front with --streaming true: give --teacher_model, or leave out --streaming")
+
+
+def _interleave(args: SftArguments, names: list[str]) -> list[float] | None:
+    """``--interleave_prob`` for a stream of the datasets ``names`` (one probability each), logged."""
+    probs = getattr(args, "interleave_prob", None)
+    if probs is None:
+        return None
+    if len(probs) != len(names):
+        raise UsageError(f"--interleave_prob gives {len(probs)} probabilities for {len(names)} dataset(s) "
+                         f"({', '.join(names)}): give one per dataset")
+    total = float(sum(probs))
+    logger.info("--interleave_prob %s --streaming true: the streams interleaved row by row with probabilities %s "
+                "(normalised to sum 1), --stopping_strategy %s", " ".join(str(x) for x in probs),
+                ", ".join(f"{n} {x / total:.4g}" for n, x in zip(names, probs)), args.stopping_strategy)
+    return list(probs)
+
+
+def _concatenate(parts):
+    import datasets as hf_datasets
+
+    return hf_datasets.concatenate_datasets(parts)
 
 
 def _join(parts: list[Part], args: SftArguments) -> tuple[Any, Any]:
@@ -362,6 +465,33 @@ def expected_shares(infos: list[DatasetInfo], sampler: str | None) -> list[float
         values = [float(info.rows) for info in infos]
     total = sum(values) or 1.0
     return [v / total for v in values]
+
+
+def stream_report(infos: list[DatasetInfo], sizes: list[tuple[int | None, str]], encoding: Encoding,
+                  losses: dict[int, EmbeddingLoss], loss: EmbeddingLoss, sampler: str, interleave: list[float] | None,
+                  args: SftArguments) -> str:
+    """The start-up report of a streamed ``--dataset_config`` run: per dataset its size (declared,
+    counted, or not needed), validation rows, weight, expected share of the steps under the
+    sampler (``mixed``: how the streams are combined) and the loss settings in force. (No row is
+    shown: the streams are read when training starts.)"""
+    if sampler == "mixed":
+        how = (f"interleaved row by row (--interleave_prob, --stopping_strategy {args.stopping_strategy})"
+               if interleave else "concatenated in this order") + (
+            f", then shuffled with a buffer of {args.shuffle_buffer_size} rows" if args.dataset_shuffle else "")
+        shares = [x / sum(interleave) for x in interleave] if interleave else None
+    else:
+        how = f"every global batch from one dataset, shares {SHARES[sampler]}"
+        shares = expected_shares(infos, sampler)
+    lines = [f"{len(infos)} training datasets, each a stream (--streaming true; --multi_dataset_sampler {sampler}: "
+             f"{how}):"]
+    for i, (info, (n, source)) in enumerate(zip(infos, sizes)):
+        size = f"{n:,} rows ({source})" if n is not None else "rows read as training goes"
+        share = f", expected share {shares[i]:.1%}" + (" of the rows" if sampler == "mixed" else "") if shares else ""
+        lines.append(f"  {info.name}: {size}" + (f" (+{info.val_rows} val)" if info.val_rows else "")
+                     + f", weight {info.weight:g}{share}")
+        settings = " ".join(repr(losses.get(i, loss)).split())
+        lines.append(f"    loss: {settings}" + ("" if i in losses else " (the run's)"))
+    return "\n".join(lines)
 
 
 def dataset_report(infos: list[DatasetInfo], train: EmbeddingDataset, encoding: Encoding,

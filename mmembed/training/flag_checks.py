@@ -377,11 +377,13 @@ def check_swift_flags(args: SftArguments) -> None:
                              "decides itself when an epoch ends (see docs/datasets.md): leave it out")
         logging.getLogger("mmembed").info("--stopping_strategy %s has no effect without --interleave_prob (the "
                                           "datasets are concatenated)", args.stopping_strategy)
-    if args.streaming and (args.multi_dataset_sampler != "mixed" or args.batch_sampler != "default"
-                           or args.interleave_prob is not None):
-        raise UsageError("--streaming true reads the rows as training consumes them; --multi_dataset_sampler "
-                         f"{args.multi_dataset_sampler}, --batch_sampler {args.batch_sampler} and --interleave_prob "
-                         "need every dataset's rows up front: leave out --streaming (or these flags)")
+    if args.streaming and args.batch_sampler != "default":
+        raise UsageError(f"--streaming true reads the rows as training consumes them; --batch_sampler "
+                         f"{args.batch_sampler} needs every row's texts up front: leave out --streaming (or it)")
+    if args.streaming and args.multi_dataset_sampler != "mixed" and not args.dataset_config:
+        raise UsageError(f"--multi_dataset_sampler {args.multi_dataset_sampler} with --streaming true draws each "
+                         "global batch from one of --dataset_config's datasets (each a stream): list the datasets in "
+                         "a --dataset_config file, or leave out --streaming")
 
 
 def check_dataset_config(args: SftArguments) -> None:
@@ -401,9 +403,6 @@ def check_dataset_config(args: SftArguments) -> None:
     if args.val_dataset:
         raise UsageError("--val_dataset cannot be used with --dataset_config: give each dataset its validation rows "
                          "in the file ('val'), which also makes its eval_<name>_* metrics")
-    if args.streaming:
-        raise UsageError("--streaming true cannot be used with --dataset_config: its datasets are read whole "
-                         "(their sizes set the samplers' shares); leave out --streaming")
     files = [f"--{f}" for f in ("teacher_scores_file", "teacher_embeddings_file") if getattr(args, f)]
     if files:
         raise UsageError(f"{' '.join(files)} cannot be used with --dataset_config (they align with --dataset's "
@@ -412,6 +411,10 @@ def check_dataset_config(args: SftArguments) -> None:
         args.dataset_entries = read_dataset_config(args.dataset_config, check_infonce=infonce_keys)
     except ConfigError as e:
         raise UsageError(str(e)) from None
+    declared = [e.name for e in args.dataset_entries if e.rows is not None]
+    if declared and not args.streaming:
+        logging.getLogger("mmembed").info("--dataset_config: the 'rows' of %s serve --streaming only; the rows read "
+                                          "whole are counted", ", ".join(declared))
     for flag, task in (("--eval_sts", "sts"), ("--eval_beir", "beir")):  # eval_<task>_* would mean both
         if getattr(args, flag[2:]) and any(e.name == task for e in args.dataset_entries):
             raise UsageError(str(ConfigError(os.path.abspath(args.dataset_config), task, "name",

@@ -76,13 +76,20 @@ def check_lengths(args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, m
     return checked[0], checked[1]
 
 
-def length_filter(encoding: Encoding, media: MediaSettings | None, check_media: str, layout: Layout):
+def length_filter(encoding: Encoding, media: MediaSettings | None, check_media: str, layout: Layout,
+                  templates: dict | None = None):
     """``--truncation_strategy delete`` on rows read one at a time (``--streaming``):
-    ``keep(sample)``, False for a row over ``--max_length``."""
+    ``keep(sample)``, False for a row over ``--max_length``. ``templates``: ``{dataset: its
+    template}`` for the ``--dataset_config`` datasets with instructions of their own
+    (:meth:`~mmembed.encoding.instructions.Instructions.templates`): their rows (by
+    ``Sample.dataset_id``) are measured with it."""
     builder = length_builder(encoding, media, check_media)
+    builders = {d: length_builder(dataclasses.replace(encoding, template=t), media, check_media)
+                for d, t in (templates or {}).items()}
 
     def keep(sample: Sample) -> bool:
-        return measured_lengths([sample], builder, layout)[0] <= encoding.max_length
+        own = builders.get(sample.dataset_id, builder)
+        return measured_lengths([sample], own, layout)[0] <= encoding.max_length
 
     return keep
 

@@ -21,8 +21,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..data.sample import DataError, Sample
-from ..data.streaming import StreamingSamples
+from ..data.streaming import Stream
 from ..data.trainable import NegativesRule, rows_without_negatives
+from ..encoding.instructions import Instructions
 from ..losses import EmbeddingLoss
 from .arguments import SftArguments, UsageError
 from .length_check import check_lengths, length_filter
@@ -51,7 +52,7 @@ class Checks:
 @dataclasses.dataclass
 class Part:
     """One dataset's rows as its source read them: the training rows (a ``datasets.Dataset``, or
-    ``--streaming``'s stream), the eval rows (or None), the rule of the loss that trains on them
+    ``--streaming``'s stream, :class:`~mmembed.data.streaming.Stream`), the eval rows (or None), the rule of the loss that trains on them
     (:attr:`~mmembed.losses.EmbeddingLoss.negatives_rule`), the rules of the losses that score
     the eval rows (those a short row would break), and for ``--dataset_config`` its name."""
 
@@ -89,7 +90,7 @@ class Rows:
     def count(self) -> int:
         """The rows at hand (a stream's are checked as they are read: not counted)."""
         return sum(len(ds) for p in self.parts for ds in (p.train, p.val)
-                   if ds is not None and not isinstance(ds, StreamingSamples))
+                   if ds is not None and not isinstance(ds, Stream))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,10 +122,10 @@ def _trainable(rows: Rows, checks: Checks) -> Rows:
     for part in rows.parts:
         own = "" if part.name is None else f" ({part.name})"
         train, val = part.train, part.val
-        if not isinstance(train, StreamingSamples):
+        if not isinstance(train, Stream):
             train = check_trainable(train, part.rule, strict, "train" + own)
         elif part.rule is not None and part.rule.breaks:
-            _add_filter(train, _negatives_filter(part.rule))
+            train.add_filter(_negatives_filter(part.rule))
         for rule in part.val_rules if val is not None else ():
             val = check_trainable(val, rule, strict, "val" + own)
         parts.append(dataclasses.replace(part, train=train, val=val))
@@ -134,7 +135,7 @@ def _trainable(rows: Rows, checks: Checks) -> Rows:
 def _remote_media(rows: Rows, checks: Checks) -> Rows:
     """The remote media downloaded now (:func:`fetch_remote_media`); a stream's when read."""
     train, val = rows.whole()
-    streamed = isinstance(train, StreamingSamples)
+    streamed = isinstance(train, Stream)
     kept, val = fetch_remote_media(None if streamed else train, val, checks.args.strict, checks.media.downloads)
     return Rows([Part(train if streamed else kept, val)])
 
@@ -143,9 +144,11 @@ def _lengths(rows: Rows, checks: Checks) -> Rows:
     """The length check (:func:`~mmembed.training.length_check.check_lengths`); a stream's rows
     over ``--max_length`` are dropped as they are read (``--truncation_strategy delete``)."""
     args, train, val = checks.args, *rows.whole()
-    if isinstance(train, StreamingSamples):
+    if isinstance(train, Stream):
         if args.truncation_strategy == "delete":
-            _add_filter(train, length_filter(checks.encoding, checks.media, args.check_media, checks.loss.layout))
+            # a --dataset_config dataset's instruction counts toward its rows' length
+            own = Instructions.of(getattr(args, "dataset_entries", None) or []).templates(checks.encoding.template)
+            train.add_filter(length_filter(checks.encoding, checks.media, args.check_media, checks.loss.layout, own))
         return Rows([Part(train, check_lengths(args, checks.encoding, checks.loss, checks.media, None, val, checks.reuse)[1])])
     return Rows([Part(*check_lengths(args, checks.encoding, checks.loss, checks.media, train, val, checks.reuse))])
 
@@ -166,12 +169,6 @@ def _negatives_filter(rule: NegativesRule) -> Callable[[Sample], bool]:
         return True
 
     return keep
-
-
-def _add_filter(stream: StreamingSamples, keep: Callable[[Sample], bool]) -> None:
-    """``keep`` after the stream's filters: a row is kept when all keep it."""
-    before = stream.keep
-    stream.keep = keep if before is None else (lambda sample: before(sample) and keep(sample))
 
 
 class _Phase:

@@ -211,12 +211,15 @@ class HomogeneousSampler(Sampler):
         """Global batches drawn from each dataset in the epochs before ``epoch``."""
         return np.array(self.nominal, dtype=np.int64) * epoch
 
-    def draws(self, epoch: int) -> np.ndarray:
-        """The dataset of each global batch of ``epoch``, in order."""
-        if epoch not in self._draws:
-            rng = np.random.default_rng([self.seed, epoch, 1 + list(MultiDatasetSampler).index(self.rule)])
-            self._draws[epoch] = self.draw(epoch, rng)
-        return self._draws[epoch]
+    def draws(self, epoch: int, cache: bool = True) -> np.ndarray:
+        """The dataset of each global batch of ``epoch``, in order (``cache``: kept for the next call)."""
+        if epoch in self._draws:
+            return self._draws[epoch]
+        rng = np.random.default_rng([self.seed, epoch, 1 + list(MultiDatasetSampler).index(self.rule)])
+        draws = self.draw(epoch, rng)
+        if cache:
+            self._draws[epoch] = draws
+        return draws
 
     def positions(self, epoch: int, batches: int = 0) -> list[int]:
         """Global batches drawn from each dataset before batch ``batches`` of ``epoch``."""
@@ -507,8 +510,9 @@ def pass_through_shards(loader: DataLoader) -> DataLoader:
 
 def sampler_state(sampler, global_step: int) -> dict | None:
     """What a checkpoint records of ``sampler``'s position after ``global_step`` steps (None:
-    a sampler with no position to record)."""
-    if isinstance(sampler, (HomogeneousSampler, MappedSampler)):
+    a sampler with no position to record). ``sampler``: one of this module's, or a stream with
+    a ``state(global_step)`` of its own (:class:`~mmembed.training.stream_samplers.StreamBatches`)."""
+    if callable(getattr(sampler, "state", None)):
         return sampler.state(global_step)
     if isinstance(sampler, SwiftOrderSampler):
         return {"sampler": "mixed", "rows": sampler.num_rows, "seed": sampler.seed, "global_step": global_step}

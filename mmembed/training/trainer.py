@@ -39,6 +39,7 @@ from .optimizer import split_by_learning_rate
 from .preemption import PreemptionStop
 from .samplers import check_resumed_state, pass_through_shards, resumed_epoch, train_sampler
 from .saving import CheckpointSaving
+from .stream_samplers import StreamBatches
 
 
 class EmbeddingTrainer(CheckpointSaving, Trainer):
@@ -288,8 +289,17 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         return sampler if sampler is not None else super()._get_train_sampler(train_dataset)
 
     def get_train_dataloader(self):
+        """The Trainer's loader (accelerate's sharding passed through where mmembed's sampler shares
+        the rows out). The global batches of a streamed ``--dataset_config`` run
+        (:class:`~mmembed.training.stream_samplers.StreamBatches`) are their own sampler: kept
+        as ``training_sampler`` for the checkpoints' record of the position, which a resumed run
+        must reach (the Trainer skips the trained batches of the endless stream)."""
         loader = pass_through_shards(super().get_train_dataloader())
-        if self.resuming_from and self.training_sampler is not None:
+        if isinstance(self.train_dataset, StreamBatches):
+            self.training_sampler = self.train_dataset
+            if self.resuming_from and not self.args.ignore_data_skip:
+                check_resumed_state(self.training_sampler, self.resuming_from)
+        elif self.resuming_from and self.training_sampler is not None:
             resumed_epoch(self.training_sampler, len(loader), self.args.gradient_accumulation_steps, self.resuming_from)
         return loader
 

@@ -126,6 +126,12 @@ SFT_ROWS = [
     row("--streaming", "true", "--loss_type", "distill_kl", "--teacher_scores_file", "t.npy",
         names=("--teacher_scores_file", "--streaming")),
     row("--shuffle_buffer_size", "0"),
+    row("--streaming", "true", "--max_steps", "2", "--batch_sampler", "no_duplicates",
+        names=("--streaming", "--batch_sampler no_duplicates")),
+    row("--streaming", "true", "--max_steps", "2", "--multi_dataset_sampler", "proportional",
+        names=("--multi_dataset_sampler proportional", "--streaming", "--dataset_config")),
+    row("--streaming", "true", "--max_steps", "2", "--interleave_prob", "1", "1",
+        names=("--interleave_prob", "2 probabilities for 1 dataset")),
     # the samplers (8 rows, one dataset): checked against the rows before the model loads
     row("--multi_dataset_sampler", "by_size"),
     row("--multi_dataset_sampler", "proportional", "--per_device_train_batch_size", "16",
