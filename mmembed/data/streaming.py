@@ -27,6 +27,7 @@ batch (accelerate's ``IterableDatasetShard``).
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import logging
@@ -98,7 +99,7 @@ def _spec_stream(spec: str, rng: np.random.RandomState, *, strict: bool, columns
     part = datasets.IterableDataset.from_generator(
         _generate, gen_kwargs={"shards": shards, "strict": strict, "verify_images": True, "version": _CACHE_VERSION,
                                "work_dir": os.getcwd(), "root_image_dir": read_environment().data.root_image_dir,
-                               "columns": None if sources else columns, "sources": sources,
+                               "columns": None if sources else columns, **({"sources": sources} if sources else {}),
                                "label_rule": label_rule.as_dict() if label_rule else None,
                                "media_kinds": tuple(sorted(media_kinds)) if media_kinds is not None else None,
                                "several_positives": several_positives})
@@ -220,6 +221,11 @@ class StreamingSamples(Stream):
         stream (every worker reads every row: :func:`_whole`), logged by worker 0 only."""
         worker = torch.utils.data.get_worker_info()
         quiet = worker is not None and worker.id > 0
+        if worker is not None:
+            # datasets keeps a stream's epoch in shared memory (for persistent workers), so workers
+            # reading every row at their own pace would set each other's pass (and shuffle seed)
+            # mid-pass: each worker reads a copy with an epoch of its own
+            self.stream = copy.deepcopy(self.stream)
         for p in itertools.count():
             self.set_epoch(p)
             batch: list[Sample] = []
