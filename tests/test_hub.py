@@ -21,29 +21,34 @@ from mmembed.hub import HubOptions, is_hub_id, resolve_model
 
 HF = HubOptions(use_hf=True)
 MINILM = "hubtest/minilm"
+DATA = "hubtest/tiny-data"  # a dataset repository: one JSONL file of 4 rows
 
 
 @pytest.fixture(scope="module")
-def hub(hub_server, minilm_path):
+def hub(hub_server, minilm_path, tmp_path_factory):
     """The hub with MiniLM as ``hubtest/minilm`` and as the gated ``hubtest/gated`` (opened
     by the token ``hf_gate_key``)."""
     hub_server.add_folder(MINILM, minilm_path)
     hub_server.add_folder("hubtest/gated", minilm_path, gated=True, token="hf_gate_key")
+    rows = tmp_path_factory.mktemp("hub_data") / "train.jsonl"
+    write_jsonl(rows, stsb_pairs(4))
+    hub_server.add_files(DATA, {"train.jsonl": str(rows)}, repo_type="dataset")
     return hub_server
 
 
 @pytest.fixture(scope="module")
 def trained(hub, tmp_path_factory):
-    """``mmembed sft --use_hf true --model hubtest/minilm``, one step, into an empty HF_HOME,
-    with the weights' download cut in the middle once."""
+    """``mmembed sft --use_hf true --model hubtest/minilm --dataset hubtest/tiny-data``, one step,
+    into an empty HF_HOME, with the weights' download cut in the middle once."""
     root = tmp_path_factory.mktemp("hub_sft")
     home = str(root / "hf_home")
     data = write_jsonl(root / "train.jsonl", stsb_pairs(4))
     hub.cut_once(MINILM, "model.safetensors")
     hub.clear_requests()
-    r = run_cli(["sft", "--use_hf", "true", "--model", MINILM, "--dataset", data, "--output_dir", str(root / "out"),
+    env = {**client_env(hub.url, home), "MMEMBED_HUB_CACHE": str(root / "rows")}
+    r = run_cli(["sft", "--use_hf", "true", "--model", MINILM, "--dataset", DATA, "--output_dir", str(root / "out"),
                  "--max_steps", "1", "--save_steps", "1", "--per_device_train_batch_size", "2", "--max_length", "32",
-                 "--report_to", "none", "--disable_tqdm", "true"], env=client_env(hub.url, home))
+                 "--report_to", "none", "--disable_tqdm", "true"], env=env)
     return {"result": r, "home": home, "out": root / "out", "requests": hub.requests, "data": data}
 
 
@@ -59,6 +64,8 @@ def test_sft_trains_a_hugging_face_id_whose_download_was_cut(trained, hub):
     assert "Fetching" in r.stderr
     skipped = [path for method, path, _ in trained["requests"] if path.endswith((".onnx", ".h5"))]
     assert not skipped  # ms-swift's ignore patterns
+    assert any(path.startswith(f"/datasets/{DATA}/resolve/") for _, path, _ in trained["requests"])  # the rows too
+    assert "hf::hubtest/tiny-data[train]" in (trained["out"] / "checkpoint-1" / "README.md").read_text()
 
 
 def test_offline_a_later_command_reads_the_cache(trained, hub, tmp_path):
