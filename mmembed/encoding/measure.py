@@ -40,6 +40,7 @@ Python lists of ids), with the lengths of texts already seen kept (up to
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import re
@@ -91,18 +92,27 @@ class TextCounter:
         backend = getattr(tokenizer, "_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
         self.backend = backend if backend is not None and hasattr(backend, "encode_batch") else None
         self.cache: dict[str, int] = {}
+        self.hits: set[str] = set()  # the cached texts asked for again since the cache last started
 
     def __call__(self, texts: Sequence[str]) -> list[int]:
         cache = self.cache
-        todo = list(dict.fromkeys(t for t in texts if t not in cache))
-        if not todo:
-            return [cache[t] for t in texts]
+        counts = list(map(cache.get, texts))
+        self.hits.update(itertools.compress(texts, counts))  # (a count of 0 is not worth keeping)
+        missing = [i for i, n in enumerate(counts) if n is None]
+        if not missing:
+            return counts
+        todo = list(dict.fromkeys(texts[i] for i in missing))
         new = dict(zip(todo, self._count(todo)))
-        out = [cache[t] if t in cache else new[t] for t in texts]
+        for i in missing:
+            counts[i] = new[texts[i]]
         if len(cache) + len(new) > TEXT_CACHE_SIZE:
-            cache.clear()
+            # full: start again with the texts asked for again since the last start (hard negatives
+            # recur across rows, a query seldom), at most half the cache
+            kept = list(self.hits)[:TEXT_CACHE_SIZE // 2]
+            self.cache = cache = {t: cache[t] for t in kept}
+            self.hits = set()
         cache.update(new)
-        return out
+        return counts
 
     def _count(self, texts: list[str]) -> list[int]:
         if self.backend is None:  # a slow tokenizer: its own call
@@ -504,28 +514,67 @@ def json_text_lengths(builder: InputBuilder, rows: Sequence[str], layout: Layout
                 return None
         if member.field("text").null_count:
             return None
+    # a row's inputs: its anchor (a query), its first positive and its negatives (documents)
+    inputs = [anchor, pc.list_element(sides["positives"], 0)]
+    if group:
+        inputs.append(sides["negatives"].flatten())
+    texts = pa.concat_arrays([pc.struct_field(member, "text") for member in inputs])
+    if pc.any(pc.match_substring_regex(texts, "|".join(re.escape(tag) for tag in MEDIA_TAGS.values()))).as_py():
+        return None
     template = builder.template
-    render = template.format_text
-    query, document = template.side_system("query"), template.side_system("document")
-    texts_of = [(m.field("text").to_pylist(), m.field("system").to_pylist()) for m in members]
-    for column, _ in texts_of:
-        if any("<" in t and any(tag in t for tag in MEDIA_TAGS.values()) for t in column):
+    n = len(rows)
+    # each input's system: its own, else its side's instruction (None: none)
+    side = pa.concat_arrays([pa.array([template.side_system("query")] * n, pa.string()),
+                             pa.array([template.side_system("document")] * (len(texts) - n), pa.string())])
+    systems = pc.coalesce(pa.concat_arrays([pc.struct_field(member, "system") for member in inputs]), side)
+    rendered = rendered_texts(template, texts, systems)
+    # each distinct text counted once (hard negatives recur across rows)
+    distinct = rendered.dictionary_encode()
+    counted = np.asarray(builder.text_lengths(distinct.dictionary.to_pylist()), dtype=np.int64)
+    lengths = counted[distinct.indices.to_numpy()]
+    out = np.maximum(lengths[:n], lengths[n:2 * n])  # each row's longest input
+    if group:
+        np.maximum.at(out, pc.list_parent_indices(sides["negatives"]).to_numpy(), lengths[2 * n:])
+    return out.tolist()
+
+
+def rendered_texts(template, contents, systems):
+    """:meth:`Template.format_text <mmembed.encoding.templates.Template.format_text>` of each
+    content and system (Arrow strings; a system null or empty: none), as Arrow strings."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def one_by_one():  # a format with more than {content} and {system} fields
+        return pa.array([template.format_text(c, s) for c, s in zip(contents.to_pylist(), systems.to_pylist())],
+                        pa.string())
+
+    plain = _formatted(template.format, contents, systems.fill_null(""))
+    if plain is None:
+        return one_by_one()
+    has_system = pc.not_equal(systems, "").fill_null(False)
+    if template.format_with_system is None or not pc.any(has_system).as_py():
+        return plain
+    with_system = _formatted(template.format_with_system, contents, systems.fill_null(""))
+    return one_by_one() if with_system is None else pc.if_else(has_system, with_system, plain)
+
+
+def _formatted(fmt: str, contents, systems):
+    """``fmt.format(content=..., system=...)`` of each content and system (Arrow strings), or
+    None for a format other than literal text and ``{content}`` / ``{system}`` fields."""
+    import string
+
+    import pyarrow.compute as pc
+
+    pieces = []
+    for literal, name, spec, conversion in string.Formatter().parse(fmt):
+        if literal:
+            pieces.append(literal)
+        if name is None:
+            continue
+        if name not in ("content", "system") or spec or conversion:
             return None
-    (a_text, a_sys), (p_text, p_sys) = texts_of[0], texts_of[1]
-    n_text, n_sys = texts_of[2] if group else ([], [])
-    first_positive = sides["positives"].offsets.to_numpy()
-    negatives = sides["negatives"].offsets.to_numpy() if group else np.zeros(len(rows) + 1, dtype=np.int64)
-    texts: list[str] = []
-    for i in range(len(rows)):  # a row's inputs in sample_items' order: anchor, its first positive, negatives
-        texts.append(render(a_text[i], a_sys[i] if a_sys[i] is not None else query))
-        p = int(first_positive[i])
-        texts.append(render(p_text[p], p_sys[p] if p_sys[p] is not None else document))
-        for k in range(int(negatives[i]), int(negatives[i + 1])):
-            texts.append(render(n_text[k], n_sys[k] if n_sys[k] is not None else document))
-    lengths = builder.text_lengths(texts)
-    out, k = [], 0
-    for n in (2 + np.diff(negatives)).tolist():
-        out.append(max(lengths[k:k + n]))
-        k += n
-    return out
+        pieces.append(contents if name == "content" else systems)
+    if not any(not isinstance(p, str) for p in pieces):
+        return None
+    return pc.binary_join_element_wise(*pieces, "")
 
