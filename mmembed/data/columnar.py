@@ -159,6 +159,16 @@ def _groups_media_ok(array, n_groups: np.ndarray) -> np.ndarray:
     return ok
 
 
+def _label(x: float | None) -> str | None:
+    """A label as ``json.dumps`` writes it; None for one the general reader must read: not
+    finite (its error), or -0.0 (``-0`` is the integer 0 to json.loads, whose label is 0.0)."""
+    if x is None:
+        return "null"
+    if not math.isfinite(x) or (x == 0 and math.copysign(1.0, x) < 0):
+        return None
+    return float.__repr__(x)
+
+
 def _space_class() -> str:
     """An RE2 character class of the characters ``str.strip()`` removes (``str.isspace()``)."""
     return "".join(f"\\x{{{ord(c):04x}}}" for c in map(chr, range(0x3001)) if c.isspace())
@@ -337,8 +347,7 @@ def plain_samples(path: str, block: list[tuple[int, bytes]], *, label_rule: Labe
 
     # the label: absent, or a finite number the loss takes
     labels = column["label"]
-    label_texts = pa.array(["null" if x is None else float.__repr__(x) if math.isfinite(x) else None
-                            for x in labels.to_pylist()], pa.string()) if labels.null_count < n else None
+    label_texts = pa.array([_label(x) for x in labels.to_pylist()], pa.string()) if labels.null_count < n else None
     if label_rule is not None:
         ok &= [label_rule.problem(x) is None for x in labels.to_pylist()]
     if label_texts is None:

@@ -71,7 +71,12 @@ def media(tmp_path):
 
 
 def test_plain_rows_of_both_forms_are_read_by_arrow_as_the_general_reader_reads_them(tmp_path):
-    rows = [Q, M, dict(Q, label=1), dict(M, label=0.25), dict(Q, system="Be brief."), dict(M, system="Be brief."),
+    rows = ['{"qu\\u0065ry": "escaped key", "response": "b", "": 1}',
+            '{"query": "a", "response": "b", "label": 9007199254740993}',
+            '{"query": "a", "response": "b", "label": 100000000000000000000000000000000000000000000000001}',
+            '{"query": "a", "response": "b", "label": 1E-2}', '{"query": "a", "response": "b", "label": 4.9e-324}',
+            '{"query": "a", "response": "b", "label": 0.1000000000000000055511151231257827}',
+            Q, M, dict(Q, label=1), dict(M, label=0.25), dict(Q, system="Be brief."), dict(M, system="Be brief."),
             {"query": "q", "response": "p"}, {"messages": _user("q"), "positive_messages": [_user("p")]},
             dict(Q, rejected_response=[]), dict(M, negative_messages=[]), dict(Q, images=[], videos=[]),
             dict(M, images=[], positive_images=[[]], negative_images=[[], None]),
@@ -124,6 +129,8 @@ ARROW_READ = {
     "teacher scores": dict(M, teacher_scores=[0.9, 0.1, 0.2]),
     "a label that is not finite": dict(M, label=float("nan")),
     "a label of 0.5 for contrastive": dict(M, label=0.5),
+    "a label of -0 (the integer 0 to json.loads)": '{"query": "a", "response": "b", "label": -0}',
+    "a label of -0.0": '{"query": "a", "response": "b", "label": -0.0}',
     # --- the query form's
     "missing response": {"query": "a", "rejected_response": ["n"]},
     "empty negative": dict(Q, rejected_response=["x", ""]),
@@ -180,6 +187,9 @@ NOT_ARROW = {
     "nested too deeply": '{"query": "a", "response": "b", "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
     "not UTF-8": b'{"query": "q\xff", "response": "r"}',
     "a field of two types": json.dumps(dict(Q, id="seven")),
+    "a BOM on a later line": "\ufeff" + json.dumps(Q),
+    "a key twice, once escaped": '{"query": "a", "qu\\u0065ry": "b", "response": "r"}',
+    "a vertical tab between values": '{"query": "a",\x0b"response": "b"}',
 }
 
 
