@@ -171,7 +171,7 @@ def table(results: list[dict]) -> str:
     """One line per run; ratios against the streamed run of the same data and source (when there
     is one) and, with a baseline, this one's time against the baseline's same run."""
     compared = any(r["who"] == "baseline" for r in results)
-    lines = ["| data | run | " + (" source |" if compared else "") + " | ".join(f"{p} rows/s" for p in PHASES)
+    lines = ["| data | run | " + ("source | " if compared else "") + " | ".join(f"{p} rows/s" for p in PHASES)
              + " | to first step |" + (" vs baseline |" if compared else "") + " vs streamed | "
              "peak memory (PSS, tree) | vs streamed | peak anonymous | vs streamed |",
              "|---" * (8 + len(PHASES) + 2 * compared) + "|"]
