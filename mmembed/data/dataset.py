@@ -31,7 +31,8 @@ import numpy as np
 import torch.utils.data
 
 from ..environment import read as read_environment
-from .formats import iter_rows_or_errors
+from .columnar import plain_samples
+from .formats import decode_jsonl_line, iter_rows_or_errors, jsonl_lines
 from .hub import DatasetHubOptions, hub_files
 from .labels import LabelRule
 from .paths import MediaFileError
@@ -99,7 +100,8 @@ def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: s
               columns: dict[str, str] | None = None, label_rule: dict | None = None,
               media_kinds: tuple[str, ...] | None = None, root_image_dir: str = "", several_positives: bool = False,
               sources: dict[str, str] | None = None):
-    """Arrow rows for the given file shards; a bad row becomes an ``error`` row.
+    """Arrow rows for the given file shards, one at a time (a stream's rows); a bad row becomes
+    an ``error`` row.
 
     ``version`` only feeds the cache fingerprint; ``work_dir`` is where relative media paths
     are tried besides the data file's folder, and ``root_image_dir`` (ms-swift's
@@ -111,41 +113,111 @@ def _generate(shards: list[tuple], strict: bool, verify_images: bool, version: s
     raises it).
     """
     del version
-    rule = LabelRule.from_dict(label_rule) if label_rule else None
-    kinds = frozenset(media_kinds) if media_kinds is not None else None
+    read = _RowReader(work_dir, columns, label_rule, media_kinds, root_image_dir, several_positives, verify_images)
     for path, _mtime_ns, _size, shard, num_shards in shards:
-        base_dir = os.path.dirname(path)
         source = (sources or {}).get(path, path)
         for line, raw in iter_rows_or_errors(path, shard, num_shards):
-            if isinstance(raw, DataError):
-                err = DataError(source, raw.line, raw.field, raw.reason) if raw.source == path != source else raw
-            else:
-                if columns and isinstance(raw, dict):
-                    raw = {columns.get(k, k): v for k, v in raw.items()}
-                try:
-                    sample = parse_row(raw, source, line, base_dir, verify_images=verify_images, work_dir=work_dir,
-                                       root_image_dir=root_image_dir, label_rule=rule, media_kinds=kinds,
-                                       several_positives=several_positives)
-                except DataError as e:
-                    err = e
-                except RecursionError:  # raised inside datasets' generator it would become its own error
-                    err = DataError(source, line, None, "row nested too deeply to read")
-                else:
-                    text = sample.to_json()
-                    yield {"sample": text, "source": source, "line": line, "error": None, "remote": _names_a_url(sample)}
-                    continue
-            yield {
-                "sample": None,
-                "remote": False,
-                "source": err.source,
-                "line": err.line,
-                "error": json.dumps(
-                    {"field": err.field, "reason": err.reason, "media": isinstance(err, MediaFileError)},
-                    ensure_ascii=False,
-                ),
-            }
-            if strict:
+            row = read(path, line, raw, source)
+            yield row
+            if strict and row["error"] is not None:
                 return
+
+
+class _RowReader:
+    """One raw row (or the DataError of a line that holds none) -> its Arrow row (the
+    sample's JSON, or an ``error`` row), as :func:`_generate` describes."""
+
+    def __init__(self, work_dir: str, columns: dict[str, str] | None, label_rule: dict | None,
+                 media_kinds: tuple[str, ...] | None, root_image_dir: str, several_positives: bool, verify_images: bool):
+        self.work_dir, self.columns, self.root_image_dir = work_dir, columns, root_image_dir
+        self.rule = LabelRule.from_dict(label_rule) if label_rule else None
+        self.kinds = frozenset(media_kinds) if media_kinds is not None else None
+        self.several_positives, self.verify_images = several_positives, verify_images
+
+    def __call__(self, path: str, line: int, raw: Any, source: str | None = None) -> dict:
+        """``source``: the name the file's rows are read under, when not its path (a hub
+        dataset's split); media paths are still found beside the file."""
+        source = source or path
+        if isinstance(raw, DataError):
+            err = DataError(source, raw.line, raw.field, raw.reason) if raw.source == path != source else raw
+        else:
+            if self.columns and isinstance(raw, dict):
+                raw = {self.columns.get(k, k): v for k, v in raw.items()}
+            try:
+                sample = parse_row(raw, source, line, os.path.dirname(path), verify_images=self.verify_images,
+                                   work_dir=self.work_dir, root_image_dir=self.root_image_dir, label_rule=self.rule,
+                                   media_kinds=self.kinds, several_positives=self.several_positives)
+            except DataError as e:
+                err = e
+            except RecursionError:  # raised inside datasets' generator it would become its own error
+                err = DataError(source, line, None, "row nested too deeply to read")
+            else:
+                return {"sample": sample.to_json(), "source": source, "line": line, "error": None,
+                        "remote": _names_a_url(sample)}
+        return {
+            "sample": None,
+            "remote": False,
+            "source": err.source,
+            "line": err.line,
+            "error": json.dumps({"field": err.field, "reason": err.reason, "media": isinstance(err, MediaFileError)},
+                                ensure_ascii=False),
+        }
+
+
+_COLUMNS = ("sample", "source", "line", "error", "remote")
+
+
+def _generate_blocks(shards: list[tuple], strict: bool, verify_images: bool, version: str, work_dir: str,
+                     columns: dict[str, str] | None = None, label_rule: dict | None = None,
+                     media_kinds: tuple[str, ...] | None = None, root_image_dir: str = "",
+                     several_positives: bool = False, sources: dict[str, str] | None = None):
+    """:func:`_generate`'s rows, the same, in order, as blocks of columns (``{column: values}``
+    of up to :data:`_TABLE_ROWS` rows). The plain rows of a ``.jsonl`` file are read a block at a
+    time by Arrow's JSON parser (:func:`~mmembed.data.columnar.plain_samples`; not with ``columns``),
+    the others as :func:`_generate` reads them."""
+    read = _RowReader(work_dir, columns, label_rule, media_kinds, root_image_dir, several_positives, verify_images)
+    for path, _mtime_ns, _size, shard, num_shards in shards:
+        source = (sources or {}).get(path, path)  # (a hub dataset's split: the name its rows are read under)
+        arrow = not columns and os.path.splitext(path)[1].lower() == ".jsonl"
+        if arrow:  # (line, bytes) of the non-blank lines
+            batches = (rows[i:i + _TABLE_ROWS] for rows in jsonl_lines(path, shard, num_shards)
+                       for i in range(0, len(rows), _TABLE_ROWS))
+        else:  # (line, row or DataError)
+            batches = _batched(iter_rows_or_errors(path, shard, num_shards))
+        for rows in batches:
+            plain = None
+            if arrow:  # the plain rows read by Arrow's parser, the others as _generate reads them
+                plain = plain_samples(source, rows, label_rule=read.rule, several_positives=several_positives)
+                if plain.null_count == 0:
+                    n = len(rows)
+                    yield {"sample": plain, "source": [source] * n, "line": [line for line, _ in rows],
+                           "error": [None] * n, "remote": [False] * n}
+                    continue
+                plain = plain.to_pylist()
+            block: dict[str, list] = {k: [] for k in _COLUMNS}
+            for i, (line, raw) in enumerate(rows):
+                if plain is not None and plain[i] is not None:
+                    row = {"sample": plain[i], "source": source, "line": line, "error": None, "remote": False}
+                else:
+                    row = read(path, line, decode_jsonl_line(path, line, raw) if arrow else raw, source)
+                for k in _COLUMNS:
+                    block[k].append(row[k])
+                if strict and row["error"] is not None:
+                    yield block
+                    return
+            yield block
+
+
+def _batched(rows):
+    """``rows`` in lists of :data:`_TABLE_ROWS`."""
+    batch = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) >= _TABLE_ROWS:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _names_a_url(sample: Sample) -> bool:
@@ -162,7 +234,7 @@ _TABLE_ROWS = 2048
 
 def _rows_builder_class():
     """A ``datasets`` builder that writes :func:`_generate`'s rows as Arrow tables of
-    :data:`_TABLE_ROWS` rows: ``datasets``' own ``Generator`` builder encodes every row as
+    :data:`_TABLE_ROWS` rows (:func:`_generate_blocks`): ``datasets``' own ``Generator`` builder encodes every row as
     one example (a quarter of the parse's time); the cache, the sharding of ``shards``
     over ``num_proc`` processes and the progress bar are ``datasets``' as before."""
     import datasets
@@ -193,15 +265,7 @@ def _rows_builder_class():
             schema = self.config.features.arrow_schema
             num_shards = _number_of_shards_in_gen_kwargs(gen_kwargs)
             for shard_idx, shard_kwargs in enumerate(_split_gen_kwargs(gen_kwargs, max_num_jobs=num_shards)):
-                columns: dict[str, list] = {k: [] for k in schema.names}
-                table_idx = 0
-                for row in _generate(**shard_kwargs):
-                    for k, column in columns.items():
-                        column.append(row[k])
-                    if len(columns["line"]) >= _TABLE_ROWS:
-                        yield Key(shard_idx, table_idx), pa.Table.from_pydict(columns, schema=schema)
-                        columns, table_idx = {k: [] for k in schema.names}, table_idx + 1
-                if columns["line"]:
+                for table_idx, columns in enumerate(_generate_blocks(**shard_kwargs)):
                     yield Key(shard_idx, table_idx), pa.Table.from_pydict(columns, schema=schema)
 
     return MmembedRows

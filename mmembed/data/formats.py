@@ -21,7 +21,7 @@ from .paths import MEDIA_FIELDS
 from .rows import GROUP_FIELDS, MESSAGES_FIELDS, NEGATIVE_FIELDS, NEGATIVE_N_RE, QUERY_ALIASES, TEACHER_FIELDS
 from .sample import DataError
 
-__all__ = ["DATA_EXTENSIONS", "iter_raw_rows", "iter_rows_or_errors"]
+__all__ = ["DATA_EXTENSIONS", "decode_jsonl_line", "iter_raw_rows", "iter_rows_or_errors", "jsonl_lines"]
 
 #: File extensions read by :func:`iter_raw_rows` (and picked from a folder by the loader).
 DATA_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
@@ -136,36 +136,59 @@ def _align_to_line(f, offset: int, size: int) -> int:
     return f.tell()
 
 
-def _iter_jsonl(path: str, shard: int = 0, num_shards: int = 1) -> Iterator[tuple[int, Any]]:
+#: the bytes read from a .jsonl file at a time (its lines are then split off in memory)
+_JSONL_CHUNK = 1 << 22
+
+
+def jsonl_lines(path: str, shard: int = 0, num_shards: int = 1) -> Iterator[list[tuple[int, bytes]]]:
+    """The non-blank lines of a ``.jsonl`` file's byte range ``shard`` of ``num_shards``
+    (aligned to line starts) as lists of ``(line, bytes)``: ``line`` 1-based, the bytes
+    stripped of surrounding whitespace (and of a UTF-8 BOM on the file's first line), not yet
+    decoded. The file is read a few MiB at a time (one list per read), each line as ``readline``
+    would give it (lines end at ``\\n``)."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         start = _align_to_line(f, size * shard // num_shards, size)
         end = _align_to_line(f, size * (shard + 1) // num_shards, size)
         line = _count_newlines(f, start) + 1 if start else 1
         f.seek(start)
-        pos = start
-        while pos < end:
-            raw = f.readline()
-            if not raw:
-                break
-            pos += len(raw)
-            n, line = line, line + 1
-            if n == 1 and raw.startswith(_UTF8_BOM):
-                raw = raw[len(_UTF8_BOM) :]
-            raw = raw.strip()
-            if not raw:
-                continue
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                yield n, DataError(path, n, None, f"line is not valid UTF-8: {e.reason} at byte {e.start}")
-                continue
-            try:
-                yield n, json.loads(text)
-            except json.JSONDecodeError as e:
-                yield n, _json_error(path, n, e)
-            except RecursionError:
-                yield n, DataError(path, n, None, _TOO_DEEP)
+        left, tail = end - start, b""
+        while left > 0 or tail:
+            data = f.read(min(left, _JSONL_CHUNK)) if left > 0 else b""
+            left = left - len(data) if data else 0
+            parts = (tail + data).split(b"\n")
+            tail = parts.pop() if data else b""  # the last line of the range ends at its end
+            out = []
+            for raw in parts:
+                n, line = line, line + 1
+                if n == 1 and raw.startswith(_UTF8_BOM):
+                    raw = raw[len(_UTF8_BOM) :]
+                raw = raw.strip()
+                if raw:
+                    out.append((n, raw))
+            if out:
+                yield out
+
+
+def decode_jsonl_line(path: str, n: int, raw: bytes) -> Any:
+    """One line of a ``.jsonl`` file (from :func:`jsonl_lines`) as the JSON value it holds, or
+    the :class:`DataError` naming line ``n``'s problem (not UTF-8, invalid JSON, nested too deeply)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return DataError(path, n, None, f"line is not valid UTF-8: {e.reason} at byte {e.start}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        return _json_error(path, n, e)
+    except RecursionError:
+        return DataError(path, n, None, _TOO_DEEP)
+
+
+def _iter_jsonl(path: str, shard: int = 0, num_shards: int = 1) -> Iterator[tuple[int, Any]]:
+    for lines in jsonl_lines(path, shard, num_shards):
+        for n, raw in lines:
+            yield n, decode_jsonl_line(path, n, raw)
 
 
 class _LineCounter:

@@ -12,7 +12,7 @@ from typing import Any
 from .paths import TAG_RE, Draft, RowContext, Slot
 from .sample import json_type
 
-_ROLE_ALIASES = {
+ROLE_ALIASES = {
     "system": "system",
     "user": "user",
     "human": "user",
@@ -32,9 +32,9 @@ def role_of(message: dict, fieldname: str, ctx: RowContext) -> str:
     role = message.get("role", message.get("from"))
     if role is None:
         raise ctx.error(f"{fieldname}.role", "missing 'role' (system, user or assistant)")
-    if not isinstance(role, str) or role.lower() not in _ROLE_ALIASES:
+    if not isinstance(role, str) or role.lower() not in ROLE_ALIASES:
         raise ctx.error(f"{fieldname}.role", f"unknown role {role!r}; expected 'system', 'user' or 'assistant'")
-    return _ROLE_ALIASES[role.lower()]
+    return ROLE_ALIASES[role.lower()]
 
 
 def group_draft(messages: Any, fieldname: str, ctx: RowContext, offset: int = 0) -> Draft:

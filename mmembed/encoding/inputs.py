@@ -120,10 +120,14 @@ class InputBuilder:
         """Tokens of each rendered text (special tokens as the template adds them, no
         truncation), many per call of the fast tokenizer's backend; the counts of texts
         already seen are kept (:class:`~mmembed.encoding.measure.TextCounter`)."""
+        return self.text_counter()(texts)
+
+    def text_counter(self) -> TextCounter:
+        """The counter :meth:`text_lengths` counts with, made at the first call and kept."""
         counter = self.__dict__.get("_text_counter")
         if counter is None or counter.tokenizer is not self.tokenizer:
             counter = self._text_counter = TextCounter(self.tokenizer, self.template.add_special_tokens)
-        return counter(texts)
+        return counter
 
     def media_counter(self) -> MediaCounter:
         """This builder's media tokens from the files' headers

@@ -40,6 +40,9 @@ Python lists of ids), with the lengths of texts already seen kept (up to
 
 from __future__ import annotations
 
+import functools
+import itertools
+import json
 import math
 import os
 import re
@@ -91,18 +94,34 @@ class TextCounter:
         backend = getattr(tokenizer, "_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
         self.backend = backend if backend is not None and hasattr(backend, "encode_batch") else None
         self.cache: dict[str, int] = {}
+        self.hits: set[str] = set()  # the cached texts asked for again since the cache last started
 
     def __call__(self, texts: Sequence[str]) -> list[int]:
         cache = self.cache
-        todo = list(dict.fromkeys(t for t in texts if t not in cache))
-        if not todo:
-            return [cache[t] for t in texts]
+        counts = list(map(cache.get, texts))
+        self.hits.update(itertools.compress(texts, counts))  # (a count of 0 is not worth keeping)
+        missing = [i for i, n in enumerate(counts) if n is None]
+        if not missing:
+            return counts
+        todo = list(dict.fromkeys(texts[i] for i in missing))
         new = dict(zip(todo, self._count(todo)))
-        out = [cache[t] if t in cache else new[t] for t in texts]
+        for i in missing:
+            counts[i] = new[texts[i]]
         if len(cache) + len(new) > TEXT_CACHE_SIZE:
-            cache.clear()
+            # full: start again with the texts asked for again since the last start (hard negatives
+            # recur across rows, a query seldom), at most half the cache
+            kept = list(self.hits)[:TEXT_CACHE_SIZE // 2]
+            self.cache = cache = {t: cache[t] for t in kept}
+            self.hits = set()
         cache.update(new)
-        return out
+        return counts
+
+    @functools.cached_property
+    def ascii_bound(self) -> tuple[int, int] | None:
+        """``(per_char, extra)``: an ASCII text of ``c`` characters is never more than
+        ``per_char * c + extra`` tokens to this tokenizer (:func:`ascii_token_bound`); None
+        when its pipeline holds a step that bound does not cover."""
+        return ascii_token_bound(self.backend, self.add_special_tokens) if self.backend is not None else None
 
     def _count(self, texts: list[str]) -> list[int]:
         if self.backend is None:  # a slow tokenizer: its own call
@@ -117,6 +136,95 @@ class TextCounter:
             backend.no_padding()
         encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
         return [len(e) for e in encode(texts, add_special_tokens=self.add_special_tokens)]
+
+
+#: normalizers that never lengthen an ASCII text (nor make it other than ASCII)
+_ASCII_NORMALIZERS = frozenset({"BertNormalizer", "NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Strip", "StripAccents",
+                                "ByteLevel"})
+#: pre-tokenizers that only split a text (ByteLevel and Metaspace are read below)
+_SPLITTERS = frozenset({"BertPreTokenizer", "Whitespace", "WhitespaceSplit", "Punctuation", "Digits", "Split",
+                        "CharDelimiterSplit", "UnicodeScripts"})
+#: models whose every token stands for at least one character of its word (WordPiece: a
+#: piece or [UNK] for the word; BPE and Unigram: a merge of characters, or one token per
+#: byte of an unknown character with byte fallback; WordLevel: the word)
+_MODELS = frozenset({"WordPiece", "BPE", "Unigram", "WordLevel"})
+
+
+def ascii_token_bound(backend: Any, add_special_tokens: bool) -> tuple[int, int] | None:
+    """``(per_char, extra)`` such that the fast tokenizer ``backend`` (no truncation, no
+    padding) never gives an ASCII text of ``c`` characters more than ``per_char * c + extra``
+    tokens, or None when its pipeline holds a step not known to keep to that.
+
+    The reasoning, step by step: the added tokens found in the text are one token each, for one
+    or more characters; the normalizer keeps an ASCII text's length (case folding, Unicode
+    forms, accents, BERT's cleaning: none lengthens ASCII) or prepends ``k`` characters to each
+    piece between added tokens (``Prepend``; ``Replace`` of a string by one no longer); the
+    pre-tokenizer splits, or adds a prefix space to each piece (``ByteLevel`` with
+    ``add_prefix_space``, ``Metaspace`` with a prepend scheme); each token of the model stands
+    for at least one character of its piece (a byte-level step makes each byte a character:
+    ASCII stays one byte a character, so a step that brings in other characters is not
+    covered); the post-processor adds its special tokens. With ``p`` characters prefixed per
+    piece and at most ``c + 1`` pieces: ``(1 + p) * c + p + specials``."""
+    try:
+        spec = json.loads(backend.to_str())
+    except Exception:  # a backend that does not serialize: no bound
+        return None
+    prefix, brings_non_ascii, byte_level = 0, False, False
+
+    def normalizer(n: dict | None) -> bool:
+        nonlocal prefix, brings_non_ascii, byte_level
+        if n is None:
+            return True
+        kind = n.get("type")
+        if kind == "Sequence":
+            return all(normalizer(x) for x in n.get("normalizers", []))
+        if kind in _ASCII_NORMALIZERS:
+            byte_level |= kind == "ByteLevel"
+            return True
+        if kind == "Prepend" and isinstance(n.get("prepend"), str):
+            prefix += len(n["prepend"])
+            brings_non_ascii |= not n["prepend"].isascii()
+            return True
+        if kind == "Replace":
+            pattern, content = (n.get("pattern") or {}).get("String"), n.get("content")
+            if isinstance(pattern, str) and isinstance(content, str) and 0 < len(content) <= len(pattern):
+                brings_non_ascii |= not content.isascii()
+                return True
+        return False
+
+    def pre_tokenizer(p: dict | None) -> bool:
+        nonlocal prefix, brings_non_ascii, byte_level
+        if p is None:
+            return True
+        kind = p.get("type")
+        if kind == "Sequence":
+            return all(pre_tokenizer(x) for x in p.get("pretokenizers", []))
+        if kind in _SPLITTERS:
+            return True
+        if kind == "ByteLevel":
+            byte_level = True
+            prefix += 1 if p.get("add_prefix_space", True) else 0
+            return True
+        if kind == "Metaspace":
+            replacement = p.get("replacement", "\u2581")
+            if not isinstance(replacement, str) or len(replacement) != 1:
+                return False
+            brings_non_ascii |= not replacement.isascii()
+            prefix += 0 if p.get("prepend_scheme", "always") == "never" and not p.get("add_prefix_space") else 1
+            return True
+        return False
+
+    model = spec.get("model") or {}
+    if not (normalizer(spec.get("normalizer")) and pre_tokenizer(spec.get("pre_tokenizer"))
+            and model.get("type") in _MODELS):
+        return None
+    byte_level |= bool(model.get("byte_fallback"))
+    if brings_non_ascii and byte_level:  # a character of several bytes, each a token
+        return None
+    specials = 0
+    if add_special_tokens and backend.post_processor is not None:
+        specials = backend.post_processor.num_special_tokens_to_add(False)
+    return 1 + prefix, prefix + specials
 
 
 # ----------------------------------------------------------------------------- headers
@@ -460,7 +568,8 @@ def _arrow_sample_schema():
                       ("label", pa.float64())])
 
 
-def json_text_lengths(builder: InputBuilder, rows: Sequence[str], layout: Layout) -> list[int] | None:
+def json_text_lengths(builder: InputBuilder, rows: Sequence[str], layout: Layout,
+                      within: int | None = None) -> list[int] | None:
     """The length check's number for each row (the longest of its encoded inputs, as
     :func:`~mmembed.encoding.collator.token_lengths` gives it) when every row is text only:
     ``rows`` are the Arrow cache's Sample JSON texts, read by Arrow's JSON parser (the fields
@@ -468,7 +577,12 @@ def json_text_lengths(builder: InputBuilder, rows: Sequence[str], layout: Layout
     :meth:`Template.render <mmembed.encoding.templates.Template.render>` renders them, each side
     with its instruction. None when a row needs the general path: media, a media tag in a text,
     no positive, a pair without its label, or anything the parser does not read as expected
-    (the general path then gives the numbers, or the row's error)."""
+    (the general path then gives the numbers, or the row's error).
+
+    ``within`` (the length check's ``--max_length``): a row whose inputs are all ASCII and
+    provably no longer than ``within`` tokens (:attr:`TextCounter.ascii_bound`: at most so many
+    tokens per character) is not tokenized; its number is that bound, no more than ``within``
+    (the check keeps the row either way). The other rows get their exact numbers."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -504,28 +618,83 @@ def json_text_lengths(builder: InputBuilder, rows: Sequence[str], layout: Layout
                 return None
         if member.field("text").null_count:
             return None
+    # a row's inputs: its anchor (a query), its first positive and its negatives (documents)
+    inputs = [anchor, pc.list_element(sides["positives"], 0)]
+    if group:
+        inputs.append(sides["negatives"].flatten())
+    texts = pa.concat_arrays([pc.struct_field(member, "text") for member in inputs])
+    if pc.any(pc.match_substring_regex(texts, "|".join(re.escape(tag) for tag in MEDIA_TAGS.values()))).as_py():
+        return None
     template = builder.template
-    render = template.format_text
-    query, document = template.side_system("query"), template.side_system("document")
-    texts_of = [(m.field("text").to_pylist(), m.field("system").to_pylist()) for m in members]
-    for column, _ in texts_of:
-        if any("<" in t and any(tag in t for tag in MEDIA_TAGS.values()) for t in column):
+    n = len(rows)
+    # each input's system: its own, else its side's instruction (None: none)
+    side = pa.concat_arrays([pa.array([template.side_system("query")] * n, pa.string()),
+                             pa.array([template.side_system("document")] * (len(texts) - n), pa.string())])
+    systems = pc.coalesce(pa.concat_arrays([pc.struct_field(member, "system") for member in inputs]), side)
+    rendered = rendered_texts(template, texts, systems)
+    # the row each input belongs to
+    owner = np.arange(2 * n) % n
+    if group:
+        owner = np.concatenate([owner, pc.list_parent_indices(sides["negatives"]).to_numpy()])
+    measured = np.ones(n, dtype=bool)  # the rows tokenized (the others are short by the bound)
+    out = np.zeros(n, dtype=np.int64)
+    bound = builder.text_counter().ascii_bound if within is not None else None
+    if bound is not None:
+        per_char, extra = bound
+        bounds = per_char * pc.binary_length(rendered).to_numpy(zero_copy_only=False).astype(np.int64) + extra
+        bounds[~pc.string_is_ascii(rendered).to_numpy(zero_copy_only=False)] = within + 1  # (not bounded)
+        np.maximum.at(out, owner, bounds)
+        measured = out > within
+        if not measured.any():
+            return out.tolist()
+        rendered = rendered.filter(pa.array(measured[owner]))
+        owner = owner[measured[owner]]
+    # each distinct text counted once (hard negatives recur across rows)
+    distinct = rendered.dictionary_encode()
+    counted = np.asarray(builder.text_lengths(distinct.dictionary.to_pylist()), dtype=np.int64)
+    exact = np.zeros(n, dtype=np.int64)
+    np.maximum.at(exact, owner, counted[distinct.indices.to_numpy()])  # each row's longest input
+    out[measured] = exact[measured]
+    return out.tolist()
+
+
+def rendered_texts(template, contents, systems):
+    """:meth:`Template.format_text <mmembed.encoding.templates.Template.format_text>` of each
+    content and system (Arrow strings; a system null or empty: none), as Arrow strings."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def one_by_one():  # a format with more than {content} and {system} fields
+        return pa.array([template.format_text(c, s) for c, s in zip(contents.to_pylist(), systems.to_pylist())],
+                        pa.string())
+
+    plain = _formatted(template.format, contents, systems.fill_null(""))
+    if plain is None:
+        return one_by_one()
+    has_system = pc.not_equal(systems, "").fill_null(False)
+    if template.format_with_system is None or not pc.any(has_system).as_py():
+        return plain
+    with_system = _formatted(template.format_with_system, contents, systems.fill_null(""))
+    return one_by_one() if with_system is None else pc.if_else(has_system, with_system, plain)
+
+
+def _formatted(fmt: str, contents, systems):
+    """``fmt.format(content=..., system=...)`` of each content and system (Arrow strings), or
+    None for a format other than literal text and ``{content}`` / ``{system}`` fields."""
+    import string
+
+    import pyarrow.compute as pc
+
+    pieces = []
+    for literal, name, spec, conversion in string.Formatter().parse(fmt):
+        if literal:
+            pieces.append(literal)
+        if name is None:
+            continue
+        if name not in ("content", "system") or spec or conversion:
             return None
-    (a_text, a_sys), (p_text, p_sys) = texts_of[0], texts_of[1]
-    n_text, n_sys = texts_of[2] if group else ([], [])
-    first_positive = sides["positives"].offsets.to_numpy()
-    negatives = sides["negatives"].offsets.to_numpy() if group else np.zeros(len(rows) + 1, dtype=np.int64)
-    texts: list[str] = []
-    for i in range(len(rows)):  # a row's inputs in sample_items' order: anchor, its first positive, negatives
-        texts.append(render(a_text[i], a_sys[i] if a_sys[i] is not None else query))
-        p = int(first_positive[i])
-        texts.append(render(p_text[p], p_sys[p] if p_sys[p] is not None else document))
-        for k in range(int(negatives[i]), int(negatives[i + 1])):
-            texts.append(render(n_text[k], n_sys[k] if n_sys[k] is not None else document))
-    lengths = builder.text_lengths(texts)
-    out, k = [], 0
-    for n in (2 + np.diff(negatives)).tolist():
-        out.append(max(lengths[k:k + n]))
-        k += n
-    return out
+        pieces.append(contents if name == "content" else systems)
+    if not any(not isinstance(p, str) for p in pieces):
+        return None
+    return pc.binary_join_element_wise(*pieces, "")
 

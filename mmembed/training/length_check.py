@@ -132,6 +132,11 @@ def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, nu
     instructions of its own (its template's; :mod:`mmembed.encoding.instructions`), measured
     with it; the other rows with ``builder``.
 
+    A text row whose inputs are ASCII and provably within ``max_length`` tokens (at most so many
+    tokens per character for the tokenizer: :func:`~mmembed.encoding.measure.ascii_token_bound`)
+    is kept without being tokenized; its ``n_tokens`` is then that bound (the same rows are kept
+    and deleted as by counting every row).
+
     ``reuse``: another process of this run has just measured the same rows
     (:func:`~mmembed.training.data_assembly.read_once`), so its result is read from the cache
     even with ``strict=False`` (where a result of an earlier run is measured again).
@@ -157,7 +162,7 @@ def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, nu
 
     def measure_rows(rows: list[str], builder: InputBuilder) -> dict[str, list]:
         if not truncate and layout is not Layout.RERANK:  # text-only rows without a Sample object each (None: the general path)
-            fast = json_text_lengths(builder, rows, layout)
+            fast = json_text_lengths(builder, rows, layout, within=max_length)
             if fast is not None:
                 return {"n_tokens": fast, "load_error": [""] * len(fast)}
         samples = [Sample.from_json(s) for s in rows]

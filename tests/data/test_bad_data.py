@@ -157,6 +157,8 @@ def test_bad_data_is_an_error_naming_file_line_and_field(media, name, content, o
         assert "\n" not in message and message.startswith(f"{path}:{line}"), message
         assert e.source == path and e.line == line and e.field == field, message
         assert all(w in message for w in words), message
+    # the parse of training (a .jsonl file's plain rows read by Arrow's parser) and the general reader agree
+    assert len({str(e) for e in errors}) == 1, errors
 
 
 # id: (file name, content, the loss's labels, what the one sample holds): careless, yet fine as they are

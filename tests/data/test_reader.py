@@ -15,7 +15,7 @@ import pytest
 from conftest import write_jsonl, write_video, write_wav
 from PIL import Image
 
-from mmembed.data import DataError, Item, Sample, iter_raw_rows, parse_row, read_file
+from mmembed.data import DataError, Item, Sample, iter_raw_rows, load_samples, parse_row, read_file
 
 
 @pytest.fixture
@@ -682,6 +682,10 @@ def test_broken_rows_name_file_line_and_field(media, case):
     if fieldname:
         assert f"'{fieldname}'" in message
     assert words in message, message
+    # the parse of training (a .jsonl file's plain rows read by Arrow's parser): the same error
+    with pytest.raises(DataError) as loaded:
+        load_samples([str(path)], cache_dir=str(media / "cache"))
+    assert str(loaded.value) == message and type(loaded.value) is type(err)
 
 
 def test_verify_images_can_be_turned_off(media):
