@@ -306,7 +306,9 @@ def plain_samples(path: str, block: list[tuple[int, bytes]], *, label_rule: Labe
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    deep = [i for i, (_, raw) in enumerate(block) if _nests_deeply(raw)]
+    # lines the general reader takes without Arrow's parser: nested deeply, or holding a teacher's
+    # signals (large arrays that would be parsed twice)
+    deep = [i for i, (_, raw) in enumerate(block) if b'"teacher_' in raw or _nests_deeply(raw)]
     if deep:  # those lines to the general reader, the others read here
         shallow = np.setdiff1d(np.arange(len(block)), deep)
         got = plain_samples(path, [block[i] for i in shallow], label_rule=label_rule,
