@@ -18,9 +18,10 @@ then runs `mmembed sft --max_steps 1` on each, each run in its own process, in o
 
 It prints, per run, each phase's rows/s (from mmembed's `data: <phase>: N rows, ... T s`
 log lines), the time to the first step (the whole `--max_steps 1` run: start, data, model,
-one step), the peak memory of the process tree (the run and its data processes: the sum of
-their PSS, sampled from /proc every 0.1 s) and the ratios against the streamed run of the
-same size.
+one step) and the CPU time it took (user + system, the run and all its processes: steadier than
+the time on a machine other work shares), the peak memory of the process tree (the run and its
+data processes: the sum of their PSS, sampled from /proc every 0.1 s) and the ratios against the
+streamed run of the same size.
 
     python benchmarks/bench_data.py [--text_rows 10000] [--image_rows 200] [--forms query,messages]
                                     [--runs cold,warm,streamed] [--baseline DIR] [--num_proc N] [--sft_flags "..."]
@@ -42,6 +43,7 @@ import os
 import platform
 import random
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -123,6 +125,7 @@ def run(argv: list[str], env: dict, source: str = REPO) -> dict:
     """One `mmembed sft` run of the mmembed in ``source``: wall time, peak memory (PSS) of its
     process tree, its phases."""
     started = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     env = dict(env, PYTHONPATH=source)
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen([sys.executable, "-m", "mmembed", "sft", *argv], stdout=log, stderr=subprocess.STDOUT,
@@ -133,6 +136,8 @@ def run(argv: list[str], env: dict, source: str = REPO) -> dict:
             peak, peak_anon = max(peak, pss), max(peak_anon, anon)
             time.sleep(0.1)
         wall = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the run and its processes, all reaped now
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         log.seek(0)
         text = log.read()
     if proc.returncode != 0:
@@ -141,7 +146,7 @@ def run(argv: list[str], env: dict, source: str = REPO) -> dict:
     for m in PHASE_RE.finditer(text):
         rows, rate = int(m.group(2).replace(",", "")), m.group(4)
         phases[m.group(1)] = (rows, float(m.group(3)), float(rate.replace(",", "")) if rate else None)
-    return {"wall": wall, "rss": peak, "anon": peak_anon, "phases": phases}
+    return {"wall": wall, "cpu": cpu, "rss": peak, "anon": peak_anon, "phases": phases}
 
 
 RUNS = {"cold": [], "warm": [], "streamed": ["--streaming", "true"]}
@@ -172,9 +177,9 @@ def table(results: list[dict]) -> str:
     is one) and, with a baseline, this one's time against the baseline's same run."""
     compared = any(r["who"] == "baseline" for r in results)
     lines = ["| data | run | " + ("source | " if compared else "") + " | ".join(f"{p} rows/s" for p in PHASES)
-             + " | to first step |" + (" vs baseline |" if compared else "") + " vs streamed | "
+             + " | to first step | CPU time (tree) |" + (" vs baseline (time, CPU) |" if compared else "") + " vs streamed | "
              "peak memory (PSS, tree) | vs streamed | peak anonymous | vs streamed |",
-             "|---" * (8 + len(PHASES) + 2 * compared) + "|"]
+             "|---" * (9 + len(PHASES) + 2 * compared) + "|"]
     for r in results:
         streamed = next((s for s in results if s["data"] == r["data"] and s["how"] == "streamed"
                          and s["who"] == r["who"]), None)
@@ -183,11 +188,12 @@ def table(results: list[dict]) -> str:
             n, t, rate = r["phases"].get(p, (0, 0.0, None))
             rates.append(f"{rate:,.0f} ({t:.1f} s)" if rate else f"- ({t:.1f} s)" if n else "-")
         line = f"| {r['rows']:,} {r['data']} | {r['how']} | " + (f"{r['who']} | " if compared else "")
-        line += " | ".join(rates) + f" | {r['wall']:.1f} s |"
+        line += " | ".join(rates) + f" | {r['wall']:.1f} s | {r['cpu']:.1f} s |"
         if compared:
             old = next((b for b in results if b["who"] == "baseline" and b["data"] == r["data"] and b["how"] == r["how"]),
                        None)
-            line += f" {old['wall'] / r['wall']:.2f}x faster |" if old is not None and r["who"] != "baseline" else " - |"
+            line += (f" {old['wall'] / r['wall']:.2f}x, {old['cpu'] / r['cpu']:.2f}x |"
+                     if old is not None and r["who"] != "baseline" else " - |")
         if streamed is None:
             line += f" - | {r['rss'] / 2**30:.2f} GB | - | {r['anon'] / 2**30:.2f} GB | - |"
         else:

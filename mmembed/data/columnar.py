@@ -248,9 +248,7 @@ class _Groups:
             groups, group_valid = array, np.ones(n, dtype=bool)
         starts = groups.offsets.to_numpy().astype(np.int64)
         messages = groups.values
-        roles, contents = messages.field("role"), messages.field("content")
-        if messages.null_count:  # a null message: no role, no content
-            contents = pc.if_else(messages.is_valid(), contents, pa.nulls(len(contents), pa.string()))
+        roles, contents = pc.struct_field(messages, "role"), pc.struct_field(messages, "content")  # (null message: null)
         counts = np.diff(starts)
         first = np.minimum(starts[:-1], max(len(messages) - 1, 0))
         # the usual group: one user message whose text is plain
@@ -306,7 +304,9 @@ def plain_samples(path: str, block: list[tuple[int, bytes]], *, label_rule: Labe
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    deep = [i for i, (_, raw) in enumerate(block) if _nests_deeply(raw)]
+    # lines the general reader takes without Arrow's parser: nested deeply, or holding a teacher's
+    # signals (large arrays that would be parsed twice)
+    deep = [i for i, (_, raw) in enumerate(block) if b'"teacher_' in raw or _nests_deeply(raw)]
     if deep:  # those lines to the general reader, the others read here
         shallow = np.setdiff1d(np.arange(len(block)), deep)
         got = plain_samples(path, [block[i] for i in shallow], label_rule=label_rule,
@@ -346,12 +346,10 @@ def plain_samples(path: str, block: list[tuple[int, bytes]], *, label_rule: Labe
     ok &= query_form | grouped
 
     # the label: absent, or a finite number the loss takes
-    labels = column["label"]
-    label_texts = pa.array([_label(x) for x in labels.to_pylist()], pa.string()) if labels.null_count < n else None
+    labels = column["label"].to_pylist()
+    label_texts = pa.array([_label(x) for x in labels], pa.string())
     if label_rule is not None:
-        ok &= [label_rule.problem(x) is None for x in labels.to_pylist()]
-    if label_texts is None:
-        label_texts = pa.array(["null"] * n, pa.string())
+        ok &= [label_rule.problem(x) is None for x in labels]
     if not ok.any():
         return nothing
 

@@ -127,6 +127,8 @@ ARROW_READ = {
     "an image row": dict(M, messages=_user("<image>a dog"), images=["dog.png"]),
     "a missing image": dict(M, messages=_user("<image>a dog"), images=["nowhere.png"]),
     "teacher scores": dict(M, teacher_scores=[0.9, 0.1, 0.2]),
+    "teacher embeddings": dict(Q, teacher_embeddings=[[0.5, 0.5]] * 4),
+    "teacher_ in a text": dict(Q, query='say "teacher_scores"'),  # (to the general reader too: the same row)
     "a label that is not finite": dict(M, label=float("nan")),
     "a label of 0.5 for contrastive": dict(M, label=0.5),
     "a label of -0 (the integer 0 to json.loads)": '{"query": "a", "response": "b", "label": -0}',
