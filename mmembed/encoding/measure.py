@@ -165,9 +165,12 @@ def ascii_token_bound(backend: Any, add_special_tokens: bool) -> tuple[int, int]
     ASCII stays one byte a character, so a step that brings in other characters is not
     covered); the post-processor adds its special tokens. With ``p`` characters prefixed per
     piece and at most ``c + 1`` pieces: ``(1 + p) * c + p + specials``."""
+    def state(component: Any) -> dict | None:  # a pipeline step's settings (its tokenizer.json entry)
+        return None if component is None else json.loads(component.__getstate__())
+
     try:
-        spec = json.loads(backend.to_str())
-    except Exception:  # a backend that does not serialize: no bound
+        normalizer_spec, pre_tokenizer_spec = state(backend.normalizer), state(backend.pre_tokenizer)
+    except Exception:  # a step that does not serialize: no bound
         return None
     prefix, brings_non_ascii, byte_level = 0, False, False
 
@@ -214,11 +217,13 @@ def ascii_token_bound(backend: Any, add_special_tokens: bool) -> tuple[int, int]
             return True
         return False
 
-    model = spec.get("model") or {}
-    if not (normalizer(spec.get("normalizer")) and pre_tokenizer(spec.get("pre_tokenizer"))
-            and model.get("type") in _MODELS):
+    model = type(backend.model).__name__
+    if not (normalizer(normalizer_spec) and pre_tokenizer(pre_tokenizer_spec) and model in _MODELS):
         return None
-    byte_level |= bool(model.get("byte_fallback"))
+    if model == "BPE":
+        byte_level |= bool(getattr(backend.model, "byte_fallback", True))
+    elif model == "Unigram":  # (its settings hold the vocabulary: read as text, not parsed)
+        byte_level |= '"byte_fallback":false' not in backend.model.__getstate__().decode("utf-8", "replace")
     if brings_non_ascii and byte_level:  # a character of several bytes, each a token
         return None
     specials = 0

@@ -118,8 +118,13 @@ def test_pipelines_the_bound_does_not_cover_have_none():
                   normalizers.Replace(Regex("a"), "aaa"), pre_tokenizers.Whitespace())
     longer = built(models.WordLevel(unk_token="<unk>"), trainers.WordLevelTrainer(special_tokens=["<unk>"]),
                    normalizers.Replace("a", "a a"), pre_tokenizers.Whitespace())
-    for tok in (byte_fallback, regex, longer):
+    unigram = Tokenizer(models.Unigram([("<unk>", 0.0), ("\u2581a", -1.0), ("a", -2.0)], 0, byte_fallback=True))
+    unigram.pre_tokenizer = pre_tokenizers.Metaspace()
+    for tok in (byte_fallback, regex, longer, unigram):
         assert ascii_token_bound(tok, True) is None
+    unigram = Tokenizer(models.Unigram([("<unk>", 0.0), ("\u2581a", -1.0), ("a", -2.0)], 0, byte_fallback=False))
+    unigram.pre_tokenizer = pre_tokenizers.Metaspace()
+    assert ascii_token_bound(unigram, True) == (2, 1)
 
 
 def test_rows_within_the_bound_are_kept_as_counting_them_keeps_them(minilm_path, tmp_path):
