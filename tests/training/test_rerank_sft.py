@@ -5,11 +5,14 @@ the same weights, the up-front data check) holding for rerankers."""
 
 import json
 import os
+import random
 import shutil
+import sys
 
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 
 from mmembed.training.arguments import parse_sft_args
 from mmembed.training.preflight import check_settings
@@ -211,6 +214,57 @@ def test_a_vision_language_reranker_trains_on_image_rows_and_scores_them(tiny_mo
     with torch.no_grad():
         again = reranker.model(**{k: v for k, v in batch.items() if k not in ("labels", "group_ids")})["scores"]
     np.testing.assert_allclose(float(again[0]), scores[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_tiny_qwen3_vl_generative_reranker_learns_image_text_reranking(tiny_model, tmp_path, monkeypatch):
+    """The shape pictures of benchmarks/learn_multimodal.py (6 colours x 3 shapes; its embedding
+    twin: tests/encoding/test_multimodal.py) as reranker rows in the direction of the bundled
+    Qwen3-VL-Reranker rows (examples/data/mm/qwen3_vl_train.jsonl): a picture is the query, its
+    caption the positive, 3 of the other 17 captions the negatives. The tiny random Qwen3-VL
+    (qwen3_vl_reranker), full training with the vision tower and aligner frozen (the default),
+    listwise loss, 10 epochs of 14 steps. Each held-out picture ranks the 18 captions with
+    ``Reranker.rank`` on the start folder (before) and on the checkpoint (after): held-out
+    recall@1 < 2x chance before and >= 3x after (measured 0.000 -> 0.278, chance 0.056; 0.278 and
+    0.306 with --data_seed 1 / 2). What it takes (README "A reranker learns"): pictures of 16
+    tokens (MIN_PIXELS / MAX_PIXELS 128 x 128; at 4 tokens it stays at chance), the warmup (without
+    it other data orders stay at chance), the picture as the query (captions as the query and
+    pictures as the documents stay at chance for 140 steps), the vision tower frozen (trained, the
+    pictures' tokens collapse first)."""
+    from mmembed.model.rerank_scorer import Reranker
+
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import learn_multimodal
+
+    side = str(128 * 128)  # the 56-pixel pictures scaled to 128 x 128: 4 x 4 merged patches of 32
+    monkeypatch.setenv("MIN_PIXELS", side)
+    monkeypatch.setenv("MAX_PIXELS", side)
+    data = tmp_path / "data"
+    train, test = learn_multimodal.make_task(str(data), train_per_class=6, test_per_class=2, seed=0)
+    rows = [json.loads(line) for line in open(train, encoding="utf-8")]  # caption -> <image>
+    captions = sorted({r["query"] for r in rows})
+    rng = random.Random(0)
+    rerank_rows = [{"query": "<image>", "images": r["images"], "response": r["query"],
+                    "rejected_response": rng.sample([c for c in captions if c != r["query"]], 3)} for r in rows]
+    (data / "rerank.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rerank_rows))
+
+    def recall_at_1(folder):
+        reranker = Reranker.from_pretrained(folder, device="cpu")
+        return float(np.mean([reranker.rank({"text": "<image>", "images": [picture]}, captions, top_n=1)[0][0]
+                              == captions.index(caption) for picture, caption in test]))
+
+    model = tiny_model("qwen3_vl")
+    before = recall_at_1(model)
+    out = run_sft(parse_sft_args([
+        "--model", model, "--task_type", "generative_reranker", "--loss_type", "listwise_reranker",
+        "--dataset", str(data / "rerank.jsonl"), "--output_dir", str(tmp_path / "out"), "--tuner_type", "full",
+        "--num_train_epochs", "10", "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1",
+        "--learning_rate", "1e-3", "--warmup_ratio", "0.1", "--gradient_checkpointing", "false",
+        "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true", "--dataloader_num_workers", "0"]))
+    after = recall_at_1(out["last_checkpoint"])
+    chance = 1 / len(captions)
+    assert len(test) == 36 and len(captions) == 18
+    assert before < 2 * chance, before
+    assert after >= 3 * chance, (before, after)
 
 
 @pytest.mark.parametrize("task", ["reranker", "generative_reranker"])
