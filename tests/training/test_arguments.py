@@ -135,14 +135,14 @@ def test_flex_attention_is_refused_for_training_on_the_cpu():
     assert parse_sft_args(BASE + ["--attn_impl", "sdpa"]).attn_impl == "sdpa"
 
 
-def test_device_defaults_differ_between_cpu_and_gpu(monkeypatch):
+def test_device_defaults_differ_between_cpu_and_gpu(monkeypatch, tmp_path):
     """Flags left unset take the device's defaults (and are listed for the log); flags given
     are kept. The GPU side is checked by calling the rule with cuda=True on a namespace."""
     import types
 
     import torch
 
-    from mmembed.training.device_flags import device_defaults
+    from mmembed.training.device_flags import device_defaults, dtype_after_download
 
     args = parse_sft_args(BASE)
     assert (args.length_chunks, args.length_buckets, args.dataloader_num_workers) == (4, False, 0)
@@ -156,7 +156,7 @@ def test_device_defaults_differ_between_cpu_and_gpu(monkeypatch):
     def gpu(**kw):
         ns = dict(length_chunks=None, length_buckets=None, dataloader_num_workers=None, dataloader_prefetch_factor=None,
                   dataloader_persistent_workers=False, torch_dtype=None, bf16=False, fp16=False,
-                  tuner_type="lora", model=args.model)
+                  tuner_type="lora", model=str(tmp_path))
         ns.update(kw)
         ns = types.SimpleNamespace(**ns)
         return ns, device_defaults(ns, cuda=True)
@@ -183,6 +183,16 @@ def test_device_defaults_differ_between_cpu_and_gpu(monkeypatch):
     assert (old.torch_dtype, old.bf16, old.fp16) == ("float16", False, False)
     old_full, _ = gpu(tuner_type="full")
     assert (old_full.torch_dtype, old_full.bf16, old_full.fp16) == ("float32", False, True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    (tmp_path / "config.json").write_text('{"torch_dtype": "float16"}')
+    saved_half, _ = gpu()
+    assert saved_half.torch_dtype == "float16"  # the half precision the model was saved in
+    # A hub id: LoRA's dtype waits for the download (its config.json), the autocast does not.
+    hub, chosen = gpu(model="org/not-downloaded")
+    assert (hub.torch_dtype, hub.bf16) == (None, True) and not any("torch_dtype" in c for c in chosen)
+    (tmp_path / "config.json").write_text('{"torch_dtype": "bfloat16"}')
+    hub.model = str(tmp_path)
+    assert dtype_after_download(hub, cuda=True) == ["--torch_dtype bfloat16"] and hub.torch_dtype == "bfloat16"
 
 
 @pytest.mark.parametrize(
