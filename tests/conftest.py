@@ -100,6 +100,7 @@ def launch(args: list[str], nproc: int = 1, env: dict | None = None, timeout: in
 # handed out longest first so that both workers end together.
 LONGEST_FIRST = [
     "training/test_distributed_sft.py", "encoding/test_multimodal.py", "training/test_distributed.py",
+    "tools/test_swift_scripts.py",  # ms-swift's scripts as published: 8 + 2 + 2 processes, ~4 min
     "training/test_resume_safety.py", "training/test_preemption.py", "training/test_untrainable.py",
     "training/test_multi_samplers.py", "training/test_multi_streams.py", "model/test_instructions.py", "data/test_scale.py",
     "model/test_st_exports.py", "tools/test_swift_compat.py", "tools/test_swift_rerank_compat.py",

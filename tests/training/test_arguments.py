@@ -135,6 +135,25 @@ def test_flex_attention_is_refused_for_training_on_the_cpu():
     assert parse_sft_args(BASE + ["--attn_impl", "sdpa"]).attn_impl == "sdpa"
 
 
+def test_flash_attn_without_a_gpu_trains_with_sdpa_and_says_so(monkeypatch, caplog):
+    """ms-swift's example scripts pass --attn_impl flash_attn: on a machine without a GPU (where
+    FlashAttention cannot run) the run takes SDPA, the same attention, with a warning; on a GPU
+    without the flash-attn package it stops with the line that says to install it."""
+    import importlib.util
+
+    from mmembed.training import flag_checks
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flash_attn" else real_find_spec(name, *a))
+    with caplog.at_level("WARNING", logger="mmembed"):
+        args = parse_sft_args(BASE + ["--attn_impl", "flash_attn", "--padding_free", "true"])
+    assert args.attn_impl == "sdpa"
+    assert "--attn_impl flash_attn: no GPU here" in caplog.text
+    monkeypatch.setattr(flag_checks, "has_accelerator", lambda: True)
+    with pytest.raises(UsageError, match=r"--attn_impl flash_attn needs the flash-attn package"):
+        parse_sft_args(BASE + ["--attn_impl", "flash_attn"])
+
+
 def test_device_defaults_differ_between_cpu_and_gpu(monkeypatch, tmp_path):
     """Flags left unset take the device's defaults (and are listed for the log); flags given
     are kept. The GPU side is checked by calling the rule with cuda=True on a namespace."""
