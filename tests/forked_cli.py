@@ -144,8 +144,11 @@ def _server() -> None:
     global _context  # noqa: PLW0603  (one forkserver context for the whole test session)
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload(["torch", "transformers", "mmembed.training.sft", "mmembed.tools.cli",
-                                         "mmembed.model.embedder", "forked_cli"])
+        # DeepSpeed (and matplotlib, which it imports) too: ~2 s of every DeepSpeed process's start
+        # here. mmembed imports DeepSpeed only for a run that uses it; the tests of that rule run
+        # in fresh interpreters (tests/training/test_quiet_deepspeed.py)
+        _context.set_forkserver_preload(["torch", "transformers", "deepspeed", "mmembed.training.sft",
+                                         "mmembed.tools.cli", "mmembed.model.embedder", "forked_cli"])
 
 
 def _drain(path: str, chunks: list[bytes]) -> None:

@@ -15,6 +15,10 @@ fi
 # one thread per worker: two workers of two threads each would contend for two cores
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$([ "$workers" -gt 1 ] && echo 1 || echo 2)}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# DeepSpeed's CPU Adam op (the offload tests) is compiled on first use (~2 min of two cores) and kept in
+# this venv's own folder: in the shared ~/.cache/torch_extensions a second checkout's build of the same op
+# (other include paths) replaces it, and each checkout would compile it again on every run
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.venv/torch_extensions}
 # the linter first (its rules: [tool.ruff] in pyproject.toml): a name defined twice, an unused
 # import or a bug pattern fails the run before any test starts
 echo "lint: ruff $(ruff --version | cut -d' ' -f2)"
