@@ -70,7 +70,7 @@ def launch(args: list[str], nproc: int = 1, env: dict | None = None, timeout: in
     process importing torch, transformers, DeepSpeed and mmembed anew; so is one process of the
     command line (``-m mmembed ...``, ``forked_cli.run_cli``)."""
     torchrun = nproc > 1 if torchrun is None else torchrun
-    env = dict(os.environ, OMP_NUM_THREADS="1" if torchrun else os.environ.get("OMP_NUM_THREADS", "2"), **(env or {}))
+    env = {**os.environ, "OMP_NUM_THREADS": "1" if torchrun else os.environ.get("OMP_NUM_THREADS", "2"), **(env or {})}
     result = None
     if torchrun and forked and not os.environ.get("MMEMBED_TEST_TORCHRUN"):
         # the processes forked from a server that imported torch, transformers and mmembed once,
@@ -93,6 +93,33 @@ def launch(args: list[str], nproc: int = 1, env: dict | None = None, timeout: in
                           timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc
+
+
+def render_script(script: str, command: str, env: dict[str, str], extra: list[str] = ()) -> tuple[dict[str, str], list[str]]:
+    """What bash running ``script`` (with arguments ``extra``, in environment ``env``) would start:
+    (the environment, the arguments) of its ``command`` (``mmembed``, ``swift``), read by a function
+    of that name standing in for the command, which prints them instead of running anything."""
+    stub = f'{command}() {{ env -0; printf -- "--ARGS--\\0"; printf "%s\\0" "$@"; }}; export -f {command}'
+    r = subprocess.run(["bash", "-c", f'{stub}; bash "$0" "$@"', script, *extra], env=env, capture_output=True,
+                       cwd=REPO)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    head, _, args = r.stdout.partition(b"--ARGS--\0")
+    variables = dict(item.split("=", 1) for item in head.decode().split("\0") if "=" in item)
+    return ({k: v for k, v in variables.items() if not k.startswith("BASH_FUNC_")},
+            args.decode().split("\0")[:-1])
+
+
+def run_example(script: str, env: dict[str, str], extra: list[str] = ()) -> subprocess.CompletedProcess:
+    """examples/SCRIPT with ``env`` and the arguments ``extra``: the ``mmembed`` command the script
+    would run (its flags and variables as bash makes them, :func:`render_script`), run by
+    :func:`launch` in NPROC_PER_NODE processes forked with torchrun's variables rather than by a
+    fresh ``mmembed`` that starts torchrun (that relaunch: tests/training/test_distributed.py).
+    Asserts it exits with 0."""
+    base = dict(os.environ, OMP_NUM_THREADS="1", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+                **env)
+    variables, args = render_script(os.path.join(REPO, "examples", script), "mmembed", base, list(extra))
+    nproc = int(variables.get("NPROC_PER_NODE") or 1)
+    return launch(["-m", "mmembed", *args], nproc=nproc, env=variables)
 
 
 # tests/run.sh runs the suite on two pytest-xdist workers (--dist loadfile): a file is one unit

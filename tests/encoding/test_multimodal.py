@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import DATA, REPO, launch, write_wav
+from conftest import DATA, REPO, launch, render_script, run_example, write_wav
 from forked_cli import run_cli
 
 from mmembed.data import read_file
@@ -456,10 +456,11 @@ def _original_key(key: str, original: dict) -> str:
 
 # ---- scripts, export, embed --------------------------------------------------------------------
 def run_script(script: str, env: dict, extra: list[str]) -> subprocess.CompletedProcess:
-    e = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DTYPE="float32", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], **env)
-    return subprocess.run(["bash", os.path.join(REPO, "examples", script), *extra], capture_output=True, text=True, env=e, cwd=REPO)
+    """examples/SCRIPT's command as bash makes it, run in NPROC_PER_NODE forked processes (conftest.run_example)."""
+    return run_example(script, {"TORCH_DTYPE": "float32", **env}, extra)
 
 
+SWIFT_SCRIPTS = os.path.join(REPO, "tests", "fixtures", "swift", "scripts")
 FEW_STEPS = ["--max_steps", "2", "--save_steps", "2", "--eval_steps", "2", "--dataloader_num_workers", "0",
              "--dataset_num_proc", "1", "--report_to", "none", "--dataloader_drop_last", "false"]
 
@@ -488,38 +489,27 @@ def test_example_script_trains_a_few_steps_and_the_checkpoint_embeds(tiny_model,
     assert vec.shape == (len(inputs), 64) and np.allclose(np.linalg.norm(vec, axis=1), 1, atol=1e-5)
 
 
-def _rendered(script: str, command: str, env: dict[str, str]) -> list[str]:
-    """What ``script`` runs, as argument lines: bash runs it with ``command`` (``mmembed`` /
-    ``swift``) a function that prints the launch variables and its arguments instead of training."""
-    stub = (f"{command}() {{ echo \"NPROC_PER_NODE=${{NPROC_PER_NODE:-}} MAX_PIXELS=${{MAX_PIXELS:-}} "
-            f"INFONCE_TEMPERATURE=${{INFONCE_TEMPERATURE:-}}\"; printf '%s\\n' \"$@\"; }}; export -f {command}")
-    r = subprocess.run(["bash", "-c", f"{stub}; bash {script}"], capture_output=True, text=True, cwd=REPO,
-                       env={"PATH": os.environ["PATH"], "ATTN_IMPL": "flash_attn", **env})
-    assert r.returncode == 0, r.stderr
-    return r.stdout.splitlines()
-
-
 @pytest.mark.parametrize("script, nproc", [("train_gme.sh", "8"), ("qwen3_emb.sh", "2"), ("qwen3_vl_emb.sh", "2")])
 def test_example_scripts_pass_ms_swifts_flags(script, nproc):
     """examples/SCRIPT is ms-swift's SCRIPT (tests/fixtures/swift/scripts, run unchanged by
     tests/tools/test_swift_scripts.py) with the model and dataset as local paths: given ms-swift's
     process count (and flash_attn, its choice on a GPU), the two run the same command with the same
     flags, values and launch variables, the two paths apart."""
-    ours = _rendered(os.path.join("examples", script), "mmembed",
-                     {"MODEL": "/models/m", "DATA": "/data/train.jsonl", "NPROC_PER_NODE": nproc})
-    theirs = _rendered(os.path.join("tests", "fixtures", "swift", "scripts", script), "swift", {})
-    assert theirs[1] == "sft" and ours[1] == "sft"
-    local = {"--model": "/models/m", "--dataset": "/data/train.jsonl"}
-    at = {flag: theirs.index(flag) for flag in local}
-    for flag, i in at.items():
-        theirs[i + 1] = local[flag]
-    assert ours[0] == theirs[0]  # NPROC_PER_NODE, MAX_PIXELS, INFONCE_TEMPERATURE
+    base = {"PATH": os.environ["PATH"], "ATTN_IMPL": "flash_attn"}
+    our_env, ours = render_script(os.path.join(REPO, "examples", script), "mmembed",
+                                  {**base, "MODEL": "/models/m", "DATA": "/data/train.jsonl", "NPROC_PER_NODE": nproc})
+    their_env, theirs = render_script(os.path.join(SWIFT_SCRIPTS, script), "swift", base)
+    assert theirs[0] == "sft" and ours[0] == "sft"
+    for flag, local in {"--model": "/models/m", "--dataset": "/data/train.jsonl"}.items():
+        theirs[theirs.index(flag) + 1] = local
+    variables = ("NPROC_PER_NODE", "MAX_PIXELS", "INFONCE_TEMPERATURE")
+    assert {k: our_env.get(k) for k in variables} == {k: their_env.get(k) for k in variables}
 
-    def flags(lines):
-        args = lines[2:]
-        return {args[i]: args[i + 1] for i in range(0, len(args), 2)}
+    def flags(args):
+        assert len(args) % 2 == 1, args
+        return {args[i]: args[i + 1] for i in range(1, len(args), 2)}
 
-    assert len(ours) % 2 == 0 and flags(ours) == flags(theirs)
+    assert flags(ours) == flags(theirs)
 
 
 def _script_flags(script: str) -> dict[str, str]:

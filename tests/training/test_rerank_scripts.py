@@ -1,16 +1,15 @@
 """ms-swift's reranker example scripts, as examples/ holds them (`swift sft` ->
-`mmembed sft`, hub ids -> local paths), train a few steps as written: a cross-encoder in one
-process, and across two processes under DeepSpeed ZeRO-3 (a generative reranker, full) and
+`mmembed sft`, hub ids -> local paths), train a few steps as written (the command and flags
+bash makes of them: conftest.run_example): a cross-encoder in one process, and across two processes under DeepSpeed ZeRO-3 (a generative reranker, full) and
 ZeRO-2 (a classifier with LoRA); each checkpoint scores as the libraries that load it do."""
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
+from conftest import run_example
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FEW_STEPS = ["--max_steps", "2", "--save_steps", "2", "--eval_steps", "2", "--dataloader_num_workers", "0",
@@ -20,9 +19,7 @@ PAIRS = [("A man is playing a flute.", "A man plays the flute."), ("A man is pla
 
 
 def run_script(script, env, extra):
-    e = dict(os.environ, OMP_NUM_THREADS="1", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], **env)
-    return subprocess.run(["bash", os.path.join(REPO, "examples", script), *extra], capture_output=True,
-                          text=True, env=e, cwd=REPO)
+    return run_example(script, env, extra)  # the flags bash makes, in NPROC_PER_NODE forked processes
 
 
 def _metrics(r):
