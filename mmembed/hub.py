@@ -188,14 +188,47 @@ def _from_modelscope(repo_id: str, sub: str | None, named: str, options: HubOpti
                          f"the modelscope package: {INSTALL_MODELSCOPE}") from None
     revision = "master" if options.revision in (None, "main") else options.revision  # ms-swift's mapping
     try:
-        return snapshot_download(repo_id, revision=revision, token=options.token,
-                                 ignore_patterns=list(IGNORE_PATTERNS),
-                                 allow_patterns=[f"{sub}/*"] if sub else None, local_files_only=cached_only)
+        folder = snapshot_download(repo_id, revision=revision, token=options.token,
+                                   ignore_patterns=list(IGNORE_PATTERNS),
+                                   allow_patterns=[f"{sub}/*"] if sub else None, local_files_only=cached_only)
     except Exception as e:  # noqa: BLE001 (modelscope's errors have no common base: reported in one line)
         what = one_line(e)[:300]
         if cached_only:
             raise UsageError(f"{named} is not in the ModelScope cache (MODELSCOPE_CACHE) and the offline switches "
                              f"(HF_HUB_OFFLINE / MMEMBED_OFFLINE) allow no download ({what}): download it once "
                              "online, or pass its folder") from None
-        raise UsageError(f"{named} is no local folder, and ModelScope could not give it ({type(e).__name__}: {what}): "
-                         "check the id and the network, or pass --use_hf true for Hugging Face's") from None
+        where = f"ModelScope ({_modelscope_endpoint()})"
+        if _modelscope_not_found(e):
+            raise UsageError(f"{named} is no local folder and no model of {where}: check the id (with --use_hf true / "
+                             "USE_HF=1, ids are Hugging Face's); if it is private, pass --hub_token or set "
+                             "MODELSCOPE_API_TOKEN") from None
+        raise UsageError(f"{named} is no local folder, and {where} could not give it ({type(e).__name__}: {what}): "
+                         "check the id and the network (MODELSCOPE_ENDPOINT for a mirror), or pass --use_hf true for "
+                         "Hugging Face's") from None
+    if not sub and not (os.path.isdir(folder) and os.listdir(folder)):
+        # the hub answers a revision it does not have with an empty file list, and the client returns an empty folder
+        raise UsageError(f"{named}: ModelScope ({_modelscope_endpoint()}) has no files of {repo_id} to download at "
+                         f"revision {revision} (a revision the model does not have lists none: --model_revision takes "
+                         "a branch, tag or commit; ModelScope's default branch is master)")
+    return folder
+
+
+def _modelscope_endpoint() -> str:
+    """The address modelscope's client asks: ``MODELSCOPE_ENDPOINT`` (or ``MODELSCOPE_DOMAIN``),
+    else its default, as its configuration read them."""
+    try:
+        from modelscope_hub.config import get_default_config
+    except ImportError:  # a modelscope older than 1.38 (the extra asks for 1.40)
+        return "MODELSCOPE_ENDPOINT, else https://modelscope.cn"
+    return get_default_config().endpoint
+
+
+def _modelscope_not_found(error: BaseException | None) -> bool:
+    """Whether modelscope's error is the hub's 404: no such model, or a private one the token
+    does not open (the hub answers both alike). modelscope_hub raises ``NotExistError``, which
+    modelscope's ``snapshot_download`` raises again as a ``requests`` ``HTTPError`` from it."""
+    while error is not None:
+        if type(error).__name__ == "NotExistError" or getattr(getattr(error, "response", None), "status_code", None) == 404:
+            return True
+        error = error.__cause__
+    return False

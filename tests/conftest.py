@@ -183,6 +183,19 @@ def hub_server():
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def modelscope_server():
+    """A ModelScope hub on the loopback interface (tests/fixtures/modelscope_server.py), empty at
+    first: a test publishes the model repositories it needs (``add_folder("org/name", folder)``)
+    under names of its own, and points the client at ``modelscope_server.url`` (``modelscope_env``
+    for a new process, ``modelscope_pointed_at`` in this one)."""
+    from fixtures.modelscope_server import ModelScopeServer
+
+    server = ModelScopeServer()
+    yield server
+    server.stop()
+
+
 @pytest.fixture(autouse=True)
 def _no_infonce_env(monkeypatch):
     """Tests start without INFONCE_* variables from the caller's shell."""

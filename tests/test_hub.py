@@ -3,8 +3,9 @@ serving all-MiniLM-L6-v2's files as Hugging Face serves a repository: ``mmembed 
 true --model ORG/NAME`` downloads it (a download cut in the middle resumes) and trains; later
 commands find it in the cache with ``HF_HUB_OFFLINE=1``; a local folder of the same spelling
 wins; an unknown, gated or unreachable model, or one not cached when offline, is one line
-naming the id and what to do. ModelScope (no loopback server for its client): its cache
-layout read offline, and the line that asks for the package when it is not installed."""
+naming the id and what to do. ModelScope here: its cache layout read offline, and the line that
+asks for the package when it is not installed (its downloads, from a loopback ModelScope:
+tests/test_hub_modelscope.py)."""
 
 import json
 import os
