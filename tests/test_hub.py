@@ -29,7 +29,15 @@ DATA = "hubtest/tiny-data"  # a dataset repository: one JSONL file of 4 rows
 def hub(hub_server, minilm_path, tmp_path_factory):
     """The hub with MiniLM as ``hubtest/minilm`` and as the gated ``hubtest/gated`` (opened
     by the token ``hf_gate_key``)."""
-    hub_server.add_folder(MINILM, minilm_path)
+    # MiniLM's files and, beside them, one for each of ms-swift's ignore patterns (none downloaded)
+    skipped = tmp_path_factory.mktemp("hf_skipped")
+    files = {os.path.relpath(os.path.join(root, n), minilm_path): os.path.join(root, n)
+             for root, _, names in os.walk(minilm_path) for n in names}
+    for name in ("model.onnx", "onnx/model.onnx", "flax_model.msgpack", "tf_model.h5", "pytorch_model.pt", "weights.zip"):
+        (skipped / name).parent.mkdir(parents=True, exist_ok=True)
+        (skipped / name).write_text(f"not downloaded: {name}\n")
+        files[name] = str(skipped / name)
+    hub_server.add_files(MINILM, files)
     hub_server.add_folder("hubtest/gated", minilm_path, gated=True, token="hf_gate_key")
     rows = tmp_path_factory.mktemp("hub_data") / "train.jsonl"
     write_jsonl(rows, stsb_pairs(4))
@@ -63,8 +71,9 @@ def test_sft_trains_a_hugging_face_id_whose_download_was_cut(trained, hub):
     assert weights[0] is None and weights[1].startswith("bytes=") and len(weights) == 2  # resumed, not restarted
     assert "Trying to resume download" in r.stderr  # huggingface_hub's own report and progress bars
     assert "Fetching" in r.stderr
-    skipped = [path for method, path, _ in trained["requests"] if path.endswith((".onnx", ".h5"))]
-    assert not skipped  # ms-swift's ignore patterns
+    skipped = [path for method, path, _ in trained["requests"] if "/resolve/" in path and
+               path.endswith((".onnx", ".h5", ".msgpack", ".pt", ".zip"))]
+    assert not skipped  # ms-swift's ignore patterns: published, never fetched
     assert any(path.startswith(f"/datasets/{DATA}/resolve/") for _, path, _ in trained["requests"])  # the rows too
     assert "hf::hubtest/tiny-data[train]" in (trained["out"] / "checkpoint-1" / "README.md").read_text()
 
