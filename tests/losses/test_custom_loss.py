@@ -4,13 +4,13 @@ formula written out, the registry (register_loss, module:Class), and a run from 
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import DATA, REPO
+from forked_cli import run_cli
 
 EXAMPLES = os.path.join(REPO, "examples")
 sys.path.insert(0, EXAMPLES)
@@ -100,12 +100,10 @@ def test_custom_loss_trains_from_the_command_line(minilm_path, tmp_path, loss_cl
         "        raise ValueError('the exploding loss was called')\n")
     module = "custom_loss" if loss_class_name == "SymmetricInfoNCE" else "exploding_loss"
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"), PYTHONPATH=os.pathsep.join([EXAMPLES, str(tmp_path), REPO]))
-    r = subprocess.run([sys.executable, "-m", "mmembed", "sft", "--model", minilm_path,
-                        "--dataset", os.path.join(DATA, "stsb_train_hardneg.jsonl") + "#16",
-                        "--loss_type", f"{module}:{loss_class_name}", "--loss_kwargs", '{"temperature": 0.05}',
-                        "--max_steps", "2", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
-                        "--output_dir", str(tmp_path / "out"), "--report_to", "none"],
-                       capture_output=True, text=True, env=env, cwd=REPO)
+    r = run_cli(["sft", "--model", minilm_path, "--dataset", os.path.join(DATA, "stsb_train_hardneg.jsonl") + "#16",
+                 "--loss_type", f"{module}:{loss_class_name}", "--loss_kwargs", '{"temperature": 0.05}',
+                 "--max_steps", "2", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
+                 "--output_dir", str(tmp_path / "out"), "--report_to", "none"], env=env)
     if loss_class_name == "Exploding":
         assert r.returncode != 0 and "the exploding loss was called" in r.stderr
         return

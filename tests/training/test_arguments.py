@@ -1,11 +1,9 @@
 """`mmembed sft` flags: ms-swift's names and defaults, and clear errors."""
 
 import re
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO
+from forked_cli import run_cli
 
 from mmembed.errors import UsageError
 from mmembed.training.arguments import default_gradient_accumulation, parse_sft_args
@@ -70,13 +68,11 @@ def test_bad_values_are_named(extra, message):
 
 
 def test_unknown_flag_is_an_error_naming_it():
-    proc = subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "sft", *BASE, "--no_such_flag", "3"],
-                          capture_output=True, text=True, cwd=REPO)
+    proc = run_cli(["sft", *BASE, "--no_such_flag", "3"])  # a forked process: its exit code and stderr
     assert proc.returncode != 0
     assert "unknown flag(s): --no_such_flag" in proc.stderr
     # no abbreviations: a prefix of a real flag is not silently taken for it
-    proc = subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "sft", *BASE, "--lora_r", "3"],
-                          capture_output=True, text=True, cwd=REPO)
+    proc = run_cli(["sft", *BASE, "--lora_r", "3"])
     assert proc.returncode != 0 and "--lora_r" in proc.stderr
 
 

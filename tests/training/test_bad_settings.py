@@ -12,11 +12,9 @@ the training flags users commonly set) has a row here, or is listed as taking no
 import dataclasses
 import os
 import re
-import subprocess
-import sys
 
 import pytest
-from conftest import DATA, REPO, stsb_pairs, write_jsonl
+from conftest import DATA, stsb_pairs, write_jsonl
 
 from mmembed.errors import UsageError
 from mmembed.tools.cli import main
@@ -384,8 +382,10 @@ def test_the_other_commands_report_bad_flags_the_same_way(run_sft_cli, places, m
 
 
 def _cli(args, env=None):
-    return subprocess.run([sys.executable, "-m", "mmembed.tools.cli", *args], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, timeout=300)
+    """``mmembed ARGS`` in a process of its own (forked from the tests' server, tests/forked_cli.py)."""
+    from forked_cli import run_cli
+
+    return run_cli(list(args), env={"OMP_NUM_THREADS": "1", **(env or {})}, timeout=300)
 
 
 @pytest.mark.parametrize("flags, env", [(["--gradient_accumulation_steps", "0"], {}),

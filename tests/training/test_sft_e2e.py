@@ -4,13 +4,12 @@ sentence-transformers and transformers as independent loaders."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import DATA, REPO, stsb_pairs, write_jsonl
+from conftest import DATA, stsb_pairs, write_jsonl
+from forked_cli import run_cli
 
 from mmembed.training.arguments import parse_sft_args
 from mmembed.training.checkpoints import COMPLETE_MARKER, find_last_complete_checkpoint
@@ -171,16 +170,15 @@ def test_cli_embed_writes_the_same_vectors_as_embedder(minilm_path, tmp_path):
     inp = tmp_path / "texts.txt"
     inp.write_text("\n".join(TEXTS) + "\n")
     out = tmp_path / "emb.npy"
-    subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "embed", "--model", minilm_path, "--input", str(inp),
-                    "--output", str(out)], check=True, cwd=REPO, capture_output=True)
+    r = run_cli(["embed", "--model", minilm_path, "--input", str(inp), "--output", str(out)])
+    assert r.returncode == 0, r.stderr[-3000:]
     np.testing.assert_allclose(np.load(out), Embedder.from_pretrained(minilm_path).encode(TEXTS), atol=1e-6)
 
 
 def test_cli_reports_a_broken_row_by_file_line_and_field(minilm_path, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"query": "a", "response": "b"}\n{"query": "c", "response": "d", "rejected_response": 5}\n')
-    proc = subprocess.run([sys.executable, "-m", "mmembed.tools.cli", "sft", "--model", minilm_path, "--dataset", str(bad),
-                           "--output_dir", str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO)
+    proc = run_cli(["sft", "--model", minilm_path, "--dataset", str(bad), "--output_dir", str(tmp_path / "out")])
     assert proc.returncode == 1
     assert f"mmembed sft: error: {bad}:2 field 'rejected_response'" in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -143,10 +143,9 @@ def test_a_row_that_can_train_is_not_counted(sft_until_model, files):
 def test_strict_false_trains_on_the_rest(minilm_path, files, tmp_path):
     out = tmp_path / "run"
     env = dict(os.environ, INFONCE_USE_BATCH="false", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    r = subprocess.run([sys.executable, "-m", "mmembed", "sft", "--model", minilm_path, "--dataset", files["mixed"],
-                        "--strict", "false", "--max_steps", "2", "--per_device_train_batch_size", "2",
-                        "--output_dir", str(out), "--report_to", "none", "--max_length", "32"],
-                       capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    r = run_cli(["sft", "--model", minilm_path, "--dataset", files["mixed"], "--strict", "false", "--max_steps", "2",
+                 "--per_device_train_batch_size", "2", "--output_dir", str(out), "--report_to", "none",
+                 "--max_length", "32"], env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "skipped 6 of 8 row(s) that cannot train" in r.stderr
     saved = json.loads((out / "checkpoint-2" / "mmembed.json").read_text())
