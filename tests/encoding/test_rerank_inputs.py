@@ -11,6 +11,7 @@ from conftest import load_tiny_models
 
 from mmembed.data.sample import DataError, Item, Sample
 from mmembed.encoding.instructions import Instructions
+from mmembed.encoding.media import MediaSettings
 from mmembed.encoding.rerank_inputs import GROUP_IDS, RerankCollator, pair_texts
 from mmembed.encoding.templates import _parse, get_template
 
@@ -264,7 +265,9 @@ def test_a_multimodal_pair_takes_the_querys_image_then_the_documents(qwen3_vl_pr
     tall = write_png(tmp_path / "d.png", 64, 128, "blue")  # 8 x 4 patches: 8 tokens
     s = Sample(Item("<image>what is this?", images=[wide]), [Item("<image>a blue box", images=[tall])], [],
                source="mm.jsonl", line=2)
-    batch = RerankCollator(t, qwen3_vl_processor, train=False)([s])
+    # the media defaults (no MAX_PIXELS / MIN_PIXELS), whatever the test process's environment holds:
+    # in one full run an earlier test on the same worker left a 784-pixel budget (28 x 28, [1, 2, 2])
+    batch = RerankCollator(t, qwen3_vl_processor, train=False, media=MediaSettings.from_env({}))([s])
     assert batch["image_grid_thw"].tolist() == [[1, 4, 4], [1, 8, 4]]
     img = "<|vision_start|>{}<|vision_end|>"
     text = (f"<|im_start|>system\n{JUDGE}<|im_end|>\n<|im_start|>user\n<Instruct>: {t.default_instruction}"
