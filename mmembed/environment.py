@@ -225,13 +225,18 @@ class MediaVariables:
         )
 
 
-def media_cache_folder(env: Mapping[str, str]) -> str:
-    """``MMEMBED_MEDIA_CACHE``, else ``$XDG_CACHE_HOME/mmembed/media`` (``~/.cache/...``), absolute."""
-    folder = env.get("MMEMBED_MEDIA_CACHE", "").strip()
+def _cache_folder(env: Mapping[str, str], variable: str, name: str) -> str:
+    """``variable``'s folder, else ``$XDG_CACHE_HOME/mmembed/NAME`` (``~/.cache/...``), absolute."""
+    folder = env.get(variable, "").strip()
     if not folder:
         base = env.get("XDG_CACHE_HOME", "").strip() or os.path.join("~", ".cache")
-        folder = os.path.join(base, "mmembed", "media")
+        folder = os.path.join(base, "mmembed", name)
     return os.path.abspath(os.path.expanduser(folder))
+
+
+def media_cache_folder(env: Mapping[str, str]) -> str:
+    """``MMEMBED_MEDIA_CACHE``, else ``$XDG_CACHE_HOME/mmembed/media`` (``~/.cache/...``), absolute."""
+    return _cache_folder(env, "MMEMBED_MEDIA_CACHE", "media")
 
 
 @dataclass(frozen=True)
@@ -293,11 +298,7 @@ class HubVariables:
 
 def hub_cache_folder(env: Mapping[str, str]) -> str:
     """``MMEMBED_HUB_CACHE``, else ``$XDG_CACHE_HOME/mmembed/hub_datasets`` (``~/.cache/...``), absolute."""
-    folder = env.get("MMEMBED_HUB_CACHE", "").strip()
-    if not folder:
-        base = env.get("XDG_CACHE_HOME", "").strip() or os.path.join("~", ".cache")
-        folder = os.path.join(base, "mmembed", "hub_datasets")
-    return os.path.abspath(os.path.expanduser(folder))
+    return _cache_folder(env, "MMEMBED_HUB_CACHE", "hub_datasets")
 
 
 @dataclass(frozen=True)
