@@ -207,16 +207,15 @@ def check_names(args: SftArguments) -> None:
         if args.torch_compile_backend not in backends:
             raise UsageError(f"--torch_compile_backend must be one of torch.compile's backends ({', '.join(backends)}), "
                              f"got {args.torch_compile_backend!r}")
-    if args.attn_impl in ("flash_attn", "flash_attention_2") and importlib.util.find_spec("flash_attn") is None \
-            and not has_accelerator():
+    if args.attn_impl in ("flash_attn", "flash_attention_2") and importlib.util.find_spec("flash_attn") is None:
+        if has_accelerator():
+            raise UsageError(f"--attn_impl {args.attn_impl} needs the flash-attn package, which is not installed "
+                             "(pip install flash-attn), or use --attn_impl sdpa")
         # FlashAttention runs on CUDA GPUs only: a script written for GPUs (ms-swift's examples pass
         # --attn_impl flash_attn) runs on a machine without one under SDPA, the same attention
         logging.getLogger("mmembed").warning("--attn_impl %s: no GPU here (FlashAttention runs on CUDA GPUs only); "
                                              "training with --attn_impl sdpa, the same attention", args.attn_impl)
         args.attn_impl = "sdpa"
-    if args.attn_impl in ("flash_attn", "flash_attention_2") and importlib.util.find_spec("flash_attn") is None:
-        raise UsageError(f"--attn_impl {args.attn_impl} needs the flash-attn package, which is not installed "
-                         "(pip install flash-attn), or use --attn_impl sdpa")
     if args.attn_impl == "flex_attention" and not has_accelerator():
         raise UsageError("--attn_impl flex_attention trains on a GPU only: torch's FlexAttention has no "
                          "backward pass on the CPU; use --attn_impl sdpa here")
