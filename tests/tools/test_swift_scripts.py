@@ -7,7 +7,6 @@ dtype, ``--attn_impl flash_attn`` (no GPU here: SDPA, said in a warning), datase
 split. Each run's last checkpoint is complete, records the hub snapshot it started from, and
 embeds."""
 
-import glob
 import json
 import os
 import re
@@ -16,8 +15,10 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import DATA, REPO
+from conftest import DATA, REPO, stsb_pairs, write_jsonl
 from fixtures.hub_server import client_env
+
+from mmembed.training.checkpoints import find_last_complete_checkpoint
 
 MM = os.path.join(DATA, "mm")
 SCRIPTS = os.path.join(REPO, "tests", "fixtures", "swift", "scripts")
@@ -27,8 +28,6 @@ SHAPES = [f"{c}_{s}" for c in ("red", "green", "blue", "yellow") for s in ("circ
 def _stsb_rows() -> list[dict]:
     """sentence-transformers/stsb's columns (scores in 0..1); 40 pairs scored >= 0.75, which
     ms-swift's ``:positive`` subset keeps, and 8 below it, which it drops."""
-    from conftest import stsb_pairs
-
     pairs = stsb_pairs(48)
     return [{"sentence1": p["query"], "sentence2": p["response"], "score": 0.9 if i % 6 else 0.3}
             for i, p in enumerate(pairs)]
@@ -52,8 +51,6 @@ def _textcaps(path: str, n: int, offset: int) -> str:
 @pytest.fixture(scope="module")
 def swift_hub(hub_server, tiny_model, tmp_path_factory):
     """The hub with the scripts' models (tiny random ones of the same architecture) and datasets."""
-    from conftest import write_jsonl
-
     root = tmp_path_factory.mktemp("swift_hub")
     hub_server.add_folder("Qwen/Qwen3-Embedding-4B", tiny_model("qwen3"))
     hub_server.add_folder("Qwen/Qwen3-VL-Embedding-8B", tiny_model("qwen3_vl"))
@@ -87,12 +84,6 @@ def run_swift_script(name: str, hub, tmp_path) -> tuple[subprocess.CompletedProc
     return proc, str(work / "output")
 
 
-def _last_checkpoint(output: str) -> str:
-    ckpts = sorted(glob.glob(os.path.join(output, "checkpoint-*")), key=lambda p: int(p.rsplit("-", 1)[1]))
-    assert ckpts, os.listdir(output)
-    return ckpts[-1]
-
-
 @pytest.mark.parametrize("name, model, dataset, steps, warning", [
     # 40 positive pairs, 1 held out (0.02), 39 in batches of 8 x 2 processes (last dropped): 2 steps x 5 epochs
     ("qwen3_emb.sh", "Qwen--Qwen3-Embedding-4B", "hf::sentence-transformers/stsb:positive[train]", 10, True),
@@ -106,8 +97,8 @@ def test_ms_swifts_script_runs_with_only_the_command_renamed(swift_hub, tmp_path
 
     proc, output = run_swift_script(name, swift_hub, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    ckpt = _last_checkpoint(output)
-    assert ckpt.endswith(f"checkpoint-{steps}") and os.path.isfile(os.path.join(ckpt, "mmembed_complete"))
+    ckpt = find_last_complete_checkpoint(output)  # the newest checkpoint with its completion marker
+    assert ckpt is not None and ckpt.endswith(f"checkpoint-{steps}"), os.listdir(output)
     assert os.path.isfile(os.path.join(ckpt, "adapter_model.safetensors"))  # --tuner_type lora
     saved = json.loads(open(os.path.join(ckpt, "mmembed.json"), encoding="utf-8").read())
     assert f"/hub/models--{model}/snapshots/" in saved["base_model"]
