@@ -489,34 +489,30 @@ def test_example_script_trains_a_few_steps_and_the_checkpoint_embeds(tiny_model,
     assert vec.shape == (len(inputs), 64) and np.allclose(np.linalg.norm(vec, axis=1), 1, atol=1e-5)
 
 
+def _script_flags(script: str, folder: str = os.path.join(REPO, "examples"), command: str = "mmembed",
+                  **env: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(the launch variables, the ``--flag: value`` pairs) of the ``sft`` command ``folder/script``
+    runs, as bash makes them (conftest.render_script) in an environment of ``env`` with
+    ``ATTN_IMPL=flash_attn`` (the qwen3 examples' choice on a GPU)."""
+    variables, args = render_script(os.path.join(folder, script), command,
+                                    {"PATH": os.environ["PATH"], "ATTN_IMPL": "flash_attn", **env})
+    assert args[0] == "sft" and len(args) % 2 == 1, args
+    launch = {k: variables.get(k) for k in ("NPROC_PER_NODE", "MAX_PIXELS", "INFONCE_TEMPERATURE")}
+    return launch, {args[i]: args[i + 1] for i in range(1, len(args), 2)}
+
+
 @pytest.mark.parametrize("script, nproc", [("train_gme.sh", "8"), ("qwen3_emb.sh", "2"), ("qwen3_vl_emb.sh", "2")])
 def test_example_scripts_pass_ms_swifts_flags(script, nproc):
     """examples/SCRIPT is ms-swift's SCRIPT (tests/fixtures/swift/scripts, run unchanged by
     tests/tools/test_swift_scripts.py) with the model and dataset as local paths: given ms-swift's
     process count (and flash_attn, its choice on a GPU), the two run the same command with the same
     flags, values and launch variables, the two paths apart."""
-    base = {"PATH": os.environ["PATH"], "ATTN_IMPL": "flash_attn"}
-    our_env, ours = render_script(os.path.join(REPO, "examples", script), "mmembed",
-                                  {**base, "MODEL": "/models/m", "DATA": "/data/train.jsonl", "NPROC_PER_NODE": nproc})
-    their_env, theirs = render_script(os.path.join(SWIFT_SCRIPTS, script), "swift", base)
-    assert theirs[0] == "sft" and ours[0] == "sft"
-    for flag, local in {"--model": "/models/m", "--dataset": "/data/train.jsonl"}.items():
-        theirs[theirs.index(flag) + 1] = local
-    variables = ("NPROC_PER_NODE", "MAX_PIXELS", "INFONCE_TEMPERATURE")
-    assert {k: our_env.get(k) for k in variables} == {k: their_env.get(k) for k in variables}
-
-    def flags(args):
-        assert len(args) % 2 == 1, args
-        return {args[i]: args[i + 1] for i in range(1, len(args), 2)}
-
-    assert flags(ours) == flags(theirs)
-
-
-def _script_flags(script: str) -> dict[str, str]:
-    """The flags an example script passes to mmembed sft, with their values as written."""
-    text = open(os.path.join(REPO, "examples", script), encoding="utf-8").read()
-    body = text[text.index("mmembed sft"):]
-    return dict(re.findall(r"^\s+(--[a-z_]+)(?: ([^\\\n]*?))?\s*\\$", body, re.M))
+    our_launch, ours = _script_flags(script, MODEL="/models/m", DATA="/data/train.jsonl", NPROC_PER_NODE=nproc)
+    their_launch, theirs = _script_flags(script, SWIFT_SCRIPTS, "swift")
+    assert {"--model", "--dataset"} <= theirs.keys()
+    theirs.update({"--model": "/models/m", "--dataset": "/data/train.jsonl"})
+    assert our_launch == their_launch
+    assert ours == theirs
 
 
 def test_example_scripts_spell_flags_as_ms_swifts_current_scripts():
@@ -525,7 +521,7 @@ def test_example_scripts_spell_flags_as_ms_swifts_current_scripts():
     train_gme.sh's flags (its header says so) with the cosine-similarity loss, and without a
     held-out split it asks for no evaluation."""
     scripts = ["train_gme.sh", "train_gte.sh", "qwen3_emb.sh", "qwen3_vl_emb.sh"]
-    flags = {s: _script_flags(s) for s in scripts}
+    flags = {s: _script_flags(s, MODEL="/models/m", DATA="/data/train.jsonl")[1] for s in scripts}
     for s in scripts:
         assert flags[s].get("--tuner_type") == "lora" and "--train_type" not in flags[s], s
         has_eval_data = "--split_dataset_ratio" in flags[s] or "--val_dataset" in flags[s]
