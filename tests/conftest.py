@@ -95,6 +95,19 @@ def launch(args: list[str], nproc: int = 1, env: dict | None = None, timeout: in
     return proc
 
 
+def hub_error_line(spec: str, options) -> str:
+    """The error :func:`mmembed.hub.resolve_model` gives for ``spec`` under ``options`` (a
+    ``HubOptions``), asserted to be one line naming the flag and the id."""
+    from mmembed.errors import UsageError
+    from mmembed.hub import resolve_model
+
+    with pytest.raises(UsageError) as e:
+        resolve_model(spec, "--teacher_model", options)
+    message = str(e.value)
+    assert "\n" not in message and f"--teacher_model {spec!r}" in message
+    return message
+
+
 def render_script(script: str, command: str, env: dict[str, str], extra: list[str] = ()) -> tuple[dict[str, str], list[str]]:
     """What bash running ``script`` (with arguments ``extra``, in environment ``env``) would start:
     (the environment, the arguments) of its ``command`` (``mmembed``, ``swift``), read by a function

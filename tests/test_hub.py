@@ -13,11 +13,10 @@ import shutil
 import sys
 
 import pytest
-from conftest import free_port, stsb_pairs, write_jsonl
+from conftest import free_port, hub_error_line, stsb_pairs, write_jsonl
 from fixtures.hub_server import client_env, clients_pointed_at
 from forked_cli import run_cli
 
-from mmembed.errors import UsageError
 from mmembed.hub import HubOptions, is_hub_id, resolve_model
 
 HF = HubOptions(use_hf=True)
@@ -98,28 +97,20 @@ def test_a_local_folder_wins_over_an_id_of_the_same_spelling(hub, minilm_path, t
     assert hub.requests == []
 
 
-def _one_line_error(spec: str, options: HubOptions = HF) -> str:
-    with pytest.raises(UsageError) as e:
-        resolve_model(spec, "--teacher_model", options)
-    message = str(e.value)
-    assert "\n" not in message and f"--teacher_model {spec!r}" in message
-    return message
-
-
 def test_what_the_hub_refuses_is_one_line_naming_the_id(hub, tmp_path):
     with clients_pointed_at(hub.url, str(tmp_path / "hf")):
-        assert "no model of Hugging Face" in _one_line_error("hubtest/absent")
-        assert "gated model" in _one_line_error("hubtest/gated")
-        assert "gated model" in _one_line_error("hubtest/gated", HubOptions(use_hf=True, token="hf_wrong"))
+        assert "no model of Hugging Face" in hub_error_line("hubtest/absent", HF)
+        assert "gated model" in hub_error_line("hubtest/gated", HF)
+        assert "gated model" in hub_error_line("hubtest/gated", HubOptions(use_hf=True, token="hf_wrong"))
         opened = resolve_model("hubtest/gated", "--model", HubOptions(use_hf=True, token="hf_gate_key"))
         assert os.path.isfile(os.path.join(opened, "model.safetensors"))
-        assert "--model_revision v9 is not a branch" in _one_line_error(MINILM, HubOptions(use_hf=True, revision="v9"))
-        offline = _one_line_error(MINILM, HubOptions(use_hf=True, offline=True))  # an empty cache
+        assert "--model_revision v9 is not a branch" in hub_error_line(MINILM, HubOptions(use_hf=True, revision="v9"))
+        offline = hub_error_line(MINILM, HubOptions(use_hf=True, offline=True))  # an empty cache
         assert "not in the Hugging Face cache" in offline and "HF_HUB_OFFLINE" in offline
     with clients_pointed_at(f"http://127.0.0.1:{free_port()}", str(tmp_path / "hf2")):  # nothing listens there
-        assert "could not be reached" in _one_line_error(MINILM)
-    assert "nor a hub id" in _one_line_error("/no/such/model")
-    assert "nor a hub id" in _one_line_error("./relative/missing")
+        assert "could not be reached" in hub_error_line(MINILM, HF)
+    assert "nor a hub id" in hub_error_line("/no/such/model", HF)
+    assert "nor a hub id" in hub_error_line("./relative/missing", HF)
     assert [is_hub_id(s) for s in ("org/name", "gpt2", "org/name:sub/dir", "a/b/c", "/abs", "~/m")] == [
         True, True, True, False, False, False]
 
@@ -133,7 +124,7 @@ def test_a_command_stops_with_the_line_and_status_2(hub, tmp_path):
 
 def test_modelscope_without_its_package_asks_for_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "modelscope", None)  # import modelscope raises ImportError
-    message = _one_line_error(MINILM, HubOptions())
+    message = hub_error_line(MINILM, HubOptions())
     assert "pip install 'mmembed[modelscope]'" in message and "--use_hf true" in message
 
 
@@ -147,4 +138,4 @@ def test_modelscope_ids_resolve_offline_from_its_cache_layout(minilm_path, tmp_p
 
     monkeypatch.setattr(config, "_default_config", None, raising=False)  # read MODELSCOPE_CACHE again
     assert resolve_model(MINILM, "--model", HubOptions(offline=True)) == str(snapshot)
-    assert "not in the ModelScope cache" in _one_line_error("hubtest/absent", HubOptions(offline=True))
+    assert "not in the ModelScope cache" in hub_error_line("hubtest/absent", HubOptions(offline=True))

@@ -13,11 +13,10 @@ import json
 import os
 
 import pytest
-from conftest import stsb_pairs, write_jsonl
+from conftest import hub_error_line, stsb_pairs, write_jsonl
 from fixtures.modelscope_server import modelscope_env, modelscope_pointed_at
 from forked_cli import run_cli
 
-from mmembed.errors import UsageError
 from mmembed.hub import IGNORE_PATTERNS, HubOptions, resolve_model
 
 MINILM = "mstest/minilm"
@@ -89,23 +88,15 @@ def test_offline_a_second_resolve_reads_the_cache_with_no_request(downloaded, ms
     assert ms.requests == []
 
 
-def _one_line_error(spec: str, options: HubOptions) -> str:
-    with pytest.raises(UsageError) as e:
-        resolve_model(spec, "--teacher_model", options)
-    message = str(e.value)
-    assert "\n" not in message and f"--teacher_model {spec!r}" in message
-    return message
-
-
 def test_what_modelscope_refuses_is_one_line_naming_the_id(ms, tmp_path):
     ms.clear_requests()
     with modelscope_pointed_at(ms.url, str(tmp_path / "cache"), str(tmp_path / "home")):
-        absent = _one_line_error("mstest/absent", HubOptions())
+        absent = hub_error_line("mstest/absent", HubOptions())
         assert f"is no local folder and no model of ModelScope ({ms.url}): check the id" in absent
         assert "MODELSCOPE_API_TOKEN" in absent
-        revision = _one_line_error(MINILM, HubOptions(revision="v9"))  # the hub lists no files at an unknown revision
+        revision = hub_error_line(MINILM, HubOptions(revision="v9"))  # the hub lists no files at an unknown revision
         assert f"ModelScope ({ms.url}) has no files of {MINILM} to download at revision v9" in revision
-        offline = _one_line_error(MINILM, HubOptions(offline=True))  # an empty cache
+        offline = hub_error_line(MINILM, HubOptions(offline=True))  # an empty cache
         assert "not in the ModelScope cache" in offline and "HF_HUB_OFFLINE" in offline
     assert [target.split("?")[0] for _, target, _ in ms.requests] == [
         "/api/v1/models/mstest/absent/repo/files", f"/api/v1/models/{MINILM}/repo/files"]  # offline: none
