@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from cpu_time import pytest_runtest_protocol  # noqa: F401  (MMEMBED_TEST_CPU: CPU seconds per test)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
