@@ -89,7 +89,9 @@ def evaluate(model_dir: str, test: list[tuple[str, str]]) -> dict[str, float]:
             "chance": 1.0 / len(captions)}
 
 
-def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+def main(argv: list[str] | None = None, run=None) -> dict[str, dict[str, float]]:
+    """``run(args, env)``: how ``python ARGS`` (the ``mmembed sft`` command) runs with the
+    environment ``env``; default a fresh interpreter (the test suite forks its own)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--train_per_class", type=int, default=12)
     ap.add_argument("--test_per_class", type=int, default=4)
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     train, test = make_task(os.path.join(work, "data"), args.train_per_class, args.test_per_class, args.seed)
     before = evaluate(model_dir, test)
     out = os.path.join(work, "out")
-    cmd = [sys.executable, "-m", "mmembed.tools.cli", "sft", "--model", model_dir, "--dataset", train,
+    cmd = ["-m", "mmembed.tools.cli", "sft", "--model", model_dir, "--dataset", train,
            "--tuner_type", "full", "--freeze_vit", "false", "--freeze_aligner", "false",
            "--num_train_epochs", str(args.epochs), "--per_device_train_batch_size", str(args.batch_size),
            "--gradient_accumulation_steps", "1", "--learning_rate", str(args.learning_rate),
@@ -118,7 +120,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     env = dict(os.environ, INFONCE_TEMPERATURE=os.environ.get("INFONCE_TEMPERATURE", "0.05"),
                MAX_PIXELS=str(SIZE * SIZE), MIN_PIXELS=str(SIZE * SIZE))
     t0 = time.time()
-    subprocess.run(cmd, check=True, env=env)
+    if run is None:
+        subprocess.run([sys.executable, *cmd], check=True, env=env)
+    else:
+        run(cmd, env)
     seconds = time.time() - t0
     ckpts = sorted((d for d in os.listdir(out) if d.startswith("checkpoint-")), key=lambda d: int(d.split("-")[1]))
     os.environ.update(MAX_PIXELS=env["MAX_PIXELS"], MIN_PIXELS=env["MIN_PIXELS"])

@@ -41,6 +41,10 @@ def _enter(env: dict[str, str], out_path: str, err_path: str) -> None:
     import torch
 
     torch.set_num_threads(1)
+    # a process the forkserver starts inherits its start method; a fresh interpreter's is fork
+    # (Linux), which its DataLoader workers and datasets' processes use: with forkserver each
+    # process of a run would start a server of its own that imports torch and mmembed again
+    multiprocessing.set_start_method("fork", force=True)
 
 
 def _child(argv: list[str], env: dict[str, str], out_path: str, err_path: str, file_size_limit: int | None,
@@ -71,6 +75,22 @@ def _rank(args: list[str], env: dict[str, str], out_path: str, err_path: str, cw
     os.chdir(cwd)
     _enter(env, out_path, err_path)
     code = 0
+    profile = None
+    if os.environ.get("MMEMBED_TEST_PROFILE"):  # a folder: each rank's cProfile of the run, rank<R>.prof
+        import cProfile
+
+        profile = cProfile.Profile()
+        folder = os.environ["MMEMBED_TEST_PROFILE"]
+        leave = os._exit
+
+        def dump_then_exit(code: int) -> None:  # a distributed run ends with os._exit (cli._close_process_group)
+            profile.disable()
+            os.makedirs(folder, exist_ok=True)
+            profile.dump_stats(os.path.join(folder, f"rank{env['RANK']}.prof"))
+            leave(code)
+
+        os._exit = dump_then_exit
+        profile.enable()
     try:
         if args[0] == "-m":
             sys.argv = [args[1], *args[2:]]
@@ -146,9 +166,11 @@ def _server() -> None:
         _context = multiprocessing.get_context("forkserver")
         # DeepSpeed (and matplotlib, which it imports) too: ~2 s of every DeepSpeed process's start
         # here. mmembed imports DeepSpeed only for a run that uses it; the tests of that rule run
-        # in fresh interpreters (tests/training/test_quiet_deepspeed.py)
+        # in fresh interpreters (tests/training/test_quiet_deepspeed.py). forkserver_warm: what
+        # every run would still do first (DeepSpeed's Muon import, matplotlib's first chart)
         _context.set_forkserver_preload(["torch", "transformers", "deepspeed", "mmembed.training.sft",
-                                         "mmembed.tools.cli", "mmembed.model.embedder", "forked_cli"])
+                                         "mmembed.tools.cli", "mmembed.model.embedder", "forked_cli",
+                                         "forkserver_warm"])
 
 
 def _drain(path: str, chunks: list[bytes]) -> None:

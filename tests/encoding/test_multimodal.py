@@ -646,7 +646,9 @@ def test_tiny_qwen2_vl_learns_image_text_retrieval_from_random_weights(tmp_path)
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     import learn_multimodal
 
-    result = learn_multimodal.main(["--work_dir", str(tmp_path), "--epochs", "20"])
+    # the training command in a process forked from the test server (tests/forked_cli.py)
+    result = learn_multimodal.main(["--work_dir", str(tmp_path), "--epochs", "20"],
+                                   run=lambda args, env: launch(args, env=env, timeout=900))
     assert result["before"]["recall@1"] < 2 * result["before"]["chance"]
     assert result["after"]["recall@1"] >= 3 * result["after"]["chance"]
 

@@ -5,7 +5,9 @@ Face's protocol). The hub serves tiny random models and a few rows under the ids
 name, so each script trains end to end as written: its process count, DeepSpeed stage, epochs,
 dtype, ``--attn_impl flash_attn`` (no GPU here: SDPA, said in a warning), dataset subsets and
 split. Each run's last checkpoint is complete, records the hub snapshot it started from, and
-embeds."""
+embeds. The script's ``mmembed`` forks its NPROC_PER_NODE processes from one server
+(tests/forked_mmembed.py) instead of relaunching them under torchrun, which the relaunch tests
+of tests/training/test_distributed.py run (``MMEMBED_TEST_TORCHRUN=1``: torchrun here too)."""
 
 import json
 import os
@@ -77,9 +79,15 @@ def run_swift_script(name: str, hub, tmp_path) -> tuple[subprocess.CompletedProc
     work.mkdir()
     script = work / name
     script.write_text(text.replace("swift sft", "mmembed sft"))
+    # the script's `mmembed`: tests/forked_mmembed.py, which forks NPROC_PER_NODE's processes from one
+    # server rather than relaunching them under torchrun (MMEMBED_TEST_TORCHRUN=1: mmembed's own)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "mmembed").write_text(f"#!/bin/sh\nexec {sys.executable} {os.path.join(REPO, 'tests', 'forked_mmembed.py')} \"$@\"\n")
+    (bin_dir / "mmembed").chmod(0o755)
     env = dict(os.environ, **client_env(hub.url, str(tmp_path / "hf_home")), USE_HF="1", OMP_NUM_THREADS="1",
                MMEMBED_HUB_CACHE=str(tmp_path / "rows"),
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+               PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]]))
     proc = subprocess.run(["bash", str(script)], cwd=work, env=env, capture_output=True, text=True, timeout=900)
     return proc, str(work / "output")
 

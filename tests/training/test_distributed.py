@@ -81,8 +81,7 @@ def _sft(model, out, train, val, per_device, nproc, *extra):
             "--lr_scheduler_type", "constant", "--gradient_checkpointing", "false", "--max_length", "48",
             "--seed", "3", "--output_dir", out, "--disable_tqdm", "true", "--dataloader_num_workers", "0", *extra]
     if nproc == 1:
-        subprocess.run([sys.executable, *args], check=True, capture_output=True, cwd=REPO,
-                       env=dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2")))
+        launch(args)  # one forked process of the command line (tests/forked_cli.py), OMP_NUM_THREADS kept or 2
     else:
         _torchrun(args, nproc=nproc)
 
