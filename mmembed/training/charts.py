@@ -168,7 +168,11 @@ def plot_histogram(before: Similarities, after: Similarities | None, after_label
     from matplotlib.ticker import MaxNLocator
 
     panels = [("before training", before)] + ([(after_label, after)] if after is not None else [])
-    fig = _figure(5.5 * len(panels), 4.0)
+    width, height = 5.5 * len(panels), 4.0
+    # fixed margins in inches (room for the tick labels and axis titles): constrained layout
+    # would take 0.5 s more of each run's last drawing
+    fig = _figure(width, height, margins={"left": 0.75 / width, "right": 1 - 0.15 / width, "bottom": 0.55 / height,
+                                          "top": 1 - 0.35 / height, "wspace": 0.05})
     axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
     if x_label == "cosine similarity":
         bins = np.linspace(-1.0, 1.0, 81)
@@ -180,8 +184,9 @@ def plot_histogram(before: Similarities, after: Similarities | None, after_label
     for ax, (title, sims) in zip(axes, panels):
         for kind, values in sims.items():
             if len(values):
-                # densities: the kinds differ in count by orders of magnitude (in-batch documents)
-                ax.hist(values, bins=bins, density=True, alpha=0.5, color=colors.get(kind),
+                # densities: the kinds differ in count by orders of magnitude (in-batch documents);
+                # one filled outline per kind (the look of 80 bars, a tenth of their drawing time)
+                ax.hist(values, bins=bins, density=True, alpha=0.5, color=colors.get(kind), histtype="stepfilled",
                         label=f"query-{kind} (n={len(values)}, mean {np.mean(values):.3f})")
         ax.set_title(title)
         ax.set_xlabel(x_label)
