@@ -2,7 +2,7 @@
 workers share two cores, so a test's wall time says as much about its neighbour as itself).
 
 With ``MMEMBED_TEST_CPU=FOLDER`` each pytest worker appends one JSON line per test to
-``FOLDER/<worker>.jsonl``: the test's id, its wall seconds (setup, call and teardown, so a
+``FOLDER/<worker>.jsonl``: the test's id, when it ended (epoch seconds), its wall seconds (setup, call and teardown, so a
 session fixture's build counts to the first test that uses it), and the CPU seconds spent in
 
 - ``self``: the worker process,
@@ -57,7 +57,7 @@ def pytest_runtest_protocol(item, nextitem):
     after = _cpu()
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     os.makedirs(FOLDER, exist_ok=True)
-    row = {"test": item.nodeid, "wall": round(time.monotonic() - start, 2),
+    row = {"test": item.nodeid, "end": round(time.time(), 1), "wall": round(time.monotonic() - start, 2),
            **{k: round(max(b - a, 0.0), 2) for k, a, b in zip(("self", "children", "forked"), before, after)}}
     with open(os.path.join(FOLDER, f"{worker}.jsonl"), "a") as f:
         f.write(json.dumps(row) + "\n")
@@ -74,6 +74,9 @@ def _report(folder: str, top: int = 40) -> None:
         acc[0] += row["cpu"]
         acc[1] += row["wall"]
         acc[2] += 1
+    for name in sorted(os.listdir(folder)):  # when each worker finished: an idle worker at the end is lost time
+        ends = [json.loads(line).get("end", 0) for line in open(os.path.join(folder, name))]
+        print(f"{name[:-6]}: last test ended {time.strftime('%H:%M:%S', time.localtime(max(ends)))}")
     print(f"{len(rows)} tests: {sum(r['cpu'] for r in rows):.0f} CPU s, {sum(r['wall'] for r in rows):.0f} wall s "
           f"(self {sum(r['self'] for r in rows):.0f}, children {sum(r['children'] for r in rows):.0f}, "
           f"forked {sum(r['forked'] for r in rows):.0f})")

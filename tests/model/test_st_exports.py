@@ -5,6 +5,7 @@ padding, with and without a system prompt (instruction); and the model card repo
 run was. One full run and one LoRA run (then ``mmembed export``) per template, shared by the
 tests of this file."""
 
+import functools
 import json
 import os
 import re
@@ -88,7 +89,10 @@ def runs(tmp_path_factory, data, tiny_model, minilm_path, tiny_modernbert):
     return get
 
 
+@functools.cache
 def _embedder(folder):
+    """mmembed's Embedder of ``folder``, loaded once per folder (the tests only encode with it;
+    a Qwen tokenizer alone takes ~2 s of CPU to load)."""
     from mmembed import Embedder
 
     return Embedder.from_pretrained(folder, device="cpu")

@@ -7,12 +7,10 @@ defaults in the log."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import DATA, REPO, stsb_pairs, write_jsonl
+from conftest import DATA, stsb_pairs, write_jsonl
 
 from mmembed.data.sample import Item
 from mmembed.encoding.buckets import bucket_width
@@ -93,16 +91,17 @@ print(*(m.forward.__func__.__module__.split(".")[0] for m in (base.norm, layer.i
 def test_use_liger_kernel_patches_the_backbone(tiny_model, tmp_path):
     """liger-kernel's kernels need a GPU to run, so the check is that they are in place (in a
     child process: liger also patches transformers' Qwen3 module for the whole process)."""
+    from forked_cli import run_ranks  # a process forked from the test server: liger's patches stay in it
+
     data = write_jsonl(tmp_path / "d.jsonl", stsb_pairs(4))
-    flags = ["--model", tiny_model("qwen3"), "--dataset", data, "--output_dir", str(tmp_path / "o")]
-    env = {**os.environ, "PYTHONPATH": REPO}
-    out = subprocess.run([sys.executable, "-c", LIGER_CHECK, *flags, "--use_liger_kernel", "true"], env=env,
-                         capture_output=True, text=True, timeout=600)
+    check = tmp_path / "liger_check.py"
+    check.write_text(LIGER_CHECK)
+    flags = [str(check), "--model", tiny_model("qwen3"), "--dataset", data, "--output_dir", str(tmp_path / "o")]
+    out = run_ranks([*flags, "--use_liger_kernel", "true"], 1, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     norm, layer_norm, mlp = out.stdout.split()
     assert (norm, layer_norm, mlp) == ("liger_kernel",) * 3
-    out = subprocess.run([sys.executable, "-c", LIGER_CHECK, *flags], env=env, capture_output=True, text=True,
-                         timeout=600)
+    out = run_ranks(flags, 1, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["transformers"] * 3
 
