@@ -13,19 +13,33 @@ import sys
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
+def _forked_processes() -> int:
+    """How many processes to fork in place of mmembed's relaunch (cli._maybe_relaunch's reading of
+    the launch variables); 0: leave the command to mmembed (one process, already launched, several
+    nodes, a malformed variable it reports itself, or MMEMBED_TEST_TORCHRUN=1)."""
+    from mmembed.environment import read
+
+    launch = read().launch
+    try:
+        nproc, nnodes = launch.integer("NPROC_PER_NODE", 1, 1), launch.integer("NNODES", 1, 1)
+    except ValueError:
+        return 0
+    if os.environ.get("MMEMBED_TEST_TORCHRUN") or launch.launched or nnodes > 1 or nproc <= 1:
+        return 0
+    return nproc
+
+
 def main() -> int:
     argv = sys.argv[1:]
-    nproc = os.environ.get("NPROC_PER_NODE", "1")
-    launched = "LOCAL_RANK" in os.environ or "RANK" in os.environ
-    if os.environ.get("MMEMBED_TEST_TORCHRUN") or launched or not nproc.isdigit() or int(nproc) <= 1 \
-            or os.environ.get("NNODES", "1") != "1":
+    nproc = _forked_processes()
+    if not nproc:
         from mmembed.tools.cli import main as mmembed
 
         return mmembed(argv)
     sys.path.insert(0, TESTS)
     from forked_cli import run_ranks
 
-    result = run_ranks(["-m", "mmembed", *argv], int(nproc), timeout=3600, cwd=os.getcwd())
+    result = run_ranks(["-m", "mmembed", *argv], nproc, timeout=3600, cwd=os.getcwd())
     from multiprocessing import forkserver
 
     forkserver._forkserver._stop()  # waited for: no server left behind, and its CPU time is this process's children's
