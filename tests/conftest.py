@@ -1,3 +1,4 @@
+import functools
 import importlib.util
 import json
 import os
@@ -94,6 +95,15 @@ def launch(args: list[str], nproc: int = 1, env: dict | None = None, timeout: in
                           timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc
+
+
+@functools.cache
+def cached_embedder(folder: str):
+    """mmembed's ``Embedder`` of ``folder`` on the CPU, loaded once per folder for the session: for
+    tests that only encode with it (loading a Qwen tokenizer alone takes ~2 s of CPU)."""
+    from mmembed import Embedder
+
+    return Embedder.from_pretrained(folder, device="cpu")
 
 
 def hub_error_line(spec: str, options) -> str:

@@ -5,7 +5,6 @@ padding, with and without a system prompt (instruction); and the model card repo
 run was. One full run and one LoRA run (then ``mmembed export``) per template, shared by the
 tests of this file."""
 
-import functools
 import json
 import os
 import re
@@ -13,7 +12,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import stsb_pairs
+from conftest import cached_embedder, stsb_pairs
 from forked_cli import run_cli
 
 from mmembed.training.arguments import parse_sft_args
@@ -89,15 +88,6 @@ def runs(tmp_path_factory, data, tiny_model, minilm_path, tiny_modernbert):
     return get
 
 
-@functools.cache
-def _embedder(folder):
-    """mmembed's Embedder of ``folder``, loaded once per folder (the tests only encode with it;
-    a Qwen tokenizer alone takes ~2 s of CPU to load)."""
-    from mmembed import Embedder
-
-    return Embedder.from_pretrained(folder, device="cpu")
-
-
 def _card_snippet(folder, library):
     """The ```python block of the model card's ``### library`` section, run as written."""
     card = open(os.path.join(folder, "README.md"), encoding="utf-8").read()
@@ -122,7 +112,7 @@ def test_sentence_transformers_gives_mmembed_embeddings(runs, template, which):
 
     folder = runs(template)[which]
     assert json.load(open(os.path.join(folder, "mmembed.json")))["sentence_transformers"] is True
-    ours = _embedder(folder).encode(TEXTS)
+    ours = cached_embedder(folder).encode(TEXTS)
     st = SentenceTransformer(folder, device="cpu")
     assert st.tokenizer.padding_side == SIDES[template][0]  # the template's side, saved with the tokenizer
     np.testing.assert_allclose(st.encode(TEXTS), ours, atol=1e-5, err_msg=f"{template} {which} as saved")
@@ -130,7 +120,7 @@ def test_sentence_transformers_gives_mmembed_embeddings(runs, template, which):
         st.tokenizer.padding_side = side
         np.testing.assert_allclose(st.encode(TEXTS), ours, atol=1e-5, err_msg=f"{template} {which} padding {side}")
     # a system prompt (an instruction) on every text, as the card says to pass it
-    prompted = _embedder(folder).encode([{"query": t, "system": OTHER} for t in TEXTS])
+    prompted = cached_embedder(folder).encode([{"query": t, "system": OTHER} for t in TEXTS])
     assert np.abs(prompted - ours).max() > 1e-3, "the system prompt changed nothing"
     np.testing.assert_allclose(st.encode(TEXTS, prompt=_prompt_for(folder, OTHER)), prompted, atol=1e-5)
 
@@ -139,15 +129,15 @@ def test_sentence_transformers_gives_mmembed_embeddings(runs, template, which):
 @pytest.mark.parametrize("template", TEMPLATES)
 def test_transformers_snippet_of_the_card_gives_mmembed_embeddings(runs, template, which):
     folder = runs(template)[which]
-    ours = _embedder(folder).encode(TEXTS)
+    ours = cached_embedder(folder).encode(TEXTS)
     snippet = _card_snippet(folder, "transformers")
     from mmembed.model.card import EXAMPLE_TEXTS
 
-    np.testing.assert_allclose(snippet["embeddings"].numpy(), _embedder(folder).encode(EXAMPLE_TEXTS), atol=1e-5)
+    np.testing.assert_allclose(snippet["embeddings"].numpy(), cached_embedder(folder).encode(EXAMPLE_TEXTS), atol=1e-5)
     for side in SIDES[template]:
         snippet["tokenizer"].padding_side = side
         np.testing.assert_allclose(snippet["embed"](TEXTS).numpy(), ours, atol=1e-5, err_msg=f"{template} {which} {side}")
-    prompted = _embedder(folder).encode([{"query": t, "system": OTHER} for t in TEXTS])
+    prompted = cached_embedder(folder).encode([{"query": t, "system": OTHER} for t in TEXTS])
     np.testing.assert_allclose(snippet["embed"](TEXTS, prompt=_prompt_for(folder, OTHER)).numpy(), prompted, atol=1e-5)
 
 
@@ -160,7 +150,7 @@ def test_the_trained_system_prompt_is_the_default_prompt(runs, template):
     folder = runs(template)["merged"]
     st = SentenceTransformer(folder, device="cpu")
     assert st.default_prompt_name == "default" and TRAIN_SYSTEM[template] in st.prompts["default"]
-    emb = _embedder(folder)
+    emb = cached_embedder(folder)
     np.testing.assert_allclose(st.encode(TEXTS), emb.encode(TEXTS), atol=1e-5)
     assert np.abs(st.encode(TEXTS, prompt="") - emb.encode(TEXTS)).max() > 1e-3  # the prompt is what differs
 
@@ -181,7 +171,7 @@ def test_the_saved_tokenizer_appends_the_suffix_and_mmembed_embeds_as_before(run
     shutil.copytree(folder, plain)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(r["base"], name), plain / name)
-    np.testing.assert_allclose(_embedder(folder).encode(TEXTS), _embedder(str(plain)).encode(TEXTS), atol=0)
+    np.testing.assert_allclose(cached_embedder(folder).encode(TEXTS), cached_embedder(str(plain)).encode(TEXTS), atol=0)
 
 
 def test_model_card_reports_the_run(runs, data):
@@ -213,7 +203,7 @@ def test_export_command_writes_sentence_transformers_files(runs, tmp_path):
     out = str(tmp_path / "exported")
     r = run_cli(["export", "--adapters", lora, "--merge_lora", "true", "--output_dir", out])
     assert r.returncode == 0, r.stderr[-2000:]
-    np.testing.assert_allclose(SentenceTransformer(out, device="cpu").encode(TEXTS), _embedder(lora).encode(TEXTS), atol=1e-5)
+    np.testing.assert_allclose(SentenceTransformer(out, device="cpu").encode(TEXTS), cached_embedder(lora).encode(TEXTS), atol=1e-5)
 
 
 def test_the_card_counts_the_steps_trained_not_the_steps_logged():

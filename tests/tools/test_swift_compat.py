@@ -8,7 +8,6 @@ and the rows of every training step of ms-swift runs with and without --dataset_
 seed; their weight digest must equal the one ms-swift trained on.
 """
 
-import functools
 import hashlib
 import json
 import os
@@ -17,19 +16,9 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, cached_embedder
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "swift")
-
-
-@functools.cache
-def _base_embedder(folder):
-    """The base model's Embedder (the tests check that an adapter changes its embeddings), loaded
-    once per folder: several tests compare against the same base, and loading a Qwen tokenizer
-    alone takes ~2 s of CPU."""
-    from mmembed import Embedder
-
-    return Embedder.from_pretrained(folder, device="cpu")
 META = json.load(open(os.path.join(FIXTURES, "meta.json")))
 KIND = {"qwen3_emb": "qwen3", "qwen2_gme": "qwen2_vl"}
 
@@ -106,7 +95,7 @@ def test_swift_adapter_embeds_and_exports_as_in_swift(name, swift_checkpoint, tm
     got = Embedder.from_pretrained(ckpt, device="cpu").encode(inputs)
     np.testing.assert_allclose(got, expected, atol=1e-5)
     # the adapter has an effect: the base model embeds differently
-    plain = _base_embedder(base).encode(inputs)
+    plain = cached_embedder(base).encode(inputs)
     assert np.abs(plain - expected).max() > 1e-3
     merged = export_checkpoint(ckpt, str(tmp_path / "merged"))
     np.testing.assert_allclose(Embedder.from_pretrained(merged, device="cpu").encode(inputs), expected, atol=1e-5)
@@ -124,7 +113,7 @@ def test_mmembed_adapter_embeds_in_swift_as_in_mmembed(name, mmembed_checkpoint)
     got = Embedder.from_pretrained(ckpt, device="cpu").encode(inputs)
     for swift_file in ("embeddings.npy", "merged_embeddings.npy"):
         np.testing.assert_allclose(got, np.load(os.path.join(folder, swift_file)), atol=1e-5, err_msg=swift_file)
-    plain = _base_embedder(base).encode(inputs)
+    plain = cached_embedder(base).encode(inputs)
     assert np.abs(plain - got).max() > 1e-3  # the adapter has an effect (it had none in ms-swift before)
     # PEFT's AutoPeftModel builds the class adapter_config.json's auto_mapping names: ms-swift's
     from peft import AutoPeftModel
@@ -187,7 +176,7 @@ def test_swift_export_merges_an_mmembed_adapter_as_mmembed_export_does(name, mme
     for folder in (ours, theirs):
         np.testing.assert_allclose(Embedder.from_pretrained(folder, device="cpu").encode(inputs), expected, atol=1e-5,
                                    err_msg=folder)
-    assert np.abs(_base_embedder(base).encode(inputs) - expected).max() > 1e-3
+    assert np.abs(cached_embedder(base).encode(inputs) - expected).max() > 1e-3
 
 
 def test_adapter_for_another_model_is_an_error(swift_checkpoint, tiny_model):
@@ -423,7 +412,7 @@ def test_resume_only_model_takes_a_full_class_folder(name, dataset, tiny_model, 
     got = Embedder.from_pretrained(result["last_checkpoint"], device="cpu").encode(inputs)
     want = Embedder.from_pretrained(full, device="cpu").encode(inputs)
     np.testing.assert_allclose(got, want, atol=1e-6)
-    assert np.abs(want - _base_embedder(base).encode(inputs)).max() > 1e-3
+    assert np.abs(want - cached_embedder(base).encode(inputs)).max() > 1e-3
 
 
 def test_logged_learning_rate_is_the_steps_own_where_ms_swift_logs_the_next_steps(tiny_model, tmp_path, monkeypatch):
