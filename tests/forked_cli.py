@@ -45,6 +45,27 @@ def _enter(env: dict[str, str], out_path: str, err_path: str) -> None:
     # (Linux), which its DataLoader workers and datasets' processes use: with forkserver each
     # process of a run would start a server of its own that imports torch and mmembed again
     multiprocessing.set_start_method("fork", force=True)
+    if env.get("MMEMBED_TEST_PROFILE"):
+        _profile(env["MMEMBED_TEST_PROFILE"], f"rank{env['RANK']}" if "RANK" in env else f"pid{os.getpid()}")
+
+
+def _profile(folder: str, name: str) -> None:
+    """cProfile this forked process from here on, written to ``folder/NAME.prof`` when it leaves:
+    every forked process ends with ``os._exit`` (multiprocessing's, after the target returns or
+    raises SystemExit; a distributed run's own, cli._close_process_group), so the dump goes there."""
+    import cProfile
+
+    profile = cProfile.Profile()
+    leave = os._exit
+
+    def dump_then_exit(code: int) -> None:
+        profile.disable()
+        os.makedirs(folder, exist_ok=True)
+        profile.dump_stats(os.path.join(folder, f"{name}.prof"))
+        leave(code)
+
+    os._exit = dump_then_exit
+    profile.enable()
 
 
 def _child(argv: list[str], env: dict[str, str], out_path: str, err_path: str, file_size_limit: int | None,
@@ -75,22 +96,6 @@ def _rank(args: list[str], env: dict[str, str], out_path: str, err_path: str, cw
     os.chdir(cwd)
     _enter(env, out_path, err_path)
     code = 0
-    profile = None
-    if os.environ.get("MMEMBED_TEST_PROFILE"):  # a folder: each rank's cProfile of the run, rank<R>.prof
-        import cProfile
-
-        profile = cProfile.Profile()
-        folder = os.environ["MMEMBED_TEST_PROFILE"]
-        leave = os._exit
-
-        def dump_then_exit(code: int) -> None:  # a distributed run ends with os._exit (cli._close_process_group)
-            profile.disable()
-            os.makedirs(folder, exist_ok=True)
-            profile.dump_stats(os.path.join(folder, f"rank{env['RANK']}.prof"))
-            leave(code)
-
-        os._exit = dump_then_exit
-        profile.enable()
     try:
         if args[0] == "-m":
             sys.argv = [args[1], *args[2:]]
