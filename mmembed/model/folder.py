@@ -20,20 +20,23 @@ from .io import (
 
 
 def write_saved_folder(output_dir: str, config: dict[str, Any], dim: int, log_history: list[dict] | None = None,
-                       final_path: str | None = None, global_step: int | None = None) -> dict[str, Any]:
+                       final_path: str | None = None, global_step: int | None = None,
+                       tokenizer: Any = None) -> dict[str, Any]:
     """Everything a saved folder (training checkpoint or ``mmembed export``) holds beside the
     weights and the tokenizer, from its ``mmembed.json`` fields: ``mmembed.json`` itself (with
     a summary of the training so far when ``log_history``, the Trainer's, is given), the
     saved tokenizer set to append the template's suffix, the sentence-transformers files
     (``writes_sentence_transformers``) and the model card (``README.md``, naming the folder
-    ``final_path`` when it is written under a temporary name). Returns the fields written to
+    ``final_path`` when it is written under a temporary name). ``tokenizer`` is the tokenizer
+    (or processor) just saved there, which spares loading it back. Returns the fields written to
     ``mmembed.json``."""
     config = dict(config)
     if log_history is not None:
         config["training"] = training_record(config, log_history, global_step)
     form = text_form(config)
     tokenizer_ok = form is not None and write_tokenizer_suffix(
-        output_dir, form, config.get("padding_side") or _template_padding_side(config))
+        output_dir, form, config.get("padding_side") or _template_padding_side(config),
+        getattr(tokenizer, "tokenizer", tokenizer))  # a processor holds its tokenizer
     st = tokenizer_ok and writes_sentence_transformers(config)
     config.pop("sentence_transformers_prompts", None)  # an exported checkpoint's: written anew below
     if st:

@@ -118,39 +118,26 @@ def suffix_ids(tokenizer: Any, suffix: str) -> list[int] | None:
     return ids
 
 
-def write_tokenizer_suffix(output_dir: str, form: TextForm, padding_side: str) -> bool:
+def write_tokenizer_suffix(output_dir: str, form: TextForm, padding_side: str, tokenizer: Any = None) -> bool:
     """Make the saved tokenizer (``tokenizer.json``) append ``form.suffix`` itself when it adds
     special tokens, and pad on the template's side (``tokenizer_config.json``). mmembed renders
     the suffix into the text and tokenizes without special tokens, so its own embeddings of the
     folder do not change; ``tokenizer(prompt + text)`` (transformers, sentence-transformers)
-    now gives the template's ids. Returns whether the tokenizer could be written so."""
-    from transformers import AutoTokenizer
-
+    now gives the template's ids. ``tokenizer`` is the one just saved there (loaded from the
+    folder when not given). Returns whether the tokenizer could be written so."""
     tok_json = os.path.join(output_dir, "tokenizer.json")
     tok_cfg = os.path.join(output_dir, "tokenizer_config.json")
     if not (os.path.isfile(tok_json) and os.path.isfile(tok_cfg)):
         return False
     if not form.add_special_tokens:
-        tokenizer = AutoTokenizer.from_pretrained(output_dir)
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(output_dir)
         ids = suffix_ids(tokenizer, form.suffix)
         if ids is None:
             return False
-        tokens = tokenizer.convert_ids_to_tokens(ids)
-        with open(tok_json, encoding="utf-8") as f:
-            data = json.load(f)
-        single: list[dict] = [{"Sequence": {"id": "A", "type_id": 0}}]
-        pair: list[dict] = [{"Sequence": {"id": "A", "type_id": 0}}]
-        special = {}
-        if ids:
-            single.append({"SpecialToken": {"id": form.suffix, "type_id": 0}})
-            pair.append({"SpecialToken": {"id": form.suffix, "type_id": 0}})
-            special[form.suffix] = {"id": form.suffix, "ids": ids, "tokens": tokens}
-        pair.append({"Sequence": {"id": "B", "type_id": 1}})
-        if ids:
-            pair.append({"SpecialToken": {"id": form.suffix, "type_id": 1}})
-        data["post_processor"] = {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": special}
-        with open(tok_json, "w", encoding="utf-8") as f:
-            json.dump(data, f, ensure_ascii=False, indent=2)
+        _write_post_processor(tok_json, ids, tokenizer.convert_ids_to_tokens(ids))
     with open(tok_cfg, encoding="utf-8") as f:
         cfg = json.load(f)
     cfg["padding_side"] = padding_side
@@ -160,6 +147,27 @@ def write_tokenizer_suffix(output_dir: str, form: TextForm, padding_side: str) -
         json.dump(cfg, f, ensure_ascii=False, indent=2)
     return True
 
+
+
+def _write_post_processor(tok_json: str, ids: list[int], tokens: list[str]) -> None:
+    """Set ``tok_json``'s post-processor to append the template's suffix (``ids``) after each sequence.
+
+    Read and written by the tokenizers library itself (a Qwen ``tokenizer.json`` is 11-19 MB:
+    Python's indenting JSON encoder took over a second per checkpoint)."""
+    from tokenizers import Tokenizer, processors
+
+    backend = Tokenizer.from_file(tok_json)
+    name = "suffix"  # the special token's name in the template (the suffix itself may hold ':' or spaces)
+    single, pair = ["$A:0"], ["$A:0"]
+    if ids:
+        single.append(f"{name}:0")
+        pair.append(f"{name}:0")
+    pair.append("$B:1")
+    if ids:
+        pair.append(f"{name}:1")
+    special = [{"id": name, "ids": ids, "tokens": tokens}] if ids else []
+    backend.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
+    backend.save(tok_json)
 
 ST_CONFIG = "config_sentence_transformers.json"
 

@@ -56,7 +56,8 @@ def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora
             tuner_type="full",
             exported_from=os.path.abspath(checkpoint),
         )
-        write_saved_folder(tmp, cfg, hidden_size(model.backbone.config), final_path=os.path.abspath(output_dir))
+        write_saved_folder(tmp, cfg, hidden_size(model.backbone.config), final_path=os.path.abspath(output_dir),
+                           tokenizer=tokenizer)
     return output_dir
 
 

@@ -74,7 +74,8 @@ class CheckpointSaving:
             self.processing_class.save_pretrained(output_dir)
         # mmembed.json, the tokenizer's suffix, sentence-transformers files, model card: one rule with mmembed export
         write_saved_folder(output_dir, self.mmembed_config, hidden_size(backbone.config), self.state.log_history,
-                           final_path=checkpoints.final_folder(output_dir), global_step=self.state.global_step)
+                           final_path=checkpoints.final_folder(output_dir), global_step=self.state.global_step,
+                           tokenizer=self.processing_class)
         torch.save(args_without_tokens(self.args), os.path.join(output_dir, "training_args.bin"))
 
     def _save_checkpoint(self, model, trial) -> None:
