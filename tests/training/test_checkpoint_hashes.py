@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 
 from mmembed.files import HashingWriter
 from mmembed.training.checkpoints import COMPLETE_MARKER, hashed_torch_saves, prepare_staging, publish
+from mmembed.training.guards import merged_dicts
 
 
 def _sha256(path) -> str:
@@ -83,8 +84,6 @@ def test_publish_takes_the_written_digests_and_reads_the_rest(tmp_path):
 def _merge_worker(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
-    from mmembed.training.guards import merged_dicts
-
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         merged = merged_dicts({f"zero_pp_rank_{rank}_optim_states.pt": f"digest-{rank}", "shared.json": "same"})
@@ -98,7 +97,8 @@ def test_every_process_gets_the_digests_of_all(tmp_path):
     from conftest import free_port
 
     out = str(tmp_path / "merged")
-    mp.spawn(_merge_worker, args=(free_port(), out), nprocs=2, join=True)
+    # forked, not spawned: two fresh interpreters importing torch cost ~15 s of CPU
+    mp.start_processes(_merge_worker, args=(free_port(), out), nprocs=2, join=True, start_method="fork")
     expected = {"zero_pp_rank_0_optim_states.pt": "digest-0", "zero_pp_rank_1_optim_states.pt": "digest-1",
                 "shared.json": "same"}
     for rank in range(2):
