@@ -181,6 +181,24 @@ def task_metrics(trainer) -> dict[str, float]:
         model.train(was_training)
 
 
+def final_evaluation(trainer) -> dict[str, float]:
+    """The run's closing evaluation (what ``mmembed sft`` reports): the ``eval_*`` metrics the
+    Trainer logged when it evaluated at this very step, while the model still has that
+    step's weights, else ``trainer.evaluate()``. transformers evaluates at the last step of a
+    run whose eval strategy is ``steps`` or ``epoch``, so the set is not embedded twice with
+    the same weights; ``--load_best_model_at_end`` may have loaded other weights since, so it
+    evaluates again."""
+    step = trainer.state.global_step
+    if not trainer.args.load_best_model_at_end:
+        for entry in reversed(trainer.state.log_history):
+            if entry.get("step") != step:
+                break
+            logged = {k: v for k, v in entry.items() if k.startswith("eval_")}
+            if logged:
+                return logged
+    return trainer.evaluate()
+
+
 def logged_metric_name(name: str, prefix: str = "eval") -> str:
     """The name :meth:`EmbeddingTrainer.evaluate` logs a metric under (``recall@1`` ->
     ``eval_recall_at_1``)."""

@@ -27,6 +27,7 @@ from .arguments import SftArguments
 from .charts import TrainingCharts, eval_similarities
 from .data_assembly import TrainingData, check_drop_last, load_eval_tasks, read_once
 from .device_flags import training_padding
+from .evaluation import final_evaluation
 from .flag_checks import has_accelerator
 from .hooks import arm_test_hooks
 from .model_assembly import (
@@ -84,7 +85,7 @@ def run_sft(args: SftArguments, environment: Environment | None = None) -> dict[
         raise preempted(stop, trainer.state.global_step, final, resumable=not model_only)
     metrics: dict[str, Any] = dict(result.metrics)
     if trainer.eval_dataset is not None or trainer.eval_tasks:
-        metrics.update(trainer.evaluate())
+        metrics.update(final_evaluation(trainer))
     metrics["last_checkpoint"] = final
     if args.should_save:
         logger.info("last checkpoint: %s", final)

@@ -124,16 +124,16 @@ def test_two_processes_read_the_data_once_and_train_on_the_rows_of_one(tmp_path,
     flags = dict(model=minilm_path, dataset=[data], max_steps=1, per_device_train_batch_size=2, max_length=24,
                  dataset_shuffle=True, save_strategy="no", dataset_num_proc=1)
 
-    def run(nproc, name):
+    def run(nproc, name, forked):
         out = str(tmp_path / name)
         env = {"HF_DATASETS_CACHE": str(tmp_path / f"cache-{name}")}
         f = dict(flags, output_dir=str(tmp_path / f"run-{name}"))
         proc = launch([WORKER, "--out", out, "--flags", json.dumps(f)], nproc=nproc, env=env, torchrun=True, timeout=600,
-                      forked=False)  # torchrun itself, as the issue asks
+                      forked=forked)
         return proc.stdout + proc.stderr, [json.load(open(f"{out}.{r}")) for r in range(nproc)]
 
-    logs, (rank0, rank1) = run(2, "two")
-    _, (alone,) = run(1, "one")
+    logs, (rank0, rank1) = run(2, "two", forked=False)  # torchrun itself, as the issue asks
+    _, (alone,) = run(1, "one", forked=True)  # the reference: one process forked with torchrun's variables
     assert rank0 == rank1 == alone
     assert len(alone) == 120 - len(range(4, 120, 9))  # the over-long rows deleted
     assert sorted(alone) != alone  # shuffled (the same shuffle everywhere)

@@ -282,3 +282,35 @@ def test_eval_loss_is_the_mean_over_groups_whatever_their_negatives(minilm_path,
     assert got == pytest.approx(np.mean(per_group), rel=1e-4)
     by_rows = [(np.mean(per_group[s:s + 4]), sum(1 + negatives[i] for i in range(s, min(s + 4, 6)))) for s in (0, 4)]
     assert abs(sum(v * w for v, w in by_rows) / sum(w for _, w in by_rows) - np.mean(per_group)) > 1e-3
+
+
+@pytest.mark.parametrize("best_at_end", [False, True], ids=["last-step", "load-best-at-end"])
+def test_the_closing_evaluation_is_the_last_steps_without_embedding_the_set_again(minilm_path, group_data, tmp_path,
+                                                                                  monkeypatch, best_at_end):
+    """transformers evaluates at a run's last step (here 3, after step 2); `mmembed sft` reports
+    those metrics instead of embedding the eval set a third time with the same weights, and
+    they equal a fresh evaluation of the last checkpoint's weights. With
+    --load_best_model_at_end the model may hold other weights by then: evaluated again."""
+    import mmembed.training.evaluation as evaluation
+    from mmembed.training.sft import build_trainer
+
+    embedded = []
+    measure = evaluation.dataset_metrics
+    monkeypatch.setattr(evaluation, "dataset_metrics",
+                        lambda trainer, *a, **k: embedded.append(trainer.state.global_step) or measure(trainer, *a, **k))
+    best = ["--load_best_model_at_end", "true", "--metric_for_best_model", "eval_loss"] if best_at_end else []
+    metrics = run_sft(_args(minilm_path, group_data, tmp_path / "run", "--tuner_type", "full", "--max_steps", "3",
+                            "--save_steps", "2", "--eval_steps", "2", "--learning_rate", "5e-4", *best))
+    assert embedded == ([2, 3, 3] if best_at_end else [2, 3])
+    reported = {k: v for k, v in metrics.items() if k.startswith("eval_")}
+    assert "eval_loss" in reported and "eval_recall_at_1" in reported
+    if best_at_end:
+        return
+    state = json.load(open(os.path.join(metrics["last_checkpoint"], "trainer_state.json")))
+    logged = [h for h in state["log_history"] if h["step"] == 3 and "eval_loss" in h]
+    assert len(logged) == 1 and {k: v for k, v in logged[0].items() if k.startswith("eval_")} == reported
+    fresh = build_trainer(_args(metrics["last_checkpoint"], group_data, tmp_path / "fresh", "--tuner_type", "full"))
+    again = {k: v for k, v in fresh.evaluate().items() if k.startswith("eval_")}
+    assert set(again) == set(reported)
+    for key, value in reported.items():
+        assert again[key] == pytest.approx(value, abs=1e-5), key
