@@ -35,13 +35,13 @@ from transformers import TrainerCallback
 
 from ..encoding.layout import Layout, split_groups_numpy, split_pair_rows
 from ..files import WriteError, replaced_when_done
-from .evaluation import embed_eval_set
+from .evaluation import KEPT_SAMPLES, embed_eval_set, kept_embeddings
 
 logger = logging.getLogger("mmembed")
 
 CHARTS_DIR = "charts"
 HISTOGRAM_FILE = "similarity_histogram.png"
-HISTOGRAM_SAMPLES = 1000  # eval samples the histogram embeds (twice: before and after)
+HISTOGRAM_SAMPLES = KEPT_SAMPLES  # eval samples the histogram embeds (before and after training)
 REDRAW_SECONDS = 60.0  # the line charts are redrawn at a save when this long has passed since training began or they were last drawn
 
 #: log_history keys that are run summaries or bookkeeping, not series over steps.
@@ -229,6 +229,9 @@ def eval_similarities(trainer) -> Similarities | None:
         return None
     from torch.utils.data import Subset
 
+    kept = kept_embeddings(trainer, dataset) if len(dataset) <= HISTOGRAM_SAMPLES else None
+    if kept is not None:  # the evaluation at this step embedded the whole set with these weights
+        return pair_similarities(kept.embeddings, kept.labels, trainer.loss.layout)
     if len(dataset) > HISTOGRAM_SAMPLES:
         dataset = Subset(dataset, range(HISTOGRAM_SAMPLES))
     emb, lab = embed_eval_set(trainer, dataset)

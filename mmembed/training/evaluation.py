@@ -18,6 +18,7 @@ gathers parameters in every forward, so all processes run as many forwards.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,32 @@ from ..encoding.collator import CollatedBatch
 from ..eval.metrics import layout_metrics
 from ..losses import Layout
 from .distributed import all_gather_no_grad, max_over_processes, world
+
+#: an eval set of at most this many samples keeps its last embeddings (EvalEmbeddings): the
+#: charts' histogram embeds this many samples at the end of training, which the evaluation at
+#: the last step has just done
+KEPT_SAMPLES = 1000
+
+
+@dataclass(frozen=True)
+class EvalEmbeddings:
+    """The trainer's eval set as :func:`embed_eval_set` gave it at ``step`` (every process's
+    share, gathered): ``embeddings [N, D]`` and ``labels``."""
+
+    step: int
+    dataset: Any
+    embeddings: np.ndarray
+    labels: np.ndarray
+
+
+def kept_embeddings(trainer, dataset) -> EvalEmbeddings | None:
+    """The embeddings of ``dataset`` (the trainer's eval set) that the evaluation at this step
+    computed, when the model still has that step's weights (``--load_best_model_at_end`` may
+    have loaded others after it), else None."""
+    kept = trainer.eval_embedded
+    if kept is None or kept.dataset is not dataset or kept.step != trainer.state.global_step:
+        return None
+    return None if trainer.args.load_best_model_at_end else kept
 
 
 @torch.no_grad()
@@ -146,6 +173,8 @@ def dataset_metrics(trainer, dataset, loss=None) -> dict[str, float]:
                                        device=device))
 
     emb, lab = embed_eval_set(trainer, dataset, score)
+    if dataset is trainer.eval_dataset and len(dataset) <= KEPT_SAMPLES:
+        trainer.eval_embedded = EvalEmbeddings(trainer.state.global_step, dataset, emb, lab)
     if world()[1] > 1:
         torch.distributed.all_reduce(loss_sum)
     if emb.shape[0] == 0:

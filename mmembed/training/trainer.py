@@ -104,6 +104,7 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         self.add_callback(self.preemption)
         self.train_datasets = train_datasets
         self.training_sampler = None  # the sampler of the training rows, once the data loader is built
+        self.eval_embedded = None  # EvalEmbeddings of the last evaluation (a small eval set: the charts reuse them)
         self.resuming_from: str | None = None  # the checkpoint train() resumes from
         self.dataset_names = list(dataset_names or [])
         self.dataset_loss_fns = {int(i): (f if isinstance(f, GlobalBatchLoss) else GlobalBatchLoss(f))

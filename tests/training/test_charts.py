@@ -227,3 +227,37 @@ def test_saves_redraw_the_charts_at_most_once_per_interval(tmp_path, monkeypatch
     now[0] = 1000.0
     cb.on_save(args, other, None)  # only the first process draws
     assert len(calls) == 3
+
+
+def test_the_end_histogram_takes_the_last_steps_eval_embeddings(minilm_path, data, tmp_path, monkeypatch):
+    """The evaluation at a step keeps a small eval set's embeddings; the histogram measured at
+    that step takes them instead of embedding the set again, and they give what embedding it
+    again gives. Another step's, or after --load_best_model_at_end, are not taken."""
+    import mmembed.training.charts as charts
+    from mmembed.training.sft import build_trainer
+
+    args = ["--model", minilm_path, "--dataset", data[0], "--val_dataset", data[1], "--output_dir", str(tmp_path),
+            "--per_device_eval_batch_size", "4", "--max_length", "32", "--dataloader_num_workers", "0"]
+    trainer = build_trainer(parse_sft_args(args))
+    embedded = []
+    embed = charts.embed_eval_set
+    monkeypatch.setattr(charts, "embed_eval_set", lambda *a, **k: embedded.append(1) or embed(*a, **k))
+
+    trainer.evaluate()
+    kept = charts.eval_similarities(trainer)
+    assert embedded == []
+    trainer.eval_embedded = None
+    fresh = charts.eval_similarities(trainer)
+    assert embedded == [1]
+    assert set(kept) == set(fresh) == {"positive", "hard negative", "other documents"}
+    for kind in kept:
+        np.testing.assert_allclose(kept[kind], fresh[kind], atol=1e-6)
+
+    trainer.evaluate()
+    trainer.state.global_step += 1  # trained since
+    charts.eval_similarities(trainer)
+    assert embedded == [1, 1]
+    trainer.evaluate()
+    trainer.args.load_best_model_at_end = True
+    charts.eval_similarities(trainer)
+    assert embedded == [1, 1, 1]
