@@ -35,7 +35,10 @@ steps (allocator growth, kernel selection, worker start) are not timed. samples/
 steps x batch / their seconds; tokens/s counts real (unpadded) tokens; "data %" is the time
 the training loop waits in ``next()`` for its batch over the step time (target < 10% on
 every mmembed run); "pad %" the padded share of the collated batch (before any chunking or
-packing inside the model). Peak
+packing inside the model); "max pos" the positions (rows x width) of the largest collated
+batch of the whole run, warmup included: activation memory peaks with it, so a side that pads
+two columns to one width, or groups long rows into one batch, peaks higher at the same mean
+padding. Peak
 memory: ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` over the whole run
 (model load, optimizer state, every step); on the CPU (``--dry_run``) peak RSS instead.
 
@@ -391,7 +394,7 @@ def child(spec: dict) -> dict:
     import transformers
 
     cuda = spec["device"] == "cuda"
-    rec: dict = {"t": [], "wait": [], "stats": [], "trainer": None}
+    rec: dict = {"t": [], "wait": [], "stats": [], "trainer": None, "max_padded": 0}
 
     class Clock(transformers.TrainerCallback):
         def on_train_begin(self, args, state, control, **kw):
@@ -418,8 +421,11 @@ def child(spec: dict) -> dict:
         rec["wait"].append(time.perf_counter() - t0)
         total: dict = {}
         for b in out[0]:
-            for key, v in batch_stats(b).items():
+            one = batch_stats(b)
+            for key, v in one.items():
                 total[key] = total.get(key, 0) + v
+            # the largest collated batch of the run (warmup too: peak memory is over the whole run)
+            rec["max_padded"] = max(rec["max_padded"], one["padded"])
         rec["stats"].append(total)
         return out
 
@@ -446,6 +452,7 @@ def child(spec: dict) -> dict:
         "optim": str(getattr(trainer.args.optim, "value", trainer.args.optim)) if trainer else None,
         "workers": trainer.args.dataloader_num_workers if trainer else None,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "max_padded": rec["max_padded"],
     }
     if cuda:
         result.update(alloc_mb=torch.cuda.max_memory_allocated() / 2**20,
@@ -775,7 +782,8 @@ def print_table(res: dict, peak_given: float | None) -> None:
               f"{s['gme_steps']} steps of which {s['gme_warmup']} untimed")
     mem_unit = "MiB" if env["cuda"] else "MiB (CPU: peak RSS)"
     head = (f"{'run':<22}{'side':<16}{'batch':>6}{'samples/s':>11}{'tokens/s':>11}{'step ms':>9}{'data %':>8}"
-            f"{'pad %':>7}{'alloc':>9}{'reserved':>10}{'TFLOP/s':>9}{'MFU':>7}{'HFU':>7}{'speed':>8}{'memory':>8}")
+            f"{'pad %':>7}{'max pos':>9}{'alloc':>9}{'reserved':>10}{'TFLOP/s':>9}{'MFU':>7}{'HFU':>7}{'speed':>8}"
+            f"{'memory':>8}")
     print(f"\n(alloc / reserved: peak GPU memory, {mem_unit}; speed / memory: mmembed / s-t at the same run and batch)")
     print(head)
     print("-" * len(head))
@@ -810,11 +818,13 @@ def print_table(res: dict, peak_given: float | None) -> None:
             return format(x, spec) if x is not None else "-"
 
         print(f"{label:<22}{side:<16}{r['batch']:>6}{d['sps']:>11.1f}{d['tps']:>11.0f}{d['ms']:>9.1f}"
-              f"{d['data'] * 100:>8.1f}{d['pad'] * 100:>7.1f}{f(alloc, '.0f'):>9}{f(reserved, '.0f'):>10}"
+              f"{d['data'] * 100:>8.1f}{d['pad'] * 100:>7.1f}{f(r.get('max_padded'), ',d'):>9}"
+              f"{f(alloc, '.0f'):>9}{f(reserved, '.0f'):>10}"
               f"{d['tflops']:>9.3g}{f(d.get('mfu') and d['mfu'] * 100, '.1f'):>7}"
               f"{f(d.get('hfu') and d['hfu'] * 100, '.1f'):>7}{speed:>8}{mem:>8}")
     print("(samples/s, tokens/s (real tokens), step ms, data % (wait for the batch / step), pad % (padding in the collated "
-          "batch, before any chunking or packing inside the model) over the timed steps; MFU / HFU in % of "
+          "batch, before any chunking or packing inside the model) over the timed steps; max pos: positions (rows x "
+          "width) of the largest collated batch of the whole run, what the activations' peak grows with; MFU / HFU in % of "
           + (f"{peak / 1e12:.0f} TFLOP/s dense bf16" if peak else "a peak not known here (CPU or unknown GPU)") + ")")
     print("model FLOPs per step (real tokens; padding, recomputation and the non-matmul work not counted): full tuning "
           "6 N T + 3 A; LoRA 4 N T + 6 N_lora T + 3 A (frozen weights: no weight gradients); A = attention forward = "
