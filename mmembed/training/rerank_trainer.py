@@ -42,6 +42,7 @@ from ..encoding.templates import template_config
 from ..eval.rerank import rerank_metrics
 from ..eval.rerank_beir import rerank_beir
 from ..losses.rerank import RerankLoss
+from ..model.io import write_added_tokens_decoder
 from ..model.rerank_scorer import pair_batches
 from ..model.reranker import RerankerModel, load_reranker
 from . import checkpoints
@@ -238,6 +239,7 @@ class RerankTrainer(EmbeddingTrainer):
         model.backbone.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
         if self.processing_class is not None:
             self.processing_class.save_pretrained(output_dir)
+            write_added_tokens_decoder(output_dir, self.processing_class)
         config = dict(self.mmembed_config)
         config["training"] = {"global_step": self.state.global_step,
                               "log": [r for r in self.state.log_history if "loss" in r or "eval_loss" in r][-20:]}

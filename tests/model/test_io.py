@@ -50,6 +50,37 @@ def test_checkpoint_and_its_export_agree_on_sentence_transformers_files(tiny_mod
     merged = export_checkpoint(ckpt, str(tmp_path / "merged"))
     assert json.load(open(os.path.join(ckpt, "mmembed.json")))["template"] == "gte_qwen2"
     assert (_has_st_files(ckpt), _has_st_files(merged)) == (True, True), "checkpoint and export disagree"
+    for folder in (ckpt, merged):  # the added tokens recorded in tokenizer_config.json as in tokenizer.json
+        assert _added_tokens_decoder(folder) == _added_tokens_of_tokenizer_json(folder)
+
+
+def _added_tokens_decoder(folder):
+    return json.load(open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8")).get("added_tokens_decoder")
+
+
+def _added_tokens_of_tokenizer_json(folder):
+    added = json.load(open(os.path.join(folder, "tokenizer.json"), encoding="utf-8"))["added_tokens"]
+    return {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in added}
+
+
+def test_added_tokens_written_to_the_config_load_the_same_tokenizer(tiny_model, tmp_path):
+    """transformers 5 saves a Qwen tokenizer's added tokens in tokenizer.json only;
+    write_added_tokens_decoder records them in tokenizer_config.json as tokenizer.json has
+    them (the hub's Qwen folders do so), and the folder loads the same tokenizer."""
+    from transformers import AutoTokenizer
+
+    from mmembed.model.io import write_added_tokens_decoder
+
+    tok = AutoTokenizer.from_pretrained(tiny_model("qwen3"))
+    tok.save_pretrained(str(tmp_path))
+    assert _added_tokens_decoder(tmp_path) is None
+    write_added_tokens_decoder(str(tmp_path), tok)
+    assert _added_tokens_decoder(tmp_path) == _added_tokens_of_tokenizer_json(tmp_path)
+    again = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert type(again) is type(tok) and again.added_tokens_decoder == tok.added_tokens_decoder
+    assert again.special_tokens_map == tok.special_tokens_map and len(again) == len(tok)
+    text = "<|im_start|>user\nHello<|im_end|><|endoftext|>"
+    assert again(text)["input_ids"] == tok(text)["input_ids"]
 
 
 def test_sentence_transformers_files_give_mmembed_embeddings(minilm_path, pairs, tmp_path):
