@@ -39,7 +39,8 @@ import numpy as np
 import torch.utils.data
 
 from ..environment import read as read_environment
-from .dataset import _CACHE_VERSION, _expected_rows, _generate, spec_files
+from .arrow_rows import _expected_rows, _generate
+from .dataset import _CACHE_VERSION, spec_files
 from .hub import DatasetHubOptions
 from .labels import LabelRule
 from .paths import MediaFileError

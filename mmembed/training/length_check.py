@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..data.dataset import DATASET_ID, release_mapped, shared_heap
+from ..data.arrow_rows import shared_heap
+from ..data.dataset import DATASET_ID, release_mapped
 from ..data.sample import DataError, Sample
 from ..encoding.collator import token_lengths
 from ..encoding.inputs import InputBuilder

@@ -14,7 +14,7 @@ import pytest
 from conftest import write_jsonl
 from PIL import Image
 
-from mmembed.data import dataset
+from mmembed.data import arrow_rows, dataset
 from mmembed.data.columnar import plain_samples
 from mmembed.data.formats import jsonl_lines
 from mmembed.data.labels import LabelRule
@@ -38,13 +38,13 @@ def _options(tmp_path, **options) -> dict:
 
 def general(path: str, **options) -> list[dict]:
     """The Arrow rows of the general reader (one row at a time: what the parse wrote before)."""
-    return list(dataset._generate([(path, 0, 0, 0, 1)], **options))
+    return list(arrow_rows._generate([(path, 0, 0, 0, 1)], **options))
 
 
 def arrow(path: str, **options) -> list[dict]:
     """The Arrow rows the parse writes now (blocks, the plain rows read by Arrow's parser)."""
     rows = []
-    for block in dataset._generate_blocks([(path, 0, 0, 0, 1)], **options):
+    for block in arrow_rows._generate_blocks([(path, 0, 0, 0, 1)], **options):
         columns = {k: v.to_pylist() if hasattr(v, "to_pylist") else list(v) for k, v in block.items()}
         rows += [dict(zip(columns, values)) for values in zip(*columns.values())]
     return rows
@@ -225,7 +225,7 @@ def test_the_parse_gives_the_general_readers_rows_across_blocks_and_processes(tm
     rows = [random_row(random.Random(k)) for k in range(6000)]
     path = write_jsonl(tmp_path / "d.jsonl", rows)
     expected = assert_same(path, tmp_path)
-    monkeypatch.setattr(dataset, "_TABLE_ROWS", 500)
+    monkeypatch.setattr(arrow_rows, "_TABLE_ROWS", 500)
     assert_same(path, tmp_path)
     good = [r for r in expected if r["error"] is None]
     bad = [r for r in expected if r["error"] is not None]
