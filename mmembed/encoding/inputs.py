@@ -32,7 +32,8 @@ import torch
 
 from ..data.sample import DataError, Item, Origin
 from .buckets import bucket_width, pad_to_width
-from .measure import MediaCounter, TextCounter, header_lengths
+from .measure import TextCounter, header_lengths
+from .media_measure import MediaCounter
 from .templates import Template
 
 if TYPE_CHECKING:  # the media loader is imported at the first row with media (qwen-vl-utils: about a second)
@@ -131,7 +132,7 @@ class InputBuilder:
 
     def media_counter(self) -> MediaCounter:
         """This builder's media tokens from the files' headers
-        (:class:`~mmembed.encoding.measure.MediaCounter`), made at the first call and kept."""
+        (:class:`~mmembed.encoding.media_measure.MediaCounter`), made at the first call and kept."""
         counter = self.__dict__.get("_media_counter")
         if counter is None or counter.processor is not self.processor:
             counter = self._media_counter = MediaCounter(self)
