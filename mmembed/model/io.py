@@ -148,7 +148,6 @@ def write_tokenizer_suffix(output_dir: str, form: TextForm, padding_side: str, t
     return True
 
 
-
 def _write_post_processor(tok_json: str, ids: list[int], tokens: list[str]) -> None:
     """Set ``tok_json``'s post-processor to append the template's suffix (``ids``) after each sequence.
 
@@ -158,13 +157,8 @@ def _write_post_processor(tok_json: str, ids: list[int], tokens: list[str]) -> N
 
     backend = Tokenizer.from_file(tok_json)
     name = "suffix"  # the special token's name in the template (the suffix itself may hold ':' or spaces)
-    single, pair = ["$A:0"], ["$A:0"]
-    if ids:
-        single.append(f"{name}:0")
-        pair.append(f"{name}:0")
-    pair.append("$B:1")
-    if ids:
-        pair.append(f"{name}:1")
+    after = [f"{name}:0"] if ids else []
+    single, pair = ["$A:0", *after], ["$A:0", *after, "$B:1", *([f"{name}:1"] if ids else [])]
     special = [{"id": name, "ids": ids, "tokens": tokens}] if ids else []
     backend.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)
     backend.save(tok_json)
@@ -189,6 +183,15 @@ def write_added_tokens_decoder(output_dir: str, tokenizer: Any) -> None:
     cfg["added_tokens_decoder"] = {str(i): token.__getstate__() for i, token in sorted(added.items())}
     with open(tok_cfg, "w", encoding="utf-8") as f:
         json.dump(cfg, f, ensure_ascii=False, indent=2)
+
+
+def save_tokenizer(output_dir: str, processing: Any) -> None:
+    """``processing`` (a tokenizer or processor) saved into ``output_dir`` with its added
+    tokens listed in ``tokenizer_config.json`` (:func:`write_added_tokens_decoder`): how
+    every saved folder (checkpoints, exports) gets its tokenizer."""
+    processing.save_pretrained(output_dir)
+    write_added_tokens_decoder(output_dir, processing)
+
 
 ST_CONFIG = "config_sentence_transformers.json"
 

@@ -22,7 +22,7 @@ from ..files import folder_replaced_when_done
 from ..model.embedder import load_embedding_model
 from ..model.embedding import hidden_size
 from ..model.folder import write_saved_folder
-from ..model.io import read_mmembed_config, write_added_tokens_decoder
+from ..model.io import read_mmembed_config, save_tokenizer
 from ..model.reranker import RERANK_TASKS
 
 
@@ -44,8 +44,7 @@ def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora
     model, tokenizer, template, info = load_embedding_model(checkpoint, merge=True)
     with folder_replaced_when_done(output_dir) as tmp:
         model.backbone.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        write_added_tokens_decoder(tmp, tokenizer)
+        save_tokenizer(tmp, tokenizer)
         cfg = dict(read_mmembed_config(checkpoint) or {})
         cfg.setdefault("trained_from", cfg.get("base_model"))
         cfg.update(
@@ -73,8 +72,7 @@ def export_reranker(checkpoint: str, output_dir: str) -> str:
     model, processing, template, info = load_reranker_folder(checkpoint, merge=True)
     with folder_replaced_when_done(output_dir) as tmp:
         model.backbone.save_pretrained(tmp, safe_serialization=True)
-        processing.save_pretrained(tmp)
-        write_added_tokens_decoder(tmp, processing)
+        save_tokenizer(tmp, processing)
         cfg = dict(read_mmembed_config(checkpoint) or {})
         cfg.setdefault("trained_from", cfg.get("base_model"))
         cfg.update(

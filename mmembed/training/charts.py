@@ -229,7 +229,7 @@ def eval_similarities(trainer) -> Similarities | None:
         return None
     from torch.utils.data import Subset
 
-    kept = kept_embeddings(trainer, dataset) if len(dataset) <= HISTOGRAM_SAMPLES else None
+    kept = kept_embeddings(trainer, dataset)  # kept only for a set of <= HISTOGRAM_SAMPLES samples
     if kept is not None:  # the evaluation at this step embedded the whole set with these weights
         return pair_similarities(kept.embeddings, kept.labels, trainer.loss.layout)
     if len(dataset) > HISTOGRAM_SAMPLES:

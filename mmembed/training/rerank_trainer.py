@@ -42,7 +42,7 @@ from ..encoding.templates import template_config
 from ..eval.rerank import rerank_metrics
 from ..eval.rerank_beir import rerank_beir
 from ..losses.rerank import RerankLoss
-from ..model.io import write_added_tokens_decoder
+from ..model.io import save_tokenizer
 from ..model.rerank_scorer import pair_batches
 from ..model.reranker import RerankerModel, load_reranker
 from . import checkpoints
@@ -238,8 +238,7 @@ class RerankTrainer(EmbeddingTrainer):
             state_dict = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
         model.backbone.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
         if self.processing_class is not None:
-            self.processing_class.save_pretrained(output_dir)
-            write_added_tokens_decoder(output_dir, self.processing_class)
+            save_tokenizer(output_dir, self.processing_class)
         config = dict(self.mmembed_config)
         config["training"] = {"global_step": self.state.global_step,
                               "log": [r for r in self.state.log_history if "loss" in r or "eval_loss" in r][-20:]}

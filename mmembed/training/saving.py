@@ -39,7 +39,7 @@ from ..encoding.templates import template_from_config
 from ..model.adapters import is_adapter, write_lora_layout
 from ..model.embedding import EmbeddingModel, hidden_size
 from ..model.folder import write_saved_folder
-from ..model.io import write_added_tokens_decoder
+from ..model.io import save_tokenizer
 from ..model.weights import load_backbone_weights
 from . import checkpoints, hooks
 from .guards import any_process, merged_dicts
@@ -72,8 +72,7 @@ class CheckpointSaving:
         if template and is_adapter(output_dir):  # the module names ms-swift and PEFT load the adapter with
             write_lora_layout(output_dir, template_from_config(template).adapter_prefix)
         if self.processing_class is not None:
-            self.processing_class.save_pretrained(output_dir)
-            write_added_tokens_decoder(output_dir, self.processing_class)
+            save_tokenizer(output_dir, self.processing_class)
         # mmembed.json, the tokenizer's suffix, sentence-transformers files, model card: one rule with mmembed export
         write_saved_folder(output_dir, self.mmembed_config, hidden_size(backbone.config), self.state.log_history,
                            final_path=checkpoints.final_folder(output_dir), global_step=self.state.global_step,
