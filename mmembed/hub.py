@@ -37,7 +37,8 @@ from .environment import Environment
 from .environment import read as read_environment
 from .errors import UsageError, one_line, parse_bool
 
-__all__ = ["IGNORE_PATTERNS", "HubOptions", "add_hub_flags", "is_hub_id", "local_folder", "resolve_model"]
+__all__ = ["IGNORE_PATTERNS", "HubOptions", "add_hub_flags", "is_hub_id", "local_folder", "modelscope_endpoint",
+           "modelscope_not_found", "resolve_model"]
 
 #: the files of a model repository that are not downloaded (ms-swift's ``safe_snapshot_download``
 #: list): archives, other formats' weights, ONNX exports
@@ -197,8 +198,8 @@ def _from_modelscope(repo_id: str, sub: str | None, named: str, options: HubOpti
             raise UsageError(f"{named} is not in the ModelScope cache (MODELSCOPE_CACHE) and the offline switches "
                              f"(HF_HUB_OFFLINE / MMEMBED_OFFLINE) allow no download ({what}): download it once "
                              "online, or pass its folder") from None
-        where = f"ModelScope ({_modelscope_endpoint()})"
-        if _modelscope_not_found(e):
+        where = f"ModelScope ({modelscope_endpoint()})"
+        if modelscope_not_found(e):
             raise UsageError(f"{named} is no local folder and no model of {where}: check the id (with --use_hf true / "
                              "USE_HF=1, ids are Hugging Face's); if it is private, pass --hub_token or set "
                              "MODELSCOPE_API_TOKEN") from None
@@ -207,13 +208,13 @@ def _from_modelscope(repo_id: str, sub: str | None, named: str, options: HubOpti
                          "Hugging Face's") from None
     if not sub and not (os.path.isdir(folder) and os.listdir(folder)):
         # the hub answers a revision it does not have with an empty file list, and the client returns an empty folder
-        raise UsageError(f"{named}: ModelScope ({_modelscope_endpoint()}) has no files of {repo_id} to download at "
+        raise UsageError(f"{named}: ModelScope ({modelscope_endpoint()}) has no files of {repo_id} to download at "
                          f"revision {revision} (a revision the model does not have lists none: --model_revision takes "
                          "a branch, tag or commit; ModelScope's default branch is master)")
     return folder
 
 
-def _modelscope_endpoint() -> str:
+def modelscope_endpoint() -> str:
     """The address modelscope's client asks: ``MODELSCOPE_ENDPOINT`` (or ``MODELSCOPE_DOMAIN``),
     else its default, as its configuration read them."""
     try:
@@ -223,7 +224,7 @@ def _modelscope_endpoint() -> str:
     return get_default_config().endpoint
 
 
-def _modelscope_not_found(error: BaseException | None) -> bool:
+def modelscope_not_found(error: BaseException | None) -> bool:
     """Whether modelscope's error is the hub's 404: no such model, or a private one the token
     does not open (the hub answers both alike). modelscope_hub raises ``NotExistError``, which
     modelscope's ``snapshot_download`` raises again as a ``requests`` ``HTTPError`` from it."""

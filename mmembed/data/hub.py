@@ -3,8 +3,10 @@ written once as JSONL for the reader.
 
 The id is ms-swift's (:class:`~mmembed.data.specs.HubDataset`): ModelScope by default, Hugging
 Face with ``--use_hf true`` or ``USE_HF=1`` (an ``hf::`` / ``ms::`` prefix decides for its
-spec). Each split is loaded with ``datasets.load_dataset`` or ``modelscope.MsDataset.load``
-(the clients download and cache; ``HF_HUB_OFFLINE=1`` reads their caches only), then its rows
+spec). Each split is loaded with ``datasets.load_dataset``: of the Hugging Face id, or of the
+ModelScope dataset repository's files downloaded by modelscope's client (see
+:func:`_load_split`; the clients download and cache; ``HF_HUB_OFFLINE=1`` reads their caches
+only), then its rows
 are mapped to mmembed's row forms (:mod:`mmembed.data.hub_columns`) and written to
 ``$MMEMBED_HUB_CACHE/<hub>/<org>/<name>/<subset>/<key>/<split>.jsonl`` (default
 ``$XDG_CACHE_HOME/mmembed/hub_datasets``, ``~/.cache/...``), one
@@ -33,7 +35,8 @@ from typing import Any
 
 from ..environment import EnvironmentLike
 from ..environment import read as read_environment
-from ..errors import UsageError
+from ..errors import UsageError, one_line
+from ..hub import INSTALL_MODELSCOPE, modelscope_endpoint, modelscope_not_found
 from .hub_columns import SwiftDataset, SwiftSubset, positional_columns, swift_dataset, swift_renames
 from .specs import HubDataset, SpecError
 
@@ -53,7 +56,9 @@ class DatasetHubOptions:
     ``download_mode`` passed to the client (ms-swift's ``--hub_token``, ``--download_mode``:
     ``reuse_dataset_if_exists`` or ``force_redownload``, which also writes the rows anew),
     ``datasets``' cache folder (None: its default), where the rows are written, and
-    ``MAX_NEGATIVE_SAMPLES`` (TextCaps' reranker negatives)."""
+    ``MAX_NEGATIVE_SAMPLES`` (TextCaps' reranker negatives); ``offline``: the offline switches
+    (``HF_HUB_OFFLINE``, ``MMEMBED_OFFLINE``), under which a ModelScope dataset comes from
+    modelscope's cache only."""
 
     use_hf: bool = False
     cache: str = field(default_factory=lambda: read_environment({}).hub.cache)
@@ -61,14 +66,19 @@ class DatasetHubOptions:
     download_mode: str | None = None
     datasets_cache: str | None = None
     max_negative: int = 7
+    offline: bool = False
 
     @classmethod
     def of(cls, use_hf: bool | None = None, environment: EnvironmentLike = None, **options: Any) -> DatasetHubOptions:
         """``--use_hf`` or ``USE_HF`` (either true: Hugging Face, as in ms-swift), the cache
         folder and ``MAX_NEGATIVE_SAMPLES`` from the environment, the rest as given."""
         env = read_environment(environment)
+        try:
+            offline = bool(env.downloads.offline_switches())
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         return cls(use_hf=bool(use_hf) or env.hub.use_hf, cache=env.hub.cache,
-                   max_negative=env.rerank_sampling.max_negative, **options)
+                   max_negative=env.rerank_sampling.max_negative, offline=offline, **options)
 
     def hub_of(self, dataset: HubDataset) -> str:
         """``"hf"`` or ``"ms"``: the spec's prefix, else ``use_hf``."""
@@ -87,7 +97,7 @@ def check_hub_client(dataset: HubDataset, options: DatasetHubOptions) -> None:
     """A UsageError, before anything loads, when ``dataset`` is a ModelScope id and the
     optional ``modelscope`` package is missing."""
     if options.hub_of(dataset) == "ms":
-        _ms_dataset_class(dataset)
+        _modelscope_download(dataset)
 
 
 def hub_files(dataset: HubDataset, options: DatasetHubOptions, columns: dict[str, str] | None = None) -> list[HubFile]:
@@ -179,7 +189,15 @@ def _subset_files(dataset: HubDataset, hub: str, entry: SwiftDataset | None, sub
 
 
 def _load_split(dataset: HubDataset, hub: str, subset: str, split: str, options: DatasetHubOptions):
-    """One split as a ``datasets.Dataset``, from the hub's client; a SpecError naming it."""
+    """One split as a ``datasets.Dataset``, from the hub's client; a SpecError naming it.
+
+    Hugging Face: ``datasets.load_dataset`` of the id. ModelScope: the dataset repository's
+    files downloaded by modelscope's own client (``snapshot_download``, ``repo_type="dataset"``,
+    into ``MODELSCOPE_CACHE``), then ``datasets.load_dataset`` of that folder with the subset
+    and split: what ``MsDataset.load`` does for a repository of data files (ModelScope's
+    "general" datasets, which its builder hands to the same ``datasets`` loader with the same
+    configs and split patterns), without MsDataset itself, which requires ``datasets<=4.8.4``
+    (modelscope's ``datasets`` extra) and fails on ``datasets`` 5."""
     import datasets
 
     where = f"{_HUB_NAMES[hub]} dataset {dataset.repo_id} (subset {subset!r}, split {split!r})"
@@ -188,11 +206,10 @@ def _load_split(dataset: HubDataset, hub: str, subset: str, split: str, options:
             ds = datasets.load_dataset(dataset.repo_id, name=subset, split=split, token=options.token,
                                        download_mode=options.download_mode, cache_dir=options.datasets_cache)
         else:
-            ms_dataset = _ms_dataset_class(dataset)
-            ds = ms_dataset.load(dataset.repo_id, subset_name=subset, split=split, version="master",
-                                 download_mode=options.download_mode or "reuse_dataset_if_exists", token=options.token)
-            ds = getattr(ds, "_hf_ds", ds)
-    except UsageError:
+            folder = _modelscope_folder(dataset, options)
+            ds = datasets.load_dataset(folder, name=subset, split=split, download_mode=options.download_mode,
+                                       cache_dir=options.datasets_cache)
+    except (UsageError, SpecError):
         raise
     except Exception as e:  # noqa: BLE001 (the clients raise many kinds; each is the user's data or network)
         text = " ".join(str(e).split())
@@ -205,14 +222,42 @@ def _load_split(dataset: HubDataset, hub: str, subset: str, split: str, options:
     return ds
 
 
-def _ms_dataset_class(dataset: HubDataset):
+def _modelscope_download(dataset: HubDataset):
+    """modelscope's ``snapshot_download``; a UsageError when the package is missing."""
     try:
-        from modelscope import MsDataset
+        from modelscope import snapshot_download
     except ImportError:
         raise UsageError(f"dataset {dataset}: {_not_local(dataset)}a ModelScope id (the default hub, as in ms-swift), "
-                         "and the optional modelscope package is not installed: pip install modelscope, or pass "
-                         "--use_hf true (or USE_HF=1, or an hf:: prefix) to load it from Hugging Face") from None
-    return MsDataset
+                         f"and the optional modelscope package is not installed: {INSTALL_MODELSCOPE}") from None
+    return snapshot_download
+
+
+def _modelscope_folder(dataset: HubDataset, options: DatasetHubOptions) -> str:
+    """The local folder of ModelScope dataset ``dataset`` (its default branch, ``master``, as
+    ms-swift loads it), downloaded now or, offline, from the cache; a SpecError of one line
+    for an id the hub does not have, an unreachable hub, or an empty cache offline."""
+    download = _modelscope_download(dataset)
+    named = f"dataset {dataset}: {_not_local(dataset)}"
+    try:
+        folder = download(dataset.repo_id, repo_type="dataset", revision="master", token=options.token,
+                          local_files_only=options.offline)
+    except Exception as e:  # noqa: BLE001 (modelscope's errors have no common base: reported in one line)
+        what = one_line(e)[:300]
+        if options.offline:
+            raise SpecError(f"{named}ModelScope dataset {dataset.repo_id} is not in the ModelScope cache "
+                            f"(MODELSCOPE_CACHE) and the offline switches (HF_HUB_OFFLINE / MMEMBED_OFFLINE) allow no "
+                            f"download ({what}): load it once online") from None
+        where = f"ModelScope ({modelscope_endpoint()})"
+        if modelscope_not_found(e):
+            raise SpecError(f"{named}{dataset.repo_id} is no dataset of {where}: check the id (ModelScope is the "
+                            "default hub, as in ms-swift: --use_hf true or USE_HF=1 loads from Hugging Face); if it "
+                            "is private, pass --hub_token or set MODELSCOPE_API_TOKEN") from None
+        raise SpecError(f"{named}{where} could not give dataset {dataset.repo_id} ({type(e).__name__}: {what}): check "
+                        "the network (MODELSCOPE_ENDPOINT for a mirror), or pass --use_hf true for Hugging Face's") \
+            from None
+    if not (os.path.isdir(folder) and os.listdir(folder)):
+        raise SpecError(f"{named}ModelScope ({modelscope_endpoint()}) lists no files of dataset {dataset.repo_id}")
+    return folder
 
 
 def _not_local(dataset: HubDataset) -> str:

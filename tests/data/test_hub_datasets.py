@@ -2,11 +2,10 @@
 client, its rows written once as JSONL and read by the reader under the hub id with the
 row's number in the split, ``#N`` as for files, the cache, and the errors.
 
-The clients are replaced at their call boundary: ``datasets.load_dataset`` returns small
-``datasets.Dataset`` objects built here, and ModelScope's ``modelscope.MsDataset.load`` is a
-stand-in module (modelscope is not installed here) that records its arguments and returns an
-object with ``_hf_ds``, as MsDataset does. The real Hugging Face client against a loopback hub
-is tests/training/test_hub_sft.py.
+Hugging Face's client is replaced at its call boundary: ``datasets.load_dataset`` returns small
+``datasets.Dataset`` objects built here. The real Hugging Face client against a loopback hub is
+tests/training/test_hub_sft.py; ModelScope ids (the default hub) are loaded by modelscope's real
+client against the loopback ModelScope in tests/data/test_hub_datasets_modelscope.py.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import io
 import json
 import os
 import sys
-import types
 
 import datasets
 import pytest
@@ -30,7 +28,7 @@ from mmembed.errors import UsageError
 
 
 class FakeHub:
-    """``datasets.load_dataset`` and ``modelscope.MsDataset.load`` answering from ``store``:
+    """``datasets.load_dataset`` answering from ``store``:
     ``(repo_id, subset, split) -> datasets.Dataset``; every call recorded."""
 
     def __init__(self, tmp_path):
@@ -55,25 +53,10 @@ class FakeHub:
     def hf_load_dataset(self, path, name=None, split=None, **kw):
         return self._answer("hf", path, name, split, kw)
 
-    def ms_module(self):
-        hub = self
-
-        class MsDataset:
-            def __init__(self, ds):
-                self._hf_ds = ds
-
-            @staticmethod
-            def load(dataset_name, subset_name=None, split=None, **kw):
-                return MsDataset(hub._answer("ms", dataset_name, subset_name, split, kw))
-
-        return types.SimpleNamespace(MsDataset=MsDataset)
-
-
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
     fake = FakeHub(tmp_path)
     monkeypatch.setattr(datasets, "load_dataset", fake.hf_load_dataset)
-    monkeypatch.setitem(sys.modules, "modelscope", fake.ms_module())
     return fake
 
 
@@ -201,29 +184,6 @@ def test_stsb_positive_keeps_the_hub_row_numbers(hub):
     assert [s.label for s in rows(hub.load(["sentence-transformers/stsb#2"], strict=False).dataset)] == [0.2, 0.8]
 
 
-def test_textcaps_emb_from_modelscope(hub, tmp_path):
-    """The default hub: ms-swift's swift/TextCaps:emb loads the hub's default subset, train and
-    validation, with MsDataset.load; its images are files of ModelScope's cache."""
-    image = tmp_path / "ms_cache" / "train_images" / "0001.jpg"
-    image.parent.mkdir(parents=True)
-    image.write_bytes(png())
-    features = datasets.Features({"image": datasets.Image(), "image_id": datasets.Value("string"),
-                                  "reference_strs": datasets.List(datasets.Value("string"))})
-    for split, n in (("train", 2), ("validation", 1)):
-        hub.store["swift/TextCaps", "default", split] = datasets.Dataset.from_dict(
-            {"image": [{"bytes": None, "path": str(image)}] * n, "image_id": [f"{split}{i}" for i in range(n)],
-             "reference_strs": [[f"{split} caption {i}", "another"] for i in range(n)]}, features=features)
-    loaded = hub.load(["swift/TextCaps:emb"], hub=hub.options(use_hf=False))
-    assert [c[:4] for c in hub.calls] == [("ms", "swift/TextCaps", "default", "train"),
-                                          ("ms", "swift/TextCaps", "default", "validation")]
-    assert hub.calls[0][4]["version"] == "master"
-    got = rows(loaded.dataset)
-    assert [(s.source, s.line, s.anchor.text, s.anchor.images, s.positives[0].text) for s in got] == [
-        ("ms::swift/TextCaps:emb[train]", 1, "<image>", [str(image)], "train caption 0"),
-        ("ms::swift/TextCaps:emb[train]", 2, "<image>", [str(image)], "train caption 1"),
-        ("ms::swift/TextCaps:emb[validation]", 1, "<image>", [str(image)], "validation caption 0")]
-
-
 def test_several_subsets_in_the_specs_order(hub):
     for sub in ("a", "b"):
         hub.store["org/multi", sub, "train"] = datasets.Dataset.from_dict({"query": [sub], "response": ["r"]})
@@ -248,14 +208,11 @@ def test_what_cannot_be_read_is_one_spec_error(hub, spec, message):
         hub.load([spec])
 
 
-def test_modelscope_is_the_default_hub_and_its_client_optional(hub, monkeypatch):
-    with pytest.raises(SpecError, match=r"ModelScope dataset org/tiny .* \(ModelScope is the default hub, as in "
-                                        r"ms-swift: --use_hf true or USE_HF=1 loads from Hugging Face\)"):
-        hub.load(["org/tiny"], hub=hub.options(use_hf=False))
+def test_modelscope_is_the_default_hub_and_its_client_optional(monkeypatch):
     monkeypatch.setitem(sys.modules, "modelscope", None)  # not installed
     message = (r"^dataset org/tiny: not a local file or folder, so a ModelScope id \(the default hub, as in "
-               r"ms-swift\), and the optional modelscope package is not installed: pip install modelscope, or pass "
-               r"--use_hf true")
+               r"ms-swift\), and the optional modelscope package is not installed: pip install 'mmembed\[modelscope\]'"
+               r" \(or pip install modelscope\), or pass --use_hf true")
     with pytest.raises(UsageError, match=message):
         check_hub_client(HubDataset("org/tiny"), DatasetHubOptions())
     check_hub_client(HubDataset("org/tiny", (), "hf"), DatasetHubOptions())  # a prefix picks the hub

@@ -1,8 +1,9 @@
 """ms-swift's own embedding example scripts, as ms-swift ships them (tests/fixtures/swift/scripts,
-see its SOURCE.md), run with one edit, ``swift sft`` -> ``mmembed sft``, and ``USE_HF=1`` (the
-scripts name ModelScope ids; the loopback hub of tests/fixtures/hub_server.py speaks Hugging
-Face's protocol). The hub serves tiny random models and a few rows under the ids the scripts
-name, so each script trains end to end as written: its process count, DeepSpeed stage, epochs,
+see its SOURCE.md), run with one edit, ``swift sft`` -> ``mmembed sft``, and without ``USE_HF``:
+the scripts name ModelScope ids, ms-swift's default hub, and modelscope's own client downloads
+them (models and datasets) from the loopback ModelScope of tests/fixtures/modelscope_server.py
+(``MODELSCOPE_ENDPOINT``). The hub serves tiny random models and a few rows under the ids the
+scripts name, so each script trains end to end as written: its process count, DeepSpeed stage, epochs,
 dtype, ``--attn_impl flash_attn`` (no GPU here: SDPA, said in a warning), dataset subsets and
 split. Each run's last checkpoint is complete, records the hub snapshot it started from, and
 embeds. The script's ``mmembed`` forks its NPROC_PER_NODE processes from one server
@@ -18,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import DATA, REPO, stsb_pairs, write_jsonl
-from fixtures.hub_server import client_env
+from fixtures.modelscope_server import modelscope_env
 
 from mmembed.training.checkpoints import find_last_complete_checkpoint
 
@@ -51,8 +52,10 @@ def _textcaps(path: str, n: int, offset: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def swift_hub(hub_server, tiny_model, tmp_path_factory):
-    """The hub with the scripts' models (tiny random ones of the same architecture) and datasets."""
+def swift_hub(modelscope_server, tiny_model, tmp_path_factory):
+    """The loopback ModelScope with the scripts' models (tiny random ones of the same
+    architecture) and datasets."""
+    hub_server = modelscope_server
     root = tmp_path_factory.mktemp("swift_hub")
     hub_server.add_folder("Qwen/Qwen3-Embedding-4B", tiny_model("qwen3"))
     hub_server.add_folder("Qwen/Qwen3-VL-Embedding-8B", tiny_model("qwen3_vl"))
@@ -61,8 +64,8 @@ def swift_hub(hub_server, tiny_model, tmp_path_factory):
     hub_server.add_files("sentence-transformers/stsb", {"train.jsonl": stsb}, repo_type="dataset")
     # train_gme.sh's global batch: 2 rows x 8 processes x 8 accumulation steps = 128 rows a step
     (root / "textcaps").mkdir()
-    # ms-swift under USE_HF=1 loads a registered dataset's id as the script writes it (swift/TextCaps),
-    # with the mapping of the registered dataset of the same name (HuggingFaceM4/TextCaps' columns)
+    # ms-swift loads a registered dataset's id as the script writes it (swift/TextCaps), with the
+    # mapping of the registered dataset of the same name (HuggingFaceM4/TextCaps' columns)
     hub_server.add_files("swift/TextCaps", {
         "data/train-00000-of-00001.parquet": _textcaps(str(root / "textcaps" / "train.parquet"), 136, 0),
         "data/validation-00000-of-00001.parquet": _textcaps(str(root / "textcaps" / "validation.parquet"), 8, 136),
@@ -85,8 +88,11 @@ def run_swift_script(name: str, hub, tmp_path) -> tuple[subprocess.CompletedProc
     bin_dir.mkdir()
     (bin_dir / "mmembed").write_text(f"#!/bin/sh\nexec {sys.executable} {os.path.join(REPO, 'tests', 'forked_mmembed.py')} \"$@\"\n")
     (bin_dir / "mmembed").chmod(0o755)
-    env = dict(os.environ, **client_env(hub.url, str(tmp_path / "hf_home")), USE_HF="1", OMP_NUM_THREADS="1",
-               MMEMBED_HUB_CACHE=str(tmp_path / "rows"),
+    # online (the suite runs with HF_HUB_OFFLINE=1, which mmembed applies to both hubs); Hugging Face's
+    # endpoint a closed loopback port, so that nothing reaches for it
+    env = dict(os.environ, **modelscope_env(hub.url, str(tmp_path / "ms_cache"), str(tmp_path / "ms_home")),
+               HF_HUB_OFFLINE="0", HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf_home"),
+               OMP_NUM_THREADS="1", MMEMBED_HUB_CACHE=str(tmp_path / "rows"),
                PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]]))
     proc = subprocess.run(["bash", str(script)], cwd=work, env=env, capture_output=True, text=True, timeout=900)
     return proc, str(work / "output")
@@ -94,11 +100,11 @@ def run_swift_script(name: str, hub, tmp_path) -> tuple[subprocess.CompletedProc
 
 @pytest.mark.parametrize("name, model, dataset, steps, warning", [
     # 40 positive pairs, 1 held out (0.02), 39 in batches of 8 x 2 processes (last dropped): 2 steps x 5 epochs
-    ("qwen3_emb.sh", "Qwen--Qwen3-Embedding-4B", "hf::sentence-transformers/stsb:positive[train]", 10, True),
+    ("qwen3_emb.sh", "Qwen--Qwen3-Embedding-4B", "ms::sentence-transformers/stsb:positive[train]", 10, True),
     # 144 captioned pictures, 3 held out (0.02), 141 in batches of 16: 8 steps, 1 epoch
-    ("qwen3_vl_emb.sh", "Qwen--Qwen3-VL-Embedding-8B", "hf::swift/TextCaps:emb[train]", 8, True),
+    ("qwen3_vl_emb.sh", "Qwen--Qwen3-VL-Embedding-8B", "ms::swift/TextCaps:emb[train]", 8, True),
     # 8 processes under ZeRO-3, 2 rows each x 8 accumulation steps: 1 step of 128 rows
-    ("train_gme.sh", "iic--gme-Qwen2-VL-2B-Instruct", "hf::swift/TextCaps:emb[train]", 1, False),
+    ("train_gme.sh", "iic--gme-Qwen2-VL-2B-Instruct", "ms::swift/TextCaps:emb[train]", 1, False),
 ], ids=["qwen3_emb", "qwen3_vl_emb", "train_gme"])
 def test_ms_swifts_script_runs_with_only_the_command_renamed(swift_hub, tmp_path, name, model, dataset, steps, warning):
     from mmembed import Embedder
@@ -109,7 +115,7 @@ def test_ms_swifts_script_runs_with_only_the_command_renamed(swift_hub, tmp_path
     assert ckpt is not None and ckpt.endswith(f"checkpoint-{steps}"), os.listdir(output)
     assert os.path.isfile(os.path.join(ckpt, "adapter_model.safetensors"))  # --tuner_type lora
     saved = json.loads(open(os.path.join(ckpt, "mmembed.json"), encoding="utf-8").read())
-    assert f"/hub/models--{model}/snapshots/" in saved["base_model"]
+    assert f"/ms_cache/models/{model}/snapshots/master" in saved["base_model"]  # modelscope's cache
     assert dataset in open(os.path.join(ckpt, "README.md"), encoding="utf-8").read()
     metrics = json.loads(proc.stdout[proc.stdout.rindex("{\n"):])  # what mmembed sft prints last
     assert np.isfinite(metrics["train_loss"])
