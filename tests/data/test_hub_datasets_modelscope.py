@@ -40,8 +40,9 @@ def _textcaps_parquet(path, colors: list[str], offset: int) -> str:
         "image_id": [str(offset + i) for i in range(len(colors))],
         "reference_strs": [[f"a {c} picture", f"{c}"] for c in colors],
     })
+    # "Sequence": the name datasets 3 writes (the floor reads no other; datasets 4 and 5 read it too)
     features = {"image": {"_type": "Image"}, "image_id": {"dtype": "string", "_type": "Value"},
-                "reference_strs": {"feature": {"dtype": "string", "_type": "Value"}, "_type": "List"}}
+                "reference_strs": {"feature": {"dtype": "string", "_type": "Value"}, "_type": "Sequence"}}
     table = table.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": features}})})
     pq.write_table(table, path)
     return str(path)
