@@ -19,10 +19,10 @@ Sides, all with the same learning rate, rows per step, epochs, warmup, seed and 
   rows (the positive with label 1, each negative with 0), ``2 x batch_size`` pairs a step (a
   training row is two pairs), so the same pairs and the same number of steps.
 
-Scores are raw logits (mmembed's ``Reranker.score``; s-t's ``CrossEncoder.predict`` with
-``activation_fn=Identity``); the same candidates go through the same
-``mmembed.eval.rerank.rerank_metrics`` for every side, before training (the random head) and
-after. No timing is asserted; train seconds are printed for reference.
+Scores are raw logits (mmembed's ``Reranker.score`` with ``raw_scores=True``; s-t's
+``CrossEncoder.predict`` with ``activation_fn=Identity``); the same candidates go through the
+same ``mmembed.eval.rerank.rerank_metrics`` for every side, before training (the random head)
+and after. No timing is asserted; train seconds are printed for reference.
 
     OMP_NUM_THREADS=2 python benchmarks/learn_reranker.py
 
@@ -97,7 +97,7 @@ def mmembed_scores(folder: str):
     from mmembed.model.rerank_scorer import Reranker
 
     rr = Reranker.from_pretrained(folder, device="cpu", task_type="reranker")
-    return lambda pairs: rr.score_pairs(pairs, batch_size=64)
+    return lambda pairs: rr.score_pairs(pairs, batch_size=64, raw_scores=True)
 
 
 def st_scores(model):

@@ -37,9 +37,11 @@ def _value(node):
 
 def test_the_sft_flag_table_lists_every_field_sftarguments_declares_with_its_default_and_help():
     from mmembed.training.arguments import SftArguments
+    from mmembed.training.sft_flags import SftFlags
 
     fields = _hook().sft_fields()
-    assert [f["name"] for f in fields] == list(SftArguments.__dict__["__annotations__"])
+    assert [f["name"] for f in fields] == list(SftFlags.__dict__["__annotations__"])
+    assert not SftArguments.__dict__.get("__annotations__")  # its flags are SftFlags' all
     runtime = {f.name: f for f in dataclasses.fields(SftArguments)}
     for f in fields:
         field = runtime[f["name"]]

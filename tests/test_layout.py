@@ -1,6 +1,7 @@
 """The package's shape: each folder imports only from the folders before it in the flow,
-no module comes back to itself through its imports (a circle), outside losses/ no code
-decides anything by comparing loss names, and no module is over 600 lines."""
+no module comes back to itself through its imports (a circle, imports for annotations under
+``if TYPE_CHECKING:`` and inside functions counted), outside losses/ no code decides anything
+by comparing loss names, and no module is over 600 lines."""
 
 import ast
 import os
@@ -74,34 +75,33 @@ def _all_modules():
     return found
 
 
-def _type_checking_only(tree):
-    """The import nodes under an ``if TYPE_CHECKING:`` (run by type checkers, never at run time)."""
-    skipped = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in node.body:
-                skipped.update(id(n) for n in ast.walk(child))
-    return skipped
+def _sources():
+    """mmembed's modules: dotted name -> (source, whether it is a package's ``__init__``)."""
+    out = {}
+    for name, path in _all_modules().items():
+        with open(path, encoding="utf-8") as f:
+            out[name] = (f.read(), path.endswith("__init__.py"))
+    return out
 
 
-def import_graph():
-    """mmembed's module import graph, read from the source: module -> {module: first line}.
+def import_graph(sources=None):
+    """The module import graph, read from the source (``sources``: dotted name -> (source,
+    is a package's ``__init__``); default mmembed's files): module -> {module: first line}.
 
-    Imports at module level and inside functions both count (a function's import runs when it
-    is called, and the circle is still there); only those under ``if TYPE_CHECKING:`` do not.
-    ``from A import n`` is an edge to ``A.n`` when that is a module, else to ``A``; a package's
-    ``__init__`` run on the way to its submodule is not counted as an edge.
+    Every ``import`` / ``from ... import`` counts: at module level, inside functions (a
+    function's import runs when it is called, and the circle is still there) and under
+    ``if TYPE_CHECKING:`` (a type needed only for an annotation still ties the two modules: the
+    type belongs below both, or the function with the type). ``from A import n`` is an edge to
+    ``A.n`` when that is a module, else to ``A``; a package's ``__init__`` run on the way to its
+    submodule is not counted as an edge.
     """
-    modules = _all_modules()
+    sources = _sources() if sources is None else sources
     graph = {}
-    for name, path in modules.items():
-        tree = ast.parse(open(path, encoding="utf-8").read())
-        skipped = _type_checking_only(tree)
-        package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    for name, (text, is_package) in sources.items():
+        tree = ast.parse(text)
+        package = name if is_package else name.rpartition(".")[0]
         edges = graph.setdefault(name, {})
         for node in ast.walk(tree):
-            if id(node) in skipped:
-                continue
             targets = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -114,9 +114,9 @@ def import_graph():
                     source = node.module or ""
                 for alias in node.names:
                     sub = f"{source}.{alias.name}"
-                    targets.append(sub if sub in modules else source)
+                    targets.append(sub if sub in sources else source)
             for target in targets:
-                if target in modules and target != name:
+                if target in sources and target != name:
                     edges.setdefault(target, node.lineno)
     return graph
 
@@ -176,13 +176,42 @@ def test_the_cycle_finder_names_a_circle():
     assert _cycles(graph) == [(["a", "b", "c", "a"], ["f"])]
 
 
-def test_no_module_imports_itself_in_a_circle():
-    graph = import_graph()
-    assert "mmembed.losses.registry" in graph["mmembed.losses"]  # the graph is read at all
+def _circles(graph):
+    """Each circle of ``graph`` as a line: ``a (line 3) -> b (line 7) -> a``, then the part's
+    other modules."""
     circles = []
     for cycle, others in _cycles(graph):
         steps = [f"{a} (line {graph[a][b]})" for a, b in zip(cycle, cycle[1:])]
         circles.append(" -> ".join(steps + [cycle[-1]]) + (f"; also in the circle: {', '.join(others)}" if others else ""))
+    return circles
+
+
+def test_an_import_for_annotations_or_in_a_function_closes_a_circle_too():
+    """The graph counts what ``if TYPE_CHECKING:`` guards and what a function imports: the
+    circles mmembed had (issue 39: inputs / measure, serve / serve_rerank, arguments /
+    flag_checks) were closed by imports for annotations."""
+    sources = {
+        "p": ("", True),
+        "p.inputs": ("from .measure import lengths\n\nclass Builder: ...\n", False),
+        "p.measure": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .inputs import Builder\n\n"
+                      "def lengths(builder: 'Builder'): ...\n", False),
+        "p.serve": ("def serve():\n    from p.serve_rerank import app\n", False),
+        "p.serve_rerank": ("from . import serve\n", False),
+        "p.config": ("from .measure import lengths\n", False),  # an edge into a circle, not on one
+    }
+    graph = import_graph(sources)
+    assert graph["p.measure"] == {"p.inputs": 3} and graph["p.serve"] == {"p.serve_rerank": 2}
+    assert _circles(graph) == ["p.inputs (line 1) -> p.measure (line 3) -> p.inputs",
+                               "p.serve (line 2) -> p.serve_rerank (line 1) -> p.serve"]
+
+
+def test_no_module_imports_itself_in_a_circle():
+    """No circle, counting every import (:func:`import_graph`): a module that needs another's
+    type only for an annotation is not needed by it in turn (the type lives below both, or
+    the function with the type)."""
+    graph = import_graph()
+    assert "mmembed.losses.registry" in graph["mmembed.losses"]  # the graph is read at all
+    circles = _circles(graph)
     assert not circles, "import circles:\n" + "\n".join(circles)
 
 

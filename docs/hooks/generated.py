@@ -12,8 +12,9 @@ imports nothing heavy).
 
 Markers:
 
-- ``sft-flags``: the fields of ``SftArguments`` (``mmembed/training/arguments.py``), each
-  with its type, default and help metadata, grouped by the comments of the class body;
+- ``sft-flags``: the fields of ``SftFlags`` (``mmembed/training/sft_flags.py``, the flags
+  ``SftArguments`` checks), each with its type, default and help metadata, grouped by the
+  comments of the class body;
 - ``swift-flags``: ``NO_EFFECT``, ``NO_EFFECT_FIELDS`` and ``REFUSED`` of ``swift_flags.py``;
 - ``tool-flags``: the commands of ``mmembed`` (``USAGE`` of ``mmembed/tools/cli.py``) and
   the argparse flags of each tool (``cmd_*`` in ``cli.py``, ``parse_serve_args`` in
@@ -139,17 +140,18 @@ def _dataclass_fields(cls: ast.ClassDef, lines: list[str]) -> list[dict]:
 
 
 def sft_fields() -> list[dict]:
-    """The fields ``SftArguments`` declares itself (:func:`_dataclass_fields`)."""
-    where = "mmembed/training/arguments.py"
+    """The fields ``SftFlags`` declares itself (:func:`_dataclass_fields`): mmembed's flags,
+    which ``SftArguments`` (``mmembed/training/arguments.py``) extends with its checks."""
+    where = "mmembed/training/sft_flags.py"
     tree, lines = _source(where)
-    fields = _dataclass_fields(_class(tree, "SftArguments", where), lines)
+    fields = _dataclass_fields(_class(tree, "SftFlags", where), lines)
     if not fields:
-        raise PluginError(f"docs/hooks/generated.py: SftArguments in {where} has no fields")
+        raise PluginError(f"docs/hooks/generated.py: SftFlags in {where} has no fields")
     return fields
 
 
 def sft_flags() -> str:
-    where = "mmembed/training/arguments.py"
+    where = "mmembed/training/sft_flags.py"
     fields = sft_fields()
     out, group = [], None
     rows: list[list[str]] = []
@@ -171,7 +173,8 @@ def sft_flags() -> str:
             help_text = f"{help_text} (one of: {', '.join(map(str, choices))})"
         rows.append([code("--" + f["name"]), code(f["type"]), code(_shown_default(f["default"])), cell(help_text)])
     flush()
-    return (f"{len(fields)} flags are fields of `SftArguments` itself (`{where}`, in the order of its source); "
+    return (f"{len(fields)} flags are mmembed's own, the fields of `SftFlags` (`{where}`, in the order of its "
+            "source), which `SftArguments` checks; "
             "every other `transformers.TrainingArguments` flag is taken too, with transformers' default.\n\n"
             + "\n\n".join(out))
 

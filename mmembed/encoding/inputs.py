@@ -32,8 +32,8 @@ import torch
 
 from ..data.sample import DataError, Item, Origin
 from .buckets import bucket_width, pad_to_width
-from .measure import TextCounter, header_lengths
-from .media_measure import MediaCounter
+from .measure import TextCounter
+from .media_measure import MediaCounter, Undecided
 from .templates import Template
 
 if TYPE_CHECKING:  # the media loader is imported at the first row with media (qwen-vl-utils: about a second)
@@ -135,7 +135,8 @@ class InputBuilder:
         (:class:`~mmembed.encoding.media_measure.MediaCounter`), made at the first call and kept."""
         counter = self.__dict__.get("_media_counter")
         if counter is None or counter.processor is not self.processor:
-            counter = self._media_counter = MediaCounter(self)
+            counter = self._media_counter = MediaCounter(self.processor, self.tokenizer, self.media_settings(),
+                                                         self.patch_size, self.sampling_rate)
         return counter
 
     @property
@@ -179,7 +180,7 @@ class InputBuilder:
         are counted as ``check_media`` says (the counts agree); text in one tokenizer call.
         A medium that cannot be read is a ``DataError`` naming file, line and field."""
         if self.check_media == "header":
-            return header_lengths(self, items, origins)
+            return self._header_lengths(items, origins)
         out: list[int] = [0] * len(items)
         text_rows = [i for i, it in enumerate(items) if not (self.multimodal and it.has_media)]
         if text_rows:
@@ -189,6 +190,38 @@ class InputBuilder:
             if self.multimodal and it.has_media:  # one at a time: the media of one row in memory
                 out[i] = self.full_length(it, origins[i] if origins else None)
         return out
+
+    def _header_lengths(self, items: Sequence[Item], origins: Sequence[Origin] | None = None) -> list[int]:
+        """:meth:`lengths` from the media files' headers (:mod:`mmembed.encoding.measure`): the
+        same numbers as ``check_media="full"``; an item whose headers cannot decide
+        (:class:`~mmembed.encoding.media_measure.Undecided`) is counted by decoding. Raises the
+        ``DataError`` of the first bad item."""
+        texts = [self.template.render(it) for it in items]
+        extra = [0] * len(items)
+        decode: list[int] = []
+        if self.multimodal:
+            media = self.media_counter()
+            for i, it in enumerate(items):
+                if not it.has_media:
+                    continue
+                base = origins[i] if origins else ("<input>", 0, "")
+                self.check_kinds(it, base)
+                try:
+                    texts[i], extra[i] = media.expand(it, texts[i], base)
+                except Undecided:
+                    decode.append(i)
+        if decode:  # these items the old way, one at a time (the media of one item in memory)
+            slow = set(decode)
+            counted = self.text_lengths([t for i, t in enumerate(texts) if i not in slow])
+            out, k = [], 0
+            for i in range(len(items)):
+                if i in slow:
+                    out.append(self.full_length(items[i], origins[i] if origins else None))
+                else:
+                    out.append(counted[k] + extra[i])
+                    k += 1
+            return out
+        return [n + e for n, e in zip(self.text_lengths(texts), extra)]
 
     def full_length(self, item: Item, origin: Origin | None = None) -> int:
         """The tokens of one item counted by loading its media and running the processor."""

@@ -1,10 +1,10 @@
 """Token counts without decoding media: what the length check measures by default.
 
-:func:`header_lengths` gives, for each item, the number of tokens the model will see (the
-rendered text with each media placeholder expanded by the processor), exactly as
-:meth:`InputBuilder.lengths <mmembed.encoding.inputs.InputBuilder.lengths>` counts them with
-``check_media="full"`` (decoding every medium and running the processor), but from the
-media files' headers:
+:meth:`InputBuilder.lengths <mmembed.encoding.inputs.InputBuilder.lengths>` with
+``check_media="header"`` gives, for each item, the number of tokens the model will see (the
+rendered text with each media placeholder expanded by the processor), exactly as it counts
+them with ``check_media="full"`` (decoding every medium and running the processor), but from
+the media files' headers (:class:`~mmembed.encoding.media_measure.MediaCounter`):
 
 * an image: its size from PIL's header (``Image.open``, no pixels decoded; PNG, JPEG, WebP,
   GIF, BMP, TIFF, MPO), resized as :func:`~mmembed.encoding.media.load_image` resizes it
@@ -45,15 +45,10 @@ import itertools
 import json
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..data.sample import Item, Origin
 from .layout import Layout
-from .media_measure import Undecided
-from .templates import MEDIA_TAGS
-
-if TYPE_CHECKING:
-    from .inputs import InputBuilder
+from .templates import MEDIA_TAGS, Template
 
 #: ``--check_media``: ``header`` counts media tokens from the files' headers; ``full``
 #: decodes every medium and runs the processor (every pixel checked before training).
@@ -213,41 +208,7 @@ def ascii_token_bound(backend: Any, add_special_tokens: bool) -> tuple[int, int]
     return 1 + prefix, prefix + specials
 
 
-# ----------------------------------------------------------------------------- headers
-
 # ----------------------------------------------------------------------------- lengths
-
-
-def header_lengths(builder: InputBuilder, items: Sequence[Item], origins: Sequence[Origin] | None = None) -> list[int]:
-    """Tokens per item as the model would see them (media expanded), untruncated: the same
-    numbers as ``builder.lengths(items, origins, check_media="full")``, from headers (see the
-    module docstring). Raises the ``DataError`` of the first bad item."""
-    texts = [builder.template.render(it) for it in items]
-    extra = [0] * len(items)
-    decode: list[int] = []
-    if builder.multimodal:
-        media = builder.media_counter()
-        for i, it in enumerate(items):
-            if not it.has_media:
-                continue
-            base = origins[i] if origins else ("<input>", 0, "")
-            builder.check_kinds(it, base)
-            try:
-                texts[i], extra[i] = media.expand(it, texts[i], base)
-            except Undecided:
-                decode.append(i)
-    if decode:  # these items the old way, one at a time (the media of one item in memory)
-        slow = set(decode)
-        counted = builder.text_lengths([t for i, t in enumerate(texts) if i not in slow])
-        out, k = [], 0
-        for i in range(len(items)):
-            if i in slow:
-                out.append(builder.full_length(items[i], origins[i] if origins else None))
-            else:
-                out.append(counted[k] + extra[i])
-                k += 1
-        return out
-    return [n + e for n, e in zip(builder.text_lengths(texts), extra)]
 
 
 def _arrow_sample_schema():
@@ -259,7 +220,7 @@ def _arrow_sample_schema():
                       ("label", pa.float64())])
 
 
-def json_text_lengths(builder: InputBuilder, rows: Sequence[str], layout: Layout,
+def json_text_lengths(template: Template, counter: TextCounter, rows: Sequence[str], layout: Layout,
                       within: int | None = None) -> list[int] | None:
     """The length check's number for each row (the longest of its encoded inputs, as
     :func:`~mmembed.encoding.collator.token_lengths` gives it) when every row is text only:
@@ -273,7 +234,10 @@ def json_text_lengths(builder: InputBuilder, rows: Sequence[str], layout: Layout
     ``within`` (the length check's ``--max_length``): a row whose inputs are all ASCII and
     provably no longer than ``within`` tokens (:attr:`TextCounter.ascii_bound`: at most so many
     tokens per character) is not tokenized; its number is that bound, no more than ``within``
-    (the check keeps the row either way). The other rows get their exact numbers."""
+    (the check keeps the row either way). The other rows get their exact numbers.
+
+    ``template`` and ``counter`` are a builder's (``builder.template``,
+    ``builder.text_counter()``: its kept counts are used and added to)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -316,7 +280,6 @@ def json_text_lengths(builder: InputBuilder, rows: Sequence[str], layout: Layout
     texts = pa.concat_arrays([pc.struct_field(member, "text") for member in inputs])
     if pc.any(pc.match_substring_regex(texts, "|".join(re.escape(tag) for tag in MEDIA_TAGS.values()))).as_py():
         return None
-    template = builder.template
     n = len(rows)
     # each input's system: its own, else its side's instruction (None: none)
     side = pa.concat_arrays([pa.array([template.side_system("query")] * n, pa.string()),
@@ -329,7 +292,7 @@ def json_text_lengths(builder: InputBuilder, rows: Sequence[str], layout: Layout
         owner = np.concatenate([owner, pc.list_parent_indices(sides["negatives"]).to_numpy()])
     measured = np.ones(n, dtype=bool)  # the rows tokenized (the others are short by the bound)
     out = np.zeros(n, dtype=np.int64)
-    bound = builder.text_counter().ascii_bound if within is not None else None
+    bound = counter.ascii_bound if within is not None else None
     if bound is not None:
         per_char, extra = bound
         bounds = per_char * pc.binary_length(rendered).to_numpy(zero_copy_only=False).astype(np.int64) + extra
@@ -342,7 +305,7 @@ def json_text_lengths(builder: InputBuilder, rows: Sequence[str], layout: Layout
         owner = owner[measured[owner]]
     # each distinct text counted once (hard negatives recur across rows)
     distinct = rendered.dictionary_encode()
-    counted = np.asarray(builder.text_lengths(distinct.dictionary.to_pylist()), dtype=np.int64)
+    counted = np.asarray(counter(distinct.dictionary.to_pylist()), dtype=np.int64)
     exact = np.zeros(n, dtype=np.int64)
     np.maximum.at(exact, owner, counted[distinct.indices.to_numpy()])  # each row's longest input
     out[measured] = exact[measured]

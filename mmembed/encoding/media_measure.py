@@ -1,5 +1,6 @@
-"""Media token counts from the files' headers, for :func:`~mmembed.encoding.measure.header_lengths`
-(see :mod:`mmembed.encoding.measure`'s docstring): :class:`MediaCounter` expands each image,
+"""Media token counts from the files' headers, for :meth:`InputBuilder.lengths
+<mmembed.encoding.inputs.InputBuilder.lengths>` with ``check_media="header"`` (see
+:mod:`mmembed.encoding.measure`'s docstring): :class:`MediaCounter` expands each image,
 video and audio placeholder of an item to the tokens the processor would give it, from the
 file's header (size, frame count, sample rate) kept per unchanged file, without decoding
 it; :class:`Undecided` when a header cannot decide, and that item is measured by decoding."""
@@ -15,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..data.sample import Item, Origin
 
-if TYPE_CHECKING:
-    from .inputs import InputBuilder
+if TYPE_CHECKING:  # the media loader is imported at the first medium (qwen-vl-utils: about a second)
+    from .media import MediaSettings
 
-#: The processors whose placeholder rule :func:`~mmembed.encoding.measure.header_lengths` follows.
+#: The processors whose placeholder rule the header counts follow.
 VISION_PROCESSORS = frozenset({"Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor"})
 AUDIO_PROCESSORS = frozenset({"Qwen2AudioProcessor"})
 _IMAGE_PROCESSORS = frozenset({"Qwen2VLImageProcessor", "Qwen2VLImageProcessorFast", "Qwen2VLImageProcessorPil"})
@@ -168,21 +169,27 @@ def _video_header(source, reader: str):
 
 class MediaCounter:
     """One builder's media tokens from headers: per item, the text to tokenize (its pad
-    runs collapsed to one pad) and the tokens that collapsing removed."""
+    runs collapsed to one pad) and the tokens that collapsing removed.
 
-    def __init__(self, builder: InputBuilder):
+    Args:
+        processor: the builder's processor; tokenizer: its tokenizer.
+        settings: the :class:`~mmembed.encoding.media.MediaSettings` the builder loads media
+            with (budgets, downloads).
+        patch_size: the vision processor's patch size; sampling_rate: the rate audio is
+            loaded at (the builder's ``patch_size`` / ``sampling_rate``).
+    """
+
+    def __init__(self, processor: Any, tokenizer: Any, settings: MediaSettings, patch_size: int, sampling_rate: int):
         from . import media as M
 
-        self.builder = builder
-        processor = builder.processor
         self.processor = processor
         name = type(processor).__name__
-        settings = builder.media_settings()
         self.budget, self.downloads = settings.budget, settings.downloads
-        self.patch = builder.patch_size
+        self.patch = patch_size
+        self.sampling_rate = sampling_rate
         self.factor = self.patch * M.qvu.SPATIAL_MERGE_SIZE
         self.kinds: set[str] = set()
-        added = tokenizer_added(builder.tokenizer)
+        added = tokenizer_added(tokenizer)
         self.pads: dict[str, str] = {}
         if name in VISION_PROCESSORS:
             ip = getattr(processor, "image_processor", None)
@@ -297,7 +304,7 @@ class MediaCounter:
         if frames <= 0:
             raise M._error(where, ref, "audio has no samples")
         fe = self.processor.feature_extractor
-        sr = self.builder.sampling_rate
+        sr = self.sampling_rate
         if sr != fe.sampling_rate:
             raise Undecided
         n = frames if rate == sr else math.ceil(frames * sr / rate)  # load_audio's resampled length

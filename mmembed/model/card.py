@@ -367,24 +367,29 @@ def reranker_card(path: str, config: dict[str, Any]) -> str:
     front = ["---", "library_name: " + ("transformers" if generative else "sentence-transformers"),
              "pipeline_tag: text-ranking", "tags:", "- mmembed", "- reranker",
              *([] if generative else ["- cross-encoder"]), "---", ""]
-    what = ("a generative reranker: the score of a (query, document) pair is logit("
+    what = ("a generative reranker: the raw score s of a (query, document) pair is logit("
             f"{config['tokens'][0]!r}) - logit({config['tokens'][1]!r}) at the last token of the template's text"
-            if generative else "a cross-encoder reranker: the score of a (query, document) pair is the logit of its "
-                               "one-label classification head")
+            if generative else "a cross-encoder reranker: the raw score s of a (query, document) pair is the logit of "
+                               "its one-label classification head")
+    scores = ("`mmembed rerank`, `POST /v1/rerank` (`mmembed serve`) and `Reranker.score` report the "
+              "probability of relevance sigmoid(s)"
+              + (f" = softmax([logit({config['tokens'][1]!r}), logit({config['tokens'][0]!r})])[1]" if generative
+                 else ", as sentence-transformers' `CrossEncoder.predict` does")
+              + "; `--raw_scores true` (`\"raw_scores\": true` in a request) gives s itself.\n")
     rows = [("base model", f"`{config.get('base_model', '?')}`"), ("task", f"`--task_type {config['task_type']}`"),
             ("template", f"`{template.name}`" + (f" ({template.description})" if template.description else "")),
             ("max length", str(config.get("max_length")))]
     parts = ["\n".join(front), f"# {os.path.basename(path)}\n",
              f"A reranker fine-tuned with mmembed (`mmembed sft`, {config.get('tuner_type', 'full')} tuning"
              f"{', a LoRA adapter: `mmembed export --adapters ' + path + '` writes the merged model' if adapter else ''}): "
-             f"{what}.\n", "## Model\n\n" + _table(rows), _training_section(config), "## Usage\n",
+             f"{what}.", scores, "## Model\n\n" + _table(rows), _training_section(config), "## Usage\n",
              "### mmembed\n\n```bash\n"
              f"mmembed rerank --model {path} --query 'how do flutes work' --documents docs.txt\n```\n"]
     if not generative and not adapter:
         parts.append("### sentence-transformers\n\n```python\nfrom sentence_transformers import CrossEncoder\n\n"
                      f"model = CrossEncoder({path!r})\n"
                      "scores = model.predict([(\"how do flutes work\", \"A flute is a woodwind instrument.\")])"
-                     "  # sigmoid(logit)\n```\n")
+                     "  # sigmoid(s); the logit s: predict(..., activation_fn=torch.nn.Identity())\n```\n")
     if generative and not adapter and not template.media:
         text = template.format_with_system or template.format
         parts.append(
@@ -396,6 +401,8 @@ def reranker_card(path: str, config: dict[str, Any]) -> str:
             "query='how do flutes work', document='A flute is a woodwind instrument.')\n"
             f"text = {text!r}.format(system={template.default_system!r}, content=pair)\n"
             "enc = tok([text], return_tensors='pt', padding=True)\n"
-            "with torch.no_grad():\n    logits = model(**enc).logits[:, -1]\n"
-            f"score = logits[:, {config['token_ids'][0]}] - logits[:, {config['token_ids'][1]}]\n```\n")
+            "with torch.no_grad():\n    logits = model(**enc).logits[:, -1].float()\n"
+            f"yes, no = logits[:, {config['token_ids'][0]}], logits[:, {config['token_ids'][1]}]\n"
+            "score = torch.softmax(torch.stack([no, yes], dim=-1), dim=-1)[:, 1]  # sigmoid(s), what mmembed reports\n"
+            "raw = yes - no  # s, with --raw_scores true\n```\n")
     return "\n".join(parts)

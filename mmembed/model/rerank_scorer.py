@@ -6,8 +6,16 @@ reranker of its own (a ``*ForSequenceClassification`` folder such as a CrossEnco
 Qwen3-Reranker's causal LM): its ``mmembed.json`` says the task, the template, the tokens and
 the length; without one, the task comes from the config's ``architectures`` and the template
 from its ``model_type``. Pairs are built and tokenized as in training
-(:class:`~mmembed.encoding.rerank_inputs.RerankCollator`, no draws), so a score here is the
+(:class:`~mmembed.encoding.rerank_inputs.RerankCollator`, no draws), so a raw score here is the
 score the trained model gives in training and in evaluation.
+
+Scores are reported as TEI, Cohere / Jina clients and sentence-transformers'
+``CrossEncoder.predict`` report them: the probability that the pair is relevant,
+``sigmoid(s)`` of the model's raw score ``s`` (:func:`probabilities`). For a classifier ``s`` is
+its one logit; for a generative reranker ``s = logit(yes) - logit(no)`` and ``sigmoid(s)`` is
+``softmax([logit(no), logit(yes)])[1]``, Qwen3-Reranker's own score. ``raw_scores=True`` gives
+``s`` itself. Rankings follow ``s`` (the probabilities of two large scores can round to one
+value), ties in the documents' order (:func:`rank_order`).
 """
 
 from __future__ import annotations
@@ -29,7 +37,22 @@ from .embedding import default_max_length, require_local_model
 from .io import read_mmembed_config
 from .reranker import RERANK_TASKS, RerankerModel, load_reranker
 
-__all__ = ["Reranker", "load_reranker_folder", "pair_batches", "reranker_task_of"]
+__all__ = ["Reranker", "load_reranker_folder", "pair_batches", "probabilities", "rank_order", "reranker_task_of"]
+
+
+def probabilities(scores: Sequence[float] | np.ndarray) -> np.ndarray:
+    """``sigmoid(scores)`` as float32 (computed in float64 by ``torch.sigmoid``, which neither
+    overflows nor fails at either end: a raw score of -1000 gives 0.0, one of 1000 gives 1.0).
+    For a generative reranker's ``logit(yes) - logit(no)`` this is the probability of the
+    positive token against the negative one, ``softmax([logit(no), logit(yes)])[1]``."""
+    raw = torch.as_tensor(np.asarray(scores, dtype=np.float64))
+    return torch.sigmoid(raw).numpy().astype(np.float32)
+
+
+def rank_order(scores: Sequence[float] | np.ndarray, top_n: int | None = None) -> np.ndarray:
+    """The indices of ``scores`` (raw scores), highest first, ties in index order (a stable
+    sort), at most ``top_n`` (None: all)."""
+    return np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")[:top_n]
 
 
 def reranker_task_of(path: str, cfg: dict[str, Any] | None = None) -> str:
@@ -119,11 +142,14 @@ def pair_batches(collator: RerankCollator, pairs: Sequence[tuple[Any, Any]], bat
 class Reranker:
     """Scores (query, document) pairs with a reranker folder.
 
-    ``score(query, documents)`` -> numpy ``[len(documents)]`` of raw scores (the classifier's
-    logit, or ``logit(yes) - logit(no)``; higher is more relevant); ``rank(query, documents,
-    top_n)`` -> ``[(index, score)]`` best first; ``score_pairs([(query, document), ...])``. A
-    query or document is a string, or a dict with ``text`` and ``images`` / ``videos`` /
-    ``audios`` for a multimodal reranker."""
+    ``score(query, documents)`` -> numpy ``[len(documents)]`` float32 of probabilities
+    ``sigmoid(s)`` of the raw scores ``s`` (the classifier's logit, or ``logit(yes) -
+    logit(no)``), as ``CrossEncoder.predict`` gives them by default; ``raw_scores=True``: ``s``
+    itself (``CrossEncoder.predict(..., activation_fn=torch.nn.Identity())``). Higher is more
+    relevant either way. ``rank(query, documents, top_n)`` -> ``[(index, score)]`` best first
+    (by ``s``, ties in document order); ``score_pairs([(query, document), ...])``. A query or
+    document is a string, or a dict with ``text`` and ``images`` / ``videos`` / ``audios`` for
+    a multimodal reranker."""
 
     def __init__(self, model: RerankerModel, processing: Any, template: Template, max_length: int,
                  device: str | None = None, task_type: str = "reranker"):
@@ -154,9 +180,10 @@ class Reranker:
 
     @torch.no_grad()
     def score_pairs(self, pairs: Sequence[tuple[Any, Any]], batch_size: int = 32,
-                    lengths: list[int] | None = None) -> np.ndarray:
-        """``[len(pairs)]`` raw scores; ``lengths``, a list, gets each pair's token count as
-        the model sees it (after truncation) appended."""
+                    lengths: list[int] | None = None, raw_scores: bool = False) -> np.ndarray:
+        """``[len(pairs)]`` float32: each pair's probability of relevance (:func:`probabilities`
+        of the raw score), or with ``raw_scores`` the raw score; ``lengths``, a list, gets each
+        pair's token count as the model sees it (after truncation) appended."""
         out = []
         for batch in pair_batches(self.collator, pairs, batch_size):
             inputs = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()
@@ -164,15 +191,18 @@ class Reranker:
             out.append(self.model(**inputs)["scores"].float().cpu().numpy())
             if lengths is not None:
                 lengths.extend(int(n) for n in batch["attention_mask"].sum(1).tolist())
-        return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
+        raw = np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
+        return raw if raw_scores else probabilities(raw)
 
-    def score(self, query: Any, documents: Sequence[Any], batch_size: int = 32) -> np.ndarray:
-        return self.score_pairs([(query, d) for d in documents], batch_size)
+    def score(self, query: Any, documents: Sequence[Any], batch_size: int = 32,
+              raw_scores: bool = False) -> np.ndarray:
+        """``[len(documents)]`` float32: :meth:`score_pairs` of ``query`` with each document."""
+        return self.score_pairs([(query, d) for d in documents], batch_size, raw_scores=raw_scores)
 
-    def rank(self, query: Any, documents: Sequence[Any], top_n: int | None = None,
-             batch_size: int = 32) -> list[tuple[int, float]]:
-        scores = self.score(query, documents, batch_size)
-        order = np.argsort(-scores, kind="stable")
-        if top_n is not None:
-            order = order[:top_n]
-        return [(int(i), float(scores[i])) for i in order]
+    def rank(self, query: Any, documents: Sequence[Any], top_n: int | None = None, batch_size: int = 32,
+             raw_scores: bool = False) -> list[tuple[int, float]]:
+        """``[(index, score)]``, at most ``top_n``, best first: ordered by the raw scores (ties
+        in document order, :func:`rank_order`), each score as :meth:`score` gives it."""
+        raw = self.score(query, documents, batch_size, raw_scores=True)
+        shown = raw if raw_scores else probabilities(raw)
+        return [(int(i), float(shown[i])) for i in rank_order(raw, top_n)]

@@ -18,6 +18,11 @@ Two kinds, as ms-swift's ``--task_type`` names them:
   float32; the logits over the whole vocabulary are never computed. Saved, the folder loads
   as the causal LM it was (``AutoModelForCausalLM``; ``AutoModelForImageTextToText`` for a
   vision-language model).
+
+These raw scores are what the losses train. To users (``mmembed rerank``, ``POST /v1/rerank``,
+:class:`~mmembed.model.rerank_scorer.Reranker`) a score is reported as ``sigmoid(score)`` unless
+raw scores are asked for: ``CrossEncoder.predict``'s default for a classifier, and for a
+generative reranker ``softmax([logit(no), logit(yes)])[1]``, Qwen3-Reranker's own score.
 """
 
 from __future__ import annotations

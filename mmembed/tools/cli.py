@@ -26,7 +26,7 @@ USAGE = """usage: mmembed COMMAND [flags]
 commands:
   sft (train)   fine-tune an embedding model or a reranker (ms-swift's `swift sft --task_type embedding|reranker|generative_reranker` flags)
   embed         embed a file of inputs into a .npy array
-  rerank        score and rank documents for queries with a reranker (raw scores, /v1/rerank-shaped JSONL)
+  rerank        score and rank documents for queries with a reranker (sigmoid scores as TEI gives them, /v1/rerank-shaped JSONL)
   export        merge a LoRA checkpoint (embedder or reranker) into a standalone folder (--adapters CKPT --merge_lora true)
   eval          STS (Spearman/Pearson) on scored pairs and/or retrieval on a BEIR folder (nDCG@10, MRR@10, recall@k)
   mine          add hard negatives to a data file (BM25 or a dense model, false-negative filters)
@@ -278,7 +278,9 @@ def cmd_embed(argv: list[str], environment: Environment | None = None) -> int:
 def cmd_rerank(argv: list[str], environment: Environment | None = None) -> int:
     p = ArgumentParser(prog="mmembed rerank", allow_abbrev=False,
                        description="Score (query, document) pairs with a reranker and rank each query's documents. "
-                                   "Scores are raw: the classifier's logit, or logit(yes) - logit(no); no sigmoid.")
+                                   "Scores are probabilities, sigmoid(s) of the raw score s (the classifier's logit, "
+                                   "or logit(yes) - logit(no)), as CrossEncoder.predict and TEI give them; "
+                                   "--raw_scores true: s itself.")
     p.add_argument("--model", required=True, help="reranker checkpoint (full or LoRA), exported folder or reranker model folder, or hub id")
     p.add_argument("--query", default=None, help="one query (with --documents)")
     p.add_argument("--documents", default=None,
@@ -289,6 +291,8 @@ def cmd_rerank(argv: list[str], environment: Environment | None = None) -> int:
     p.add_argument("--top_n", type=int, default=None, help="keep the N best documents of each query (default: all)")
     p.add_argument("--return_documents", type=_bool, nargs="?", const=True, default=False,
                    help="put each result's document in it ({\"text\": ...})")
+    p.add_argument("--raw_scores", type=_bool, nargs="?", const=True, default=False,
+                   help="give the raw score s (the classifier's logit, or logit(yes) - logit(no)) instead of sigmoid(s)")
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--device", default=None, help="cuda, cuda:1, cpu, ... (default: cuda when available)")
     p.add_argument("--torch_dtype", default=None)
@@ -316,7 +320,7 @@ def cmd_rerank(argv: list[str], environment: Environment | None = None) -> int:
         documents, lines = read_documents(a.documents)
         queries = [RerankQuery(a.query, documents, a.documents, 0, lines)]
     reranker = Reranker.from_pretrained(a.model, device=a.device, torch_dtype=a.torch_dtype, task_type=a.task_type)
-    lines_out = rank_queries(reranker, queries, a.top_n, a.return_documents, a.batch_size)
+    lines_out = rank_queries(reranker, queries, a.top_n, a.return_documents, a.batch_size, a.raw_scores)
     if a.output is None:
         for line in lines_out:
             print(dumps(line))

@@ -14,9 +14,11 @@ Media paths that are not absolute (nor URLs) are relative to the file that names
 Output, one JSON line per query, the shape of the ``/v1/rerank`` APIs (TEI, Jina, Cohere):
 ``{"query": ..., "results": [{"index": i, "relevance_score": s, "document": {"text": ...}}]}``,
 best first (ties in document order), ``document`` only with ``--return_documents true``,
-``index`` the document's 0-based position in its list. Scores are the reranker's raw
-scores (:class:`~mmembed.model.rerank_scorer.Reranker`: the classifier's logit, or
-``logit(yes) - logit(no)``), not squashed by a sigmoid.
+``index`` the document's 0-based position in its list. A score is what TEI, Cohere / Jina and
+sentence-transformers' ``CrossEncoder.predict`` report: the probability of relevance,
+``sigmoid(s)`` of the reranker's raw score ``s`` (the classifier's logit, or ``logit(yes) -
+logit(no)``: ``softmax([logit(no), logit(yes)])[1]``); with ``--raw_scores true``, ``s`` itself
+(:mod:`mmembed.model.rerank_scorer`). The order follows ``s`` either way.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import numpy as np
 
 from ..data import DataError
 from ..data.sample import json_type
+from ..model.rerank_scorer import probabilities, rank_order
 
 __all__ = ["RerankQuery", "rank_queries", "read_documents", "read_rerank_input", "result_line"]
 
@@ -163,7 +166,7 @@ def score_queries(reranker: Any, queries: list[RerankQuery], batch_size: int = 3
     pairs = [(q.query, d) for q in queries for d in q.documents]
     owner = [(i, j) for i, q in enumerate(queries) for j in range(len(q.documents))]
     try:
-        scores = reranker.score_pairs(pairs, batch_size=batch_size)
+        scores = reranker.score_pairs(pairs, batch_size=batch_size, raw_scores=True)
     except DataError as e:
         if e.source != "<input>" or not 1 <= e.line <= len(owner):
             raise
@@ -180,13 +183,15 @@ def score_queries(reranker: Any, queries: list[RerankQuery], batch_size: int = 3
 
 
 def result_line(query: RerankQuery, scores: np.ndarray, top_n: int | None = None,
-                return_documents: bool = False) -> dict[str, Any]:
+                return_documents: bool = False, raw_scores: bool = False) -> dict[str, Any]:
     """One query's output: ``{"query", "results": [{"index", "relevance_score"[, "document"]}]}``
-    best first (a stable sort: ties keep the documents' order), at most ``top_n``."""
-    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")[:top_n]
+    best first by the raw ``scores`` (a stable sort: ties keep the documents' order), at most
+    ``top_n``; ``relevance_score`` the probability ``sigmoid(score)``, or with ``raw_scores``
+    the raw score."""
+    shown = scores if raw_scores else probabilities(scores)
     results = []
-    for i in order:
-        result: dict[str, Any] = {"index": int(i), "relevance_score": float(scores[i])}
+    for i in rank_order(scores, top_n):
+        result: dict[str, Any] = {"index": int(i), "relevance_score": float(shown[i])}
         if return_documents:
             document = query.documents[i]
             result["document"] = {"text": document} if isinstance(document, str) else document
@@ -195,9 +200,9 @@ def result_line(query: RerankQuery, scores: np.ndarray, top_n: int | None = None
 
 
 def rank_queries(reranker: Any, queries: list[RerankQuery], top_n: int | None = None, return_documents: bool = False,
-                 batch_size: int = 32) -> list[dict[str, Any]]:
+                 batch_size: int = 32, raw_scores: bool = False) -> list[dict[str, Any]]:
     """Every query's output line (:func:`result_line`)."""
-    return [result_line(q, s, top_n, return_documents)
+    return [result_line(q, s, top_n, return_documents, raw_scores)
             for q, s in zip(queries, score_queries(reranker, queries, batch_size))]
 
 

@@ -6,9 +6,10 @@ The candidates are read back from the row as written, by the training reader
 (:func:`mmembed.data.parse_row`), so the scores are in the order the reader pairs them
 with: the row's (first) positive, then every negative the row ends up with, the ones it
 had before mining first (unless ``--overwrite``), then the mined ones. ``teacher_scores[j]``
-is :meth:`Reranker.score` of the row's query with that candidate: the reranker's raw score
-(the classifier's logit, or ``logit(yes) - logit(no)``). A row's earlier
-``teacher_scores`` are replaced.
+is :meth:`Reranker.score` of the row's query with that candidate, ``raw_scores=True``: the
+reranker's raw score (the classifier's logit, or ``logit(yes) - logit(no)``), not the
+probability ``sigmoid(s)`` that ``mmembed rerank`` reports (``distill_kl`` takes a softmax of
+the scores, over logits). A row's earlier ``teacher_scores`` are replaced.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ def add_teacher_scores(rows: list[Any], which: Sequence[int], lines: Sequence[in
 
     ``rows``: raw rows as written; ``lines[i]``: row ``i``'s line (for errors); relative
     media paths resolve against ``base_dir``. ``reranker``: an object with
-    ``score_pairs(pairs, batch_size=) -> [n]`` (a :class:`~mmembed.model.rerank_scorer.Reranker`)
-    and a ``template.media`` of the media kinds it takes.
+    ``score_pairs(pairs, batch_size=, raw_scores=True) -> [n]`` raw scores (a
+    :class:`~mmembed.model.rerank_scorer.Reranker`) and a ``template.media`` of the media kinds
+    it takes.
 
     Returns:
         The lines of the rows left without scores: their query or a candidate has media
@@ -53,7 +55,7 @@ def add_teacher_scores(rows: list[Any], which: Sequence[int], lines: Sequence[in
             continue
         spans.append((i, len(pairs), len(candidates)))
         pairs += [(sample.anchor, c) for c in candidates]
-    scores = reranker.score_pairs(pairs, batch_size=batch_size) if pairs else []
+    scores = reranker.score_pairs(pairs, batch_size=batch_size, raw_scores=True) if pairs else []
     for i, start, n in spans:
         rows[i] = dict(rows[i], teacher_scores=[float(s) for s in scores[start:start + n]])
     return skipped

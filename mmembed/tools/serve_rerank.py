@@ -16,23 +16,25 @@ Request (what vLLM, Jina, Cohere and TEI clients send)::
      "documents": ["...", {"text": "..."}, ...],   # or "texts" (TEI)
      "top_n": 3,                # optional; 0, null or absent: all
      "return_documents": true,  # optional, default true (TEI's "return_text", default false)
-     "raw_scores": true}        # optional, default true: false gives sigmoid(score)
+     "raw_scores": false}       # optional, default false (TEI's): true gives the raw score
 
-Response, sorted by ``relevance_score``, highest first (ties: the earlier document first)::
+Response, best first (by the raw score; ties: the earlier document first)::
 
     {"id": "rerank-...", "model": "...",
-     "results": [{"index": 1, "relevance_score": 4.2, "document": {"text": "..."}}, ...],
+     "results": [{"index": 1, "relevance_score": 0.985, "document": {"text": "..."}}, ...],
      "usage": {"prompt_tokens": N, "total_tokens": N}}
 
 ``POST /rerank`` with TEI's request (``texts`` instead of ``documents``) answers as TEI
 does: a bare list ``[{"index": i, "score": s, "text"?: "..."}]``, best first.
 
-Scores are the model's raw scores, as :meth:`Reranker.score` gives them: the classifier's
-logit, or ``logit(yes) - logit(no)`` for a generative reranker (any real number; higher is
-more relevant). ``raw_scores: false`` maps them through the sigmoid, to (0, 1) (TEI's
-default; here raw is the default). A pair longer than the model's ``max_length`` is
-truncated as in training and evaluation, not refused; ``usage`` counts the tokens the
-model saw. Documents are text (a string or ``{"text": ...}``).
+Scores are what TEI, Cohere / Jina and sentence-transformers' ``CrossEncoder.predict`` give,
+as :meth:`Reranker.score` gives them: the probability of relevance ``sigmoid(s)`` of the raw
+score ``s``, the classifier's logit or ``logit(yes) - logit(no)`` for a generative reranker
+(``softmax([logit(no), logit(yes)])[1]``, Qwen3-Reranker's own score). ``raw_scores: true``
+(TEI's name) gives ``s`` itself (any real number). Higher is more relevant either way, and the
+order follows ``s``. A pair longer than the model's ``max_length`` is truncated as in training
+and evaluation, not refused; ``usage`` counts the tokens the model saw. Documents are text (a
+string or ``{"text": ...}``).
 
 Requests are batched as embeddings are (:class:`~mmembed.tools.serve_batching.Batcher`):
 the (query, document) pairs of concurrent requests go through one
@@ -43,23 +45,20 @@ the (query, document) pairs of concurrent requests go through one
 from __future__ import annotations
 
 import json
-import math
 import os
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from fastapi import Request  # at module level: FastAPI resolves the handlers' annotations here
 
 from ..data.sample import MEDIA_KINDS, Item, json_type
 from ..model.io import read_mmembed_config
+from ..model.rerank_scorer import Reranker, probabilities, rank_order
 from ..model.reranker import RERANK_TASKS
 from .serve_batching import Batcher, RequestError, batching_app
-
-if TYPE_CHECKING:
-    from ..model.rerank_scorer import Reranker
-    from .serve import ServeConfig
+from .serve_config import ServeConfig
 
 __all__ = ["RERANK_PATHS", "RerankRequest", "create_rerank_app", "parse_rerank_request", "served_task"]
 
@@ -96,7 +95,7 @@ class RerankRequest:
     documents: list[Item]
     top_n: int  # how many results (all when the request asked for 0 / null / more than there are)
     return_documents: bool
-    raw_scores: bool
+    raw_scores: bool  # the raw score s rather than sigmoid(s)
     tei: bool  # TEI's form (``texts``) at /rerank: answered with TEI's bare list
 
 
@@ -160,13 +159,14 @@ def parse_rerank_request(body: Any, model_name: str, max_inputs: int, tei_path: 
         return_documents = _flag(body, "return_text", False)
     else:
         return_documents = _flag(body, "return_documents", True)
-    return RerankRequest(Item(query), documents, top_n, return_documents, _flag(body, "raw_scores", True), tei)
+    return RerankRequest(Item(query), documents, top_n, return_documents, _flag(body, "raw_scores", False), tei)
 
 
 # ---- batching ----------------------------------------------------------------------------
 class BatchingReranker(Batcher):
     """Scores queued (query, document) pairs, several requests per :meth:`Reranker.score_pairs`
-    call. A job's rows: ``[score, tokens]`` per pair."""
+    call. A job's rows: ``[raw score, tokens]`` per pair (each request maps its own through the
+    sigmoid, or not)."""
 
     def __init__(self, reranker: Reranker, max_batch_size: int, max_wait_ms: float, batching: bool,
                  score_batch_size: int):
@@ -179,13 +179,9 @@ class BatchingReranker(Batcher):
 
     def _encode(self, items: list[tuple[Item, Item]]) -> np.ndarray:
         lengths: list[int] = []
-        scores = self.reranker.score_pairs(items, batch_size=self.score_batch_size, lengths=lengths)
+        scores = self.reranker.score_pairs(items, batch_size=self.score_batch_size, lengths=lengths, raw_scores=True)
         self._count(items)
         return np.stack([np.asarray(scores, dtype=np.float64), np.asarray(lengths, dtype=np.float64)], axis=1)
-
-
-def _sigmoid(x: float) -> float:
-    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
 
 
 # ---- the app -----------------------------------------------------------------------------
@@ -212,8 +208,9 @@ def create_rerank_app(reranker: Reranker, config: ServeConfig):
         batcher.stats.requests += 1
         rows, _ = await batcher.submit([(req.query, d) for d in req.documents])
         scores = rows[:, 0]
-        order = np.argsort(-scores, kind="stable")[: req.top_n]  # as Reranker.rank orders them
-        shown = [float(scores[i]) if req.raw_scores else _sigmoid(float(scores[i])) for i in order]
+        order = rank_order(scores, req.top_n)  # as Reranker.rank orders them: by the raw score
+        relevance = scores if req.raw_scores else probabilities(scores)
+        shown = [float(relevance[i]) for i in order]
         if req.tei:
             return JSONResponse([{"index": int(i), "score": s, **({"text": req.documents[i].text}
                                                                    if req.return_documents else {})}

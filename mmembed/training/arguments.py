@@ -1,7 +1,7 @@
 """Command-line arguments, parsed once into dataclasses (ms-swift's flag names and defaults).
 
-``SftArguments`` extends ``transformers.TrainingArguments`` with ms-swift's embedding flags.
-Flags left out take ms-swift 4.x's ``sft`` defaults, so the same script trains the same
+``SftArguments`` extends ``transformers.TrainingArguments`` with ms-swift's embedding flags
+(their table: :class:`~mmembed.training.sft_flags.SftFlags`), checked when made. Flags left out take ms-swift 4.x's ``sft`` defaults, so the same script trains the same
 way: cosine schedule, weight decay 0.1, Adam beta2 0.95, learning rate 1e-4 for LoRA and
 1e-5 for full training, gradient checkpointing on, a global batch of 16 through gradient
 accumulation when ``--gradient_accumulation_steps`` is not given, and over-long rows
@@ -11,10 +11,10 @@ deleted (``--truncation_strategy delete``).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.resources import files
 
-from transformers import HfArgumentParser, TrainingArguments
+from transformers import HfArgumentParser
 
 from ..environment import read as read_environment
 from ..errors import ArgumentParser, UsageError, one_line
@@ -29,7 +29,6 @@ from .device_flags import (
 )
 from .flag_checks import (
     DEEPSPEED_CONFIGS,
-    RENAMED_CHECKPOINTING,
     TUNER_TYPES,
     check_dataset_config,
     check_deepspeed_json,
@@ -44,113 +43,16 @@ from .flag_checks import (
     has_accelerator,
     naming_the_flag,
 )
+from .sft_flags import RENAMED_CHECKPOINTING, SftFlags
 from .task_flags import check_task
 
 
 @dataclass
-class SftArguments(TrainingArguments):
-    # model and template
-    model: str | None = field(default=None, metadata={"help": "model folder, or hub id ORG/NAME (ModelScope's; Hugging Face's with --use_hf true)"})
-    use_hf: bool = field(default=False, metadata={"help": "hub ids (--model, --dataset org/name[:subset][#N], ...) are Hugging Face's, as USE_HF=1; default: ModelScope's (needs the modelscope package), as in ms-swift"})
-    model_revision: str | None = field(default=None, metadata={"help": "--model's branch, tag or commit on the hub (default: the default branch)"})
-    model_type: str | None = field(default=None, metadata={"help": "ms-swift model type (picks the template)"})
-    template: str | None = field(default=None, metadata={"help": "template name from templates/"})
-    task_type: str = field(default="embedding", metadata={"help": "embedding | reranker (a classification head over the pair) | generative_reranker (a causal LM's yes / no logits)"})
-    torch_dtype: str | None = field(default=None, metadata={"help": "float32 | bfloat16 | float16 | auto (default: float32 on a CPU; on a GPU bfloat16 for LoRA's frozen base, float32 for full training, under --bf16 autocast)"})
-    attn_impl: str | None = field(default=None, metadata={"help": "sdpa | eager | flash_attn"})
-    padding_side: str | None = field(default=None, metadata={"help": "left | right (default: the template's)"})
-    pooling: str | None = field(default=None, metadata={"help": "override the template's pooling: last | mean | cls | max"})
-    length_chunks: int | None = field(default=None, metadata={"help": "embed text batches in up to N length-sorted chunks, each padded to its own longest row (1: off; default 4 on a CPU, 1 on a GPU)"})
-    gradcache_mini_batch_size: int = field(default=0, metadata={"help": "embed each batch in chunks of N rows with a gradient cache (0: off)"})
-    zero_loss_patience: int = field(default=10, metadata={"help": "stop when the loss and the gradient are exactly 0 for N optimizer steps in a row: nothing is being learned (0: off)"})
-    system: str | None = field(default=None, metadata={"help": "system prompt for rows that give none"})
-    query_system: str | None = field(default=None, metadata={"help": "the instruction of the query side (the anchor), for rows that give no system; over --system"})
-    document_system: str | None = field(default=None, metadata={"help": "the instruction of the document side (positives, negatives), for rows that give no system; over --system"})
-    max_length: int | None = field(default=None, metadata={"help": "maximum tokens per input (default: the model's)"})
-    truncation_strategy: str = field(default="delete", metadata={"help": "delete | left | right"})
-    check_media: str = field(default="header", metadata={"choices": ["header", "full"], "help": "how the length check counts media tokens: header (the default) reads each file's header (image size, video frames, audio length) and applies the processor's rules, the same counts as decoding; full decodes every image, video and audio and runs the processor, so pixels that do not decode are found before training rather than when their batch is built"})
-    # tuning
-    tuner_type: str | None = field(default=None, metadata={"help": "lora | full (ms-swift >= 3.9 spelling)"})
-    train_type: str | None = field(default=None, metadata={"help": "lora | full (older ms-swift spelling)"})
-    lora_rank: int = 8
-    # a float as in ms-swift 4.x (PEFT scales the update by alpha / rank); an integral value is
-    # kept an int, so adapter_config.json says 32, as before, not 32.0
-    lora_alpha: float = field(default=32, metadata={"help": "LoRA alpha: the update is scaled by alpha / rank (a number > 0, e.g. 16 or 8.5)"})
-    lora_dropout: float = 0.05
-    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
-    freeze_vit: bool = field(default=True, metadata={"help": "multimodal models: keep the vision/audio tower fixed (no LoRA on it)"})
-    freeze_aligner: bool = field(default=True, metadata={"help": "multimodal models: keep the aligner (projector) fixed"})
-    freeze_llm: bool = field(default=False, metadata={"help": "multimodal models: keep the language model fixed"})
-    use_dora: bool = field(default=False, metadata={"help": "LoRA: PEFT's DoRA (weight-decomposed LoRA)"})
-    use_rslora: bool = field(default=False, metadata={"help": "LoRA: rank-stabilised scaling alpha / sqrt(rank)"})
-    lora_bias: str = field(default="none", metadata={"help": "LoRA: which biases train: none | all | lora_only"})
-    init_weights: str = field(default="true", metadata={"help": "LoRA: PEFT's init_lora_weights (true, false, gaussian, pissa, olora, ...)"})
-    target_regex: str | None = field(default=None, metadata={"help": "LoRA: a regular expression of module names (instead of --target_modules)"})
-    modules_to_save: list[str] = field(default_factory=list, metadata={"help": "LoRA: modules trained and saved whole"})
-    adapters: list[str] = field(default_factory=list, metadata={"help": "LoRA: start from this adapter (a checkpoint folder) instead of a new one"})
-    resume_only_model: bool = field(default=False, metadata={"help": "with --resume_from_checkpoint: load the weights only (optimizer, scheduler and step start afresh)"})
-    vit_lr: float | None = field(default=None, metadata={"help": "learning rate of the vision/audio tower (its parts trained: --freeze_vit false)"})
-    aligner_lr: float | None = field(default=None, metadata={"help": "learning rate of the aligner (trained: --freeze_aligner false)"})
-    max_pixels: int | None = field(default=None, metadata={"help": "image pixel budget, as the MAX_PIXELS variable"})
-    sequence_parallel_size: int = field(default=1, metadata={"help": "must be 1 (sequence parallelism is not offered)"})
-    use_chat_template: bool = field(default=True, metadata={"help": "accepted for ms-swift scripts; the template decides the rendering"})
-    padding_free: bool | None = field(default=None, metadata={"help": "text batches packed into one sequence of real tokens (default: on with --attn_impl flash_attn / flex_attention for bert, qwen2, qwen3)"})
-    length_buckets: bool | None = field(default=None, metadata={"help": "pad text batches to a bounded set of widths (default: on a GPU, off on a CPU)"})
-    # data
-    dataset: list[str] = field(default_factory=list, metadata={"help": "data files / folders, path#N samples N rows"})
-    dataset_config: str | None = field(default=None, metadata={"help": "several datasets in a YAML or JSON file, each with its name, path, weight, query_system / document_system, loss settings and val rows (instead of --dataset; docs/datasets.md)"})
-    download_mode: str = field(default="reuse_dataset_if_exists", metadata={"choices": ["reuse_dataset_if_exists", "force_redownload"], "help": "hub datasets: reuse the client's download and mmembed's rows written from it, or download and write them again"})
-    columns: str | None = field(default=None, metadata={"help": "rename row fields before reading, as JSON: '{\"text1\": \"query\", \"text2\": \"response\"}'"})
-    val_dataset: list[str] = field(default_factory=list)
-    split_dataset_ratio: float = 0.0
-    dataset_shuffle: bool = field(default=True, metadata={"help": "shuffle the training rows once after loading (ms-swift's); the sampler shuffles each epoch too"})
-    train_dataloader_shuffle: bool = field(default=True, metadata={"help": "false: the sampler takes the rows in their loaded order each epoch (ms-swift's)"})
-    val_dataset_shuffle: bool = field(default=False, metadata={"help": "shuffle the --val_dataset rows"})
-    data_seed: int | None = field(default=42, metadata={"help": "seed of the split, #N sampling, --dataset_shuffle and the sampler (ms-swift's default 42; not --seed)"})
-    streaming: bool = field(default=False, metadata={"help": "read the training rows as training consumes them (no up-front pass, no Arrow copy); needs --max_steps; shuffles with a buffer"})
-    shuffle_buffer_size: int = field(default=1000, metadata={"help": "--streaming with --dataset_shuffle: rows held in the shuffle buffer"})
-    multi_dataset_sampler: str = field(default="mixed", metadata={"help": "mixed (ms-swift's: all datasets' rows shuffled together) | proportional | round_robin | weighted: every global batch from one dataset, datasets drawn by size, in turn, or by weight"})
-    batch_sampler: str = field(default="default", metadata={"help": "default | no_duplicates: no text (with its media) twice in one global batch, as anchor, positive or negative"})
-    interleave_prob: list[float] | None = field(default=None, metadata={"help": "with --multi_dataset_sampler mixed: draw the training rows from the datasets with these probabilities, one per dataset (ms-swift's; normalised to sum 1)"})
-    stopping_strategy: str = field(default="first_exhausted", metadata={"help": "with --interleave_prob: first_exhausted (stop when one dataset has given all its rows) | all_exhausted (when all have; the others start over)"})
-    strict: bool = field(default=True, metadata={"help": "false: skip broken rows and report them"})
-    offline: bool = field(default=False, metadata={"help": "fetch no http(s) media (as MMEMBED_OFFLINE=1 or HF_HUB_OFFLINE=1): a URL not in the media cache is an error"})
-    lazy_tokenize: bool = True
-    load_from_cache_file: bool = True
-    dataset_num_proc: int | None = field(default=None, metadata={"help": "processes that parse the data and run the length check (default: the machine's cores, at most 8; ms-swift's default is 1)"})
-    loss_type: str | None = field(default=None, metadata={"help": "the loss (default: infonce for --task_type embedding, pointwise_reranker for a reranker)"})
-    loss_kwargs: str | None = field(default=None, metadata={"help": "options of the loss as JSON, e.g. '{\"margin\": 0.05}'"})
-    mrl_dims: str | None = field(default=None, metadata={"help": "Matryoshka: '{\"64\": 1.0, \"128\": 1.0}' (width: weight)"})
-    eval_beir: list[str] = field(default_factory=list, metadata={"help": "also evaluate retrieval on this BEIR folder at every evaluation; several as name=folder pairs (with --dataset_config, a dataset's name gives its instructions)"})
-    eval_beir_split: str = field(default="test", metadata={"help": "the qrels split of --eval_beir"})
-    eval_beir_first_stage: str | None = field(default=None, metadata={"help": "a reranker's --eval_beir: the embedding model (a folder or hub id) whose top 100 it reorders (default: BM25)"})
-    eval_sts: str | None = field(default=None, metadata={"help": "also evaluate STS (Spearman, Pearson) and pair retrieval on these scored pairs at every evaluation"})
-    guide_model: str | None = field(default=None, metadata={"help": "gist: the guide model (checkpoint, exported or base folder, or hub id)"})
-    teacher_model: str | None = field(default=None, metadata={"help": "distill_*: the teacher model (checkpoint, exported or base folder, or hub id); without it the teacher's signals come from the data"})
-    teacher_scores_file: list[str] = field(default_factory=list, metadata={"help": "distill_kl: one .npy [rows, 1 + negatives] per --dataset, aligned with its rows, NaN-padded"})
-    teacher_embeddings_file: list[str] = field(default_factory=list, metadata={"help": "distill_*: one .npy [rows, 2 + negatives, width] per --dataset, aligned with its rows, NaN-padded"})
-    # ms-swift defaults that differ from transformers'
-    output_dir: str | None = "output"
-    overwrite_output_dir: bool = field(default=False, metadata={"help": "delete the checkpoints an earlier run left in --output_dir before training (without it, such a folder is refused unless resumed)"})
-    learning_rate: float | None = None  # type: ignore[assignment]
-    weight_decay: float = 0.1
-    adam_beta2: float = 0.95
-    lr_scheduler_type: str = "cosine"  # type: ignore[assignment]
-    gradient_checkpointing: bool | None = None  # ms-swift's name; default on (as ms-swift)
-    logging_steps: float = 5
-    logging_first_step: bool = True
-    eval_strategy: str | None = None  # type: ignore[assignment]
-    warmup_ratio: float | None = field(default=None, metadata={"help": "warmup as a fraction of the total steps"})
-    per_device_train_batch_size: int = 1
-    per_device_eval_batch_size: int = 1
-    dataloader_num_workers: int | None = field(default=None, metadata={"help": "data-loader processes (default: 0 on a CPU; on a GPU up to 4, one core per process kept for the trainer)"})  # type: ignore[assignment]
-    gradient_accumulation_steps: int | None = None  # type: ignore[assignment]
-    remove_unused_columns: bool = False
-
-    @property
-    def checkpointing(self) -> bool:
-        """Whether activation (gradient) checkpointing is on, whichever name this transformers uses."""
-        return bool(self.activation_checkpointing if RENAMED_CHECKPOINTING else self.gradient_checkpointing)
+class SftArguments(SftFlags):
+    """``mmembed sft``'s flags (:class:`~mmembed.training.sft_flags.SftFlags`), checked and
+    completed when made: each bad value a :class:`UsageError` naming its flag, and the
+    defaults that follow from other values (learning rate, gradient accumulation, evaluation,
+    checkpointing, DeepSpeed configs by ms-swift's names, the device's defaults) filled in."""
 
     def __post_init__(self):
         check_task(self)  # and --loss_type's default, which follows the task

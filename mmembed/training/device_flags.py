@@ -2,8 +2,9 @@
 brings (:func:`device_defaults`: bf16, workers, pinning, FlashAttention / liger-kernel where
 installed), the gradient accumulation that makes ms-swift's global batch of 16, the
 optimizer kept under DeepSpeed's CPU offload, and the variables a one-process DeepSpeed run
-needs. :class:`~mmembed.training.arguments.SftArguments` applies them after its values are
-checked (:mod:`mmembed.training.flag_checks`).
+needs. :class:`~mmembed.training.arguments.SftArguments` applies them to its flags
+(:class:`~mmembed.training.sft_flags.SftFlags`) after their values are checked
+(:mod:`mmembed.training.flag_checks`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from typing import TYPE_CHECKING
 from ..environment import export
 from ..environment import read as read_environment
 from .flag_checks import check_prefetch
+from .sft_flags import SftFlags
 
 if TYPE_CHECKING:
     from ..encoding.templates import Template
-    from .arguments import SftArguments
 
 
 def honour_optimizer_under_offload(deepspeed, optim: str):
@@ -71,7 +72,7 @@ def one_process_group_env() -> bool:
     return True
 
 
-def device_defaults(args: SftArguments, cuda: bool) -> list[str]:
+def device_defaults(args: SftFlags, cuda: bool) -> list[str]:
     """Fill the flags left unset whose best value depends on the device, and return them as
     ``--flag value`` for the log. What helps on a few CPU cores does not on a GPU: there the
     padding cut by length chunks costs more in host syncs, launches and new shapes than it

@@ -1,5 +1,6 @@
-"""mmembed's own validation of ``mmembed sft``'s flags (:class:`~mmembed.training.arguments.SftArguments`
-is the table of the flags; its ``__post_init__`` calls these): what each value allows
+"""mmembed's own validation of ``mmembed sft``'s flags (:class:`~mmembed.training.sft_flags.SftFlags`
+is the table of the flags; :class:`~mmembed.training.arguments.SftArguments`' ``__post_init__``
+calls these): what each value allows
 (:data:`LIMITS` and the name tables), the combinations that cannot work, ms-swift's flags
 with a changed meaning, the dataset config file's presence, the device defaults (what a GPU
 changes), and the DeepSpeed configs by ms-swift's names. Each failure is one
@@ -14,21 +15,15 @@ import logging
 import math
 import os
 import re
-from typing import TYPE_CHECKING
 
-from transformers import TrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SchedulerType
 
 from ..environment import read as read_environment
 from ..errors import UsageError, one_line
-
-if TYPE_CHECKING:
-    from .arguments import SftArguments
+from .sft_flags import SftFlags
 
 TUNER_TYPES = ("lora", "full")
 DEEPSPEED_CONFIGS = ("zero2", "zero2_offload", "zero3", "zero3_offload")
-# transformers >= 5.23 calls gradient checkpointing "activation checkpointing"
-RENAMED_CHECKPOINTING = "activation_checkpointing" in TrainingArguments.__dataclass_fields__
 TRUNCATION_STRATEGIES = ("delete", "left", "right")
 # ms-swift's --attn_impl names (flash_attn: FlashAttention 2) and transformers' own
 ATTN_IMPLS = ("sdpa", "eager", "flash_attn", "flash_attention_2", "flash_attention_3", "flex_attention")
@@ -83,7 +78,7 @@ LIMITS: dict[str, tuple] = {
 }
 
 
-def check_prefetch(args: SftArguments) -> None:
+def check_prefetch(args: SftFlags) -> None:
     """A prefetch needs workers; unset workers are decided by :func:`device_defaults`, which
     calls this again once they are known."""
     if args.dataloader_prefetch_factor is not None and args.dataloader_num_workers == 0:
@@ -102,7 +97,7 @@ def default_dataset_num_proc() -> int:
     return max(1, min(cores, 8))
 
 
-def check_values(args: SftArguments) -> None:
+def check_values(args: SftFlags) -> None:
     """Every numeric flag against :data:`LIMITS`, and the settings that would train nothing."""
     for flag, (ok, allowed) in LIMITS.items():
         value = getattr(args, flag)
@@ -125,7 +120,7 @@ def check_values(args: SftArguments) -> None:
     check_scheduler_kwargs(args)
 
 
-def check_scheduler_kwargs(args: SftArguments) -> None:
+def check_scheduler_kwargs(args: SftFlags) -> None:
     """The keys of ``--lr_scheduler_kwargs`` against the settings of the schedule
     ``--lr_scheduler_type`` names (transformers' ``get_scheduler`` passes them on): a wrong key
     would fail only when the scheduler is built, after the model loads; for the constant
@@ -160,7 +155,7 @@ def check_scheduler_kwargs(args: SftArguments) -> None:
                          "steps come from --warmup_steps / --warmup_ratio and the run's length)")
 
 
-def check_streaming(args: SftArguments) -> None:
+def check_streaming(args: SftFlags) -> None:
     """``--streaming``: the number of rows is unknown until they are read, so ``--max_steps``
     sets the length; the split and the row-aligned teacher files need every row up front."""
     if not args.streaming:
@@ -179,7 +174,7 @@ def check_streaming(args: SftArguments) -> None:
         args.split_dataset_ratio = 0.0
 
 
-def check_names(args: SftArguments) -> None:
+def check_names(args: SftFlags) -> None:
     """The flags that take one of a set of names, and the template, before the model's config is read."""
     from ..encoding.templates import POOLINGS, get_template
     from ..model.embedding import check_torch_dtype
@@ -278,7 +273,7 @@ def read_json_flag(flag: str, value: str, missing: str):
         raise UsageError(f"{where} cannot be read ({e})") from None
 
 
-def naming_the_flag(args: SftArguments, error: BaseException) -> str:
+def naming_the_flag(args: SftFlags, error: BaseException) -> str:
     """transformers' error about one of its own flags, as one line that names the flag: its
     message as it is when it names one (``--logging_steps``), else prefixed by the flag it
     speaks of (a field's name in its words, or the value it refused: the word, the file)."""
@@ -314,7 +309,7 @@ def check_report_to(report_to) -> None:
                              f"(or all, none), got {name!r}")
 
 
-def check_swift_flags(args: SftArguments) -> None:
+def check_swift_flags(args: SftFlags) -> None:
     """ms-swift's tuning, data and media flags that mmembed implements, checked at start."""
     import json
 
@@ -392,7 +387,7 @@ def check_swift_flags(args: SftArguments) -> None:
                          "a --dataset_config file, or leave out --streaming")
 
 
-def check_dataset_config(args: SftArguments) -> None:
+def check_dataset_config(args: SftFlags) -> None:
     """``--dataset_config``: read and checked now (:func:`~mmembed.data.dataset_config.read_dataset_config`),
     its datasets kept as ``args.dataset_entries`` (empty without it); the flags it replaces
     are refused beside it. ``--eval_beir`` is checked here too (its ``name=folder`` pairs)."""
@@ -449,7 +444,7 @@ def beir_pairs(values: list[str]) -> list[tuple[str | None, str]]:
     return pairs
 
 
-def check_loss_args(args: SftArguments) -> None:
+def check_loss_args(args: SftFlags) -> None:
     """What can be checked of the loss flags before anything loads; what depends on the
     loss's declarations is checked by :func:`check_side_flags` once it is built."""
     import json
@@ -482,7 +477,7 @@ def check_loss_args(args: SftArguments) -> None:
             raise UsageError(f"--{e}" if str(e).startswith("mrl_dims") else f"--mrl_dims {args.mrl_dims!r}: {e}") from None
 
 
-def check_side_flags(args: SftArguments, side) -> None:
+def check_side_flags(args: SftFlags, side) -> None:
     """The side-input flags against what the loss takes (its ``side``, a
     :class:`mmembed.losses.SideNeeds`), before any model loads: the rule is
     :meth:`SideNeeds.mismatch <mmembed.losses.SideNeeds.mismatch>` (the one the loss's own

@@ -163,7 +163,7 @@ def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, nu
 
     def measure_rows(rows: list[str], builder: InputBuilder) -> dict[str, list]:
         if not truncate and layout is not Layout.RERANK:  # text-only rows without a Sample object each (None: the general path)
-            fast = json_text_lengths(builder, rows, layout, within=max_length)
+            fast = json_text_lengths(builder.template, builder.text_counter(), rows, layout, within=max_length)
             if fast is not None:
                 return {"n_tokens": fast, "load_error": [""] * len(fast)}
         samples = [Sample.from_json(s) for s in rows]

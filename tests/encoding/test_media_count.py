@@ -360,17 +360,17 @@ def test_text_rows_read_by_arrow_count_as_each_text_alone(minilm_path, processor
                 want = [max([alone(tok, template, r.anchor, "query"), alone(tok, template, r.positives[0], "document"),
                              *(alone(tok, template, n, "document") for n in (r.negatives if layout is Layout.GROUP else []))])
                         for r in rows]
-                assert measure.json_text_lengths(b, [r.to_json() for r in rows], layout) == want, (name, query, layout)
+                assert measure.json_text_lengths(b.template, b.text_counter(), [r.to_json() for r in rows], layout) == want, (name, query, layout)
     b = InputBuilder(get_template("qwen2_gme"), processors["qwen2_vl"], None, truncate=False, check_media="header")
     plain = [r.to_json() for r in rows[:3]]
     media = dataclasses.replace(rows[3], anchor=Item(text="<image> a", images=[str(tmp_path / "a.png")]))
     tag = dataclasses.replace(rows[3], anchor=Item(text="see <video>"))
     no_positive = dataclasses.replace(rows[3], positives=[])
     no_label = dataclasses.replace(rows[3], label=None)
-    assert measure.json_text_lengths(b, plain, Layout.PAIR) is not None
+    assert measure.json_text_lengths(b.template, b.text_counter(), plain, Layout.PAIR) is not None
     for odd, layout in ((media, Layout.GROUP), (tag, Layout.GROUP), (no_positive, Layout.GROUP), (no_label, Layout.PAIR)):
-        assert measure.json_text_lengths(b, [*plain, odd.to_json()], layout) is None
-    assert measure.json_text_lengths(b, [*plain, no_label.to_json()], Layout.GROUP) is not None
+        assert measure.json_text_lengths(b.template, b.text_counter(), [*plain, odd.to_json()], layout) is None
+    assert measure.json_text_lengths(b.template, b.text_counter(), [*plain, no_label.to_json()], Layout.GROUP) is not None
 
 
 # ----------------------------------------------------------------------------- the length check

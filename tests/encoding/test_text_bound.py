@@ -157,9 +157,9 @@ def test_rows_within_the_bound_are_kept_as_counting_them_keeps_them(minilm_path,
             b = InputBuilder(template, tok, None, truncate=False, check_media="header")
             assert b.text_counter().ascii_bound is not None
             for layout in (Layout.GROUP, Layout.PAIR):
-                exact = measure.json_text_lengths(b, texts, layout)
+                exact = measure.json_text_lengths(b.template, b.text_counter(), texts, layout)
                 for limit in (8, 40, 120, 300, 10_000):
-                    got = measure.json_text_lengths(b, texts, layout, within=limit)
+                    got = measure.json_text_lengths(b.template, b.text_counter(), texts, layout, within=limit)
                     assert [n > limit for n in got] == [n > limit for n in exact], (name, limit)
                     assert all(g == e for g, e in zip(got, exact) if g > limit), (name, limit)
                     assert all(g >= e for g, e in zip(got, exact)), (name, limit)

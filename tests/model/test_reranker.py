@@ -8,6 +8,7 @@ import torch
 from PIL import Image
 
 from mmembed.errors import UsageError
+from mmembed.model.rerank_scorer import probabilities
 from mmembed.model.reranker import RerankerModel, last_positions, load_reranker
 
 PAIRS = [("what is the capital of France?", "Paris is the capital and largest city of France."),
@@ -75,6 +76,21 @@ def test_generative_scores_equal_the_full_logits(qwen3, side):
         assert torch.allclose(model(**other)["scores"], scores, atol=1e-5)
         alone = torch.cat([model(**tok(ROWS[i:i + 1], return_tensors="pt"))["scores"] for i in range(4)])
     assert torch.allclose(alone, scores, atol=1e-5)
+
+
+def test_generative_probability_is_the_softmax_of_the_no_and_yes_logits(qwen3):
+    """What mmembed reports for a generative reranker by default, ``probabilities(score)``, is
+    Qwen3-Reranker's own score: the softmax over the [no, yes] logits at the last real token,
+    its yes entry (written out here from the full-vocabulary logits)."""
+    path, model, tok = qwen3
+    batch = _batch(tok, ROWS, "left")
+    with torch.no_grad():
+        scores = model(**batch)["scores"]
+        logits = model.backbone(**batch).logits[:, -1].double()  # left padding: the last column is real
+    yes, no = model.token_ids
+    reference = torch.softmax(torch.stack([logits[:, no], logits[:, yes]], dim=1), dim=1)[:, 1].numpy()
+    np.testing.assert_allclose(probabilities(scores.numpy()), reference, atol=1e-5)
+    assert 0 < reference.min() and reference.max() < 1
 
 
 def test_generative_under_zero3_calls_the_head_on_the_last_rows(qwen3):
@@ -265,6 +281,8 @@ def test_classifier_loads_in_cross_encoder_with_the_same_scores(minilm_reranker)
     raw = ce.predict(PAIRS, activation_fn=torch.nn.Identity(), batch_size=4)
     assert np.allclose(raw, scores, atol=1e-5)
     assert np.allclose(ce.predict(PAIRS, batch_size=4), 1 / (1 + np.exp(-scores)), atol=1e-5)  # its default: sigmoid
+    # what mmembed reports by default (rerank_scorer.probabilities): CrossEncoder.predict's default
+    np.testing.assert_allclose(probabilities(scores), ce.predict(PAIRS, batch_size=4), atol=1e-6)
 
 
 def test_classifier_gradients_flow(minilm_no_dropout):

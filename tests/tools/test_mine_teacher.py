@@ -27,7 +27,8 @@ class LengthTeacher:
     def __init__(self):
         self.calls = 0
 
-    def score_pairs(self, pairs, batch_size=32):
+    def score_pairs(self, pairs, batch_size=32, raw_scores=False):
+        assert raw_scores, "teacher_scores are raw scores (logits), not sigmoid probabilities"
         self.calls += 1
         return np.array([len(d.text) + len(q.text) / 10 for q, d in pairs], dtype=np.float32)
 
@@ -104,14 +105,14 @@ def test_mine_with_teacher_reranker_then_distill(minilm_path, checkpoint, tmp_pa
     raw = [json.loads(line) for line in open(out, encoding="utf-8")]
     reranker = Reranker.from_pretrained(checkpoint, device="cpu")
     for row in raw:
-        want = reranker.score(row["query"], [row["response"], *row["rejected_response"]])  # an independent call
+        want = reranker.score(row["query"], [row["response"], *row["rejected_response"]], raw_scores=True)  # independent
         np.testing.assert_allclose(row["teacher_scores"], want, atol=1e-4)
         assert len(row["rejected_response"]) >= 2
     assert raw[0]["rejected_response"][0] == rows[0]["rejected_response"][0]  # kept first, scored second
     for s in read_file(out):  # what the reader pairs the scores with
         assert len(s.teacher_scores) == 1 + len(s.negatives)
-        np.testing.assert_allclose(s.teacher_scores, reranker.score(Item(s.anchor.text), [s.positives[0],
-                                                                                           *s.negatives]), atol=1e-4)
+        np.testing.assert_allclose(s.teacher_scores, reranker.score(Item(s.anchor.text), [s.positives[0], *s.negatives],
+                                                                    raw_scores=True), atol=1e-4)
 
     args = parse_sft_args([
         "--model", minilm_path, "--task_type", "embedding", "--dataset", out, "--loss_type", "distill_kl",

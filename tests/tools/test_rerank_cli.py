@@ -1,9 +1,11 @@
 """``mmembed rerank`` and ``mmembed export`` of reranker checkpoints, against independent references:
-``sentence_transformers.CrossEncoder`` (raw logits) for a classifier, full checkpoint and LoRA
-export alike; transformers' ``AutoModelForCausalLM`` with Qwen3-Reranker's text written out
-(``logit(yes) - logit(no)`` at the last token) and the export card's snippet run as written for
-a generative LoRA checkpoint; the results' order, indices and ``--top_n``; bad rows named by
-file, line and field."""
+``sentence_transformers.CrossEncoder.predict`` for a classifier, full checkpoint and LoRA export
+alike (its default sigmoid: the default scores; ``activation_fn=Identity()``: ``--raw_scores
+true``); transformers' ``AutoModelForCausalLM`` with Qwen3-Reranker's text written out
+(``softmax([logit(no), logit(yes)])[1]`` at the last token, Qwen3-Reranker's own score; raw:
+``logit(yes) - logit(no)``) and the export card's snippet run as written for a generative LoRA
+checkpoint; the results' order (by the raw score, also where probabilities round to one
+value), indices and ``--top_n``; bad rows named by file, line and field."""
 
 import json
 import os
@@ -89,36 +91,73 @@ def _reranker(folder):
     return _LOADED[folder]
 
 
-def _cross_encoder_logits(folder, query, documents):
+def _cross_encoder_predict(folder, query, documents, **kwargs):
+    """``CrossEncoder(folder).predict`` of the pairs: its default activation (a sigmoid for one
+    label), or as ``kwargs`` say."""
     from sentence_transformers import CrossEncoder
 
     model = CrossEncoder(folder, device="cpu")
-    return model.predict([(query, d) for d in documents], activation_fn=torch.nn.Identity(), batch_size=2)
+    return model.predict([(query, d) for d in documents], batch_size=2, **kwargs)
 
 
 # ----------------------------------------------------------------------------- classifier
 
 
 @pytest.mark.parametrize("which", ["full", "merged"])
-def test_cli_scores_are_reranker_and_cross_encoder_logits(runs, docs_file, capsys, which):
+def test_cli_scores_are_cross_encoder_predict_and_raw_scores_its_logits(runs, docs_file, capsys, which):
     folder = runs[which]
-    code, out, err = _rerank(["--model", folder, "--query", QUERIES[0], "--documents", docs_file, "--batch_size", "2"],
-                             capsys)
+    argv = ["--model", folder, "--query", QUERIES[0], "--documents", docs_file, "--batch_size", "2"]
+    code, out, err = _rerank(argv, capsys)
     assert code == 0, err
     lines = [json.loads(x) for x in out.splitlines()]  # stdout holds the JSON lines alone
     assert len(lines) == 1 and lines[0]["query"] == QUERIES[0]
     cli = _scores_by_index(lines[0], len(DOCS))
-    ours = _reranker(folder).score(QUERIES[0], DOCS)
-    np.testing.assert_allclose(cli, ours, atol=1e-6)
-    st = _cross_encoder_logits(folder, QUERIES[0], DOCS)
+    # the default: what sentence-transformers' CrossEncoder.predict gives (its sigmoid for one label)
+    st = _cross_encoder_predict(folder, QUERIES[0], DOCS)
     np.testing.assert_allclose(cli, st, atol=1e-5)
-    assert np.ptp(cli) > 1e-4  # the documents score differently: a real comparison
+    np.testing.assert_allclose(cli, _reranker(folder).score(QUERIES[0], DOCS), atol=1e-6)
+    assert ((cli > 0) & (cli < 1)).all()
+    # --raw_scores true: the logit, CrossEncoder.predict without its activation
+    code, out, err = _rerank([*argv, "--raw_scores", "true"], capsys)
+    assert code == 0, err
+    (line,) = [json.loads(x) for x in out.splitlines()]
+    raw = _scores_by_index(line, len(DOCS))
+    logits = _cross_encoder_predict(folder, QUERIES[0], DOCS, activation_fn=torch.nn.Identity())
+    np.testing.assert_allclose(raw, logits, atol=1e-5)
+    np.testing.assert_allclose(raw, _reranker(folder).score(QUERIES[0], DOCS, raw_scores=True), atol=1e-6)
+    np.testing.assert_allclose(cli, 1 / (1 + np.exp(-raw)), atol=1e-6)
+    assert [r["index"] for r in line["results"]] == [r["index"] for r in lines[0]["results"]]  # the same order
+    assert np.ptp(raw) > 1e-4  # the documents score differently: a real comparison
+
+
+def test_probabilities_are_stable_and_the_order_follows_the_raw_scores():
+    """sigmoid of large raw scores neither overflows nor fails (-1000: 0.0, 1000: 1.0), and where
+    the probabilities of two raw scores round to one float the results keep the raw order."""
+    import warnings
+
+    from mmembed.model.rerank_scorer import probabilities
+    from mmembed.tools.rerank import RerankQuery, result_line
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning either
+        p = probabilities(np.array([-1000.0, -50.0, 0.0, 3.0, 50.0, 1000.0]))
+    assert p.dtype == np.float32 and np.isfinite(p).all()
+    np.testing.assert_allclose(p, [0.0, 1 / (1 + np.exp(50.0)), 0.5, 1 / (1 + np.exp(-3.0)), 1.0, 1.0], rtol=1e-6,
+                               atol=0)
+    assert p[1] > 0  # not flushed to 0 at -50
+    query = RerankQuery("q", ["a", "b", "c", "d"], "<test>", 1)
+    raw = np.array([30.0, 40.0, -2.0, 30.0], dtype=np.float32)  # sigmoid(30) == sigmoid(40) == 1.0 in float32
+    line = result_line(query, raw)
+    assert [r["index"] for r in line["results"]] == [1, 0, 3, 2]  # by the raw score; the tie 0 / 3 in order
+    assert [r["relevance_score"] for r in line["results"]][:3] == [1.0, 1.0, 1.0]
+    assert [r["relevance_score"] for r in result_line(query, raw, raw_scores=True)["results"]] == [40.0, 30.0, 30.0,
+                                                                                                   -2.0]
 
 
 def test_lora_export_scores_as_the_checkpoint(runs):
     pairs = [(q, d) for q in QUERIES for d in DOCS]
-    checkpoint = _reranker(runs["lora"]).score_pairs(pairs)
-    merged = _reranker(runs["merged"]).score_pairs(pairs)
+    checkpoint = _reranker(runs["lora"]).score_pairs(pairs, raw_scores=True)
+    merged = _reranker(runs["merged"]).score_pairs(pairs, raw_scores=True)
     np.testing.assert_allclose(merged, checkpoint, atol=1e-5)
     # the trained head (PEFT's modules_to_save, saved whole in the adapter) is the one exported
     from safetensors.torch import load_file
@@ -163,8 +202,9 @@ def test_results_sorted_with_indices_top_n_and_documents(runs, capsys, tmp_path)
     reranker = _reranker(runs["full"])
     for query, line in zip(QUERIES, lines):
         assert line["query"] == query
-        scores = reranker.score(query, [d if isinstance(d, str) else d["text"] for d in documents])
-        best = list(np.argsort(-scores, kind="stable")[:3])
+        texts = [d if isinstance(d, str) else d["text"] for d in documents]
+        scores = reranker.score(query, texts)
+        best = list(np.argsort(-reranker.score(query, texts, raw_scores=True), kind="stable")[:3])
         assert [r["index"] for r in line["results"]] == best
         got = [r["relevance_score"] for r in line["results"]]
         assert got == sorted(got, reverse=True)
@@ -183,9 +223,9 @@ def test_results_sorted_with_indices_top_n_and_documents(runs, capsys, tmp_path)
 # ----------------------------------------------------------------------------- generative
 
 
-def _qwen3_reference_scores(folder, pairs):
-    """Qwen3-Reranker's scoring with plain transformers: its text written out, left padding,
-    logit(yes) - logit(no) at the last position."""
+def _qwen3_reference_logits(folder, pairs):
+    """Qwen3-Reranker's scoring with plain transformers: its text written out, left padding;
+    ``(logit(yes), logit(no))`` at the last position, float32 ``[N]`` each."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder, padding_side="left")
@@ -197,7 +237,20 @@ def _qwen3_reference_scores(folder, pairs):
     assert (enc["attention_mask"][:, 0] == 0).any()  # padded rows among them
     with torch.no_grad():
         logits = model(**enc).logits[:, -1].float()
-    return (logits[:, yes] - logits[:, no]).numpy()
+    return logits[:, yes], logits[:, no]
+
+
+def _qwen3_reference_scores(folder, pairs):
+    """The raw score: ``logit(yes) - logit(no)``."""
+    yes, no = _qwen3_reference_logits(folder, pairs)
+    return (yes - no).numpy()
+
+
+def _qwen3_reference_probabilities(folder, pairs):
+    """Qwen3-Reranker's own score, as its model card computes it: log-softmax over the [no, yes]
+    logits, the exponent of the yes entry."""
+    yes, no = _qwen3_reference_logits(folder, pairs)
+    return torch.nn.functional.log_softmax(torch.stack([no, yes], dim=1).double(), dim=1)[:, 1].exp().numpy()
 
 
 def test_generative_export_scores_as_the_checkpoint_in_plain_transformers(runs):
@@ -209,7 +262,7 @@ def test_generative_export_scores_as_the_checkpoint_in_plain_transformers(runs):
     cfg = json.load(open(os.path.join(export, "mmembed.json")))
     assert cfg["task_type"] == "generative_reranker" and cfg["tuner_type"] == "full" and cfg["tokens"] == ["yes", "no"]
     pairs = [(q, d) for q in QUERIES for d in DOCS]
-    checkpoint = _reranker(runs["gen_lora"]).score_pairs(pairs, batch_size=4)
+    checkpoint = _reranker(runs["gen_lora"]).score_pairs(pairs, batch_size=4, raw_scores=True)
     reference = _qwen3_reference_scores(export, pairs)
     np.testing.assert_allclose(reference, checkpoint, atol=1e-4)
     assert np.ptp(checkpoint) > 1e-3
@@ -225,7 +278,9 @@ def test_generative_card_snippet_as_written(runs):
     namespace: dict = {}
     exec(found.group(1), namespace)
     ours = _reranker(runs["gen_lora"]).score("how do flutes work", ["A flute is a woodwind instrument."])
-    np.testing.assert_allclose(namespace["score"].numpy(), ours, atol=1e-4)
+    np.testing.assert_allclose(namespace["score"].numpy(), ours, atol=1e-5)
+    raw = _reranker(runs["gen_lora"]).score("how do flutes work", ["A flute is a woodwind instrument."], raw_scores=True)
+    np.testing.assert_allclose(namespace["raw"].numpy(), raw, atol=1e-4)
 
 
 def test_generative_cli_scores_are_the_reranker_scores(runs, capsys, tmp_path):
@@ -235,9 +290,30 @@ def test_generative_cli_scores_are_the_reranker_scores(runs, capsys, tmp_path):
     assert code == 0, err
     (line,) = [json.loads(x) for x in out.splitlines()]
     scores = _reranker(runs["gen_lora"]).score(QUERIES[0], DOCS[:4])
-    best = list(np.argsort(-scores, kind="stable")[:2])
+    best = list(np.argsort(-_reranker(runs["gen_lora"]).score(QUERIES[0], DOCS[:4], raw_scores=True), kind="stable")[:2])
     assert [r["index"] for r in line["results"]] == best
     np.testing.assert_allclose([r["relevance_score"] for r in line["results"]], scores[best], atol=1e-5)
+
+
+def test_generative_cli_scores_are_qwen3_reranker_probabilities_and_raw_the_difference(runs, docs_file, capsys):
+    """The default score of a generative reranker is softmax([logit(no), logit(yes)])[1] at the
+    last position, computed here from the causal LM's logits; --raw_scores true gives
+    logit(yes) - logit(no)."""
+    export = runs["gen_merged"]
+    argv = ["--model", export, "--query", QUERIES[0], "--documents", docs_file, "--device", "cpu"]
+    code, out, err = _rerank(argv, capsys)
+    assert code == 0, err
+    (line,) = [json.loads(x) for x in out.splitlines()]
+    got = _scores_by_index(line, len(DOCS))
+    pairs = [(QUERIES[0], d) for d in DOCS]
+    np.testing.assert_allclose(got, _qwen3_reference_probabilities(export, pairs), atol=1e-5)
+    code, out, err = _rerank([*argv, "--raw_scores", "true"], capsys)
+    assert code == 0, err
+    (raw_line,) = [json.loads(x) for x in out.splitlines()]
+    raw = _scores_by_index(raw_line, len(DOCS))
+    np.testing.assert_allclose(raw, _qwen3_reference_scores(export, pairs), atol=1e-4)
+    assert [r["index"] for r in raw_line["results"]] == [r["index"] for r in line["results"]]
+    assert np.ptp(raw) > 1e-3
 
 
 # ----------------------------------------------------------------------------- errors

@@ -1,10 +1,11 @@
 """``mmembed serve`` with a reranker over loopback: ``POST /v1/rerank`` (and ``/v2/rerank``,
-``/rerank`` with TEI's form) ranks as ``Reranker.rank`` does, honours ``top_n`` and
-``return_documents``, refuses bad requests with a 400 naming the field, and the embedding
-and rerank endpoints each refuse the other kind of model."""
+``/rerank`` with TEI's form) ranks as ``Reranker.rank`` does, its scores by default those of
+sentence-transformers' ``CrossEncoder.predict`` (a sigmoid of the logit, as TEI, Cohere and Jina
+report them) and with ``raw_scores: true`` the logit, honours ``top_n`` and
+``return_documents``, refuses bad requests with a 400 naming the field, and the embedding and
+rerank endpoints each refuse the other kind of model."""
 
 import asyncio
-import math
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from conftest import REPO, free_port
 from test_serve import ThreadServer, httpx
 from transformers import AutoTokenizer
@@ -74,7 +76,7 @@ def test_results_equal_reranker_rank(server, reranker, checkpoint, path):
     assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] == tokens
 
 
-def test_top_n_return_documents_objects_and_sigmoid(server, reranker):
+def test_top_n_return_documents_objects_and_raw_scores(server, reranker, checkpoint):
     want = reranker.rank(QUERY, DOCS, top_n=3)
     body = _post(server, {"query": QUERY, "documents": [{"text": d} for d in DOCS], "top_n": 3,
                           "return_documents": False}).json()  # no "model": fine (TEI, Jina send none)
@@ -82,19 +84,38 @@ def test_top_n_return_documents_objects_and_sigmoid(server, reranker):
     assert all(set(x) == {"index", "relevance_score"} for x in body["results"])
     for top_n in (0, None, 100):  # all of them
         assert len(_post(server, {"query": QUERY, "documents": DOCS, "top_n": top_n}).json()["results"]) == len(DOCS)
-    prob = _post(server, {"query": QUERY, "documents": DOCS, "raw_scores": False}).json()["results"]
-    full = reranker.rank(QUERY, DOCS)
-    assert [x["index"] for x in prob] == [i for i, _ in full]
-    np.testing.assert_allclose([x["relevance_score"] for x in prob], [1 / (1 + math.exp(-s)) for _, s in full],
-                               atol=1e-4)
+    from sentence_transformers import CrossEncoder
+
+    cross_encoder = CrossEncoder(checkpoint, device="cpu")
+    pairs = [(QUERY, d) for d in DOCS]
+    logits = cross_encoder.predict(pairs, activation_fn=torch.nn.Identity())
+    order = list(np.argsort(-logits, kind="stable"))
+    # the default (raw_scores absent or false): CrossEncoder.predict's, the sigmoid of the logit
+    predicted = cross_encoder.predict(pairs)
+    for extra in ({}, {"raw_scores": False}):
+        prob = _post(server, {"query": QUERY, "documents": DOCS, **extra}).json()["results"]
+        assert [x["index"] for x in prob] == order
+        np.testing.assert_allclose([x["relevance_score"] for x in prob], predicted[order], atol=1e-5)
+    # raw_scores true (TEI's name): the logit, CrossEncoder.predict without its activation
+    raw = _post(server, {"query": QUERY, "documents": DOCS, "raw_scores": True}).json()["results"]
+    assert [x["index"] for x in raw] == order
+    np.testing.assert_allclose([x["relevance_score"] for x in raw], logits[order], atol=1e-5)
+    want = reranker.rank(QUERY, DOCS, raw_scores=True)
+    np.testing.assert_allclose([x["relevance_score"] for x in raw], [s for _, s in want], atol=1e-5)
+    assert np.ptp(logits) > 1e-4  # the documents score differently: a real comparison
+    assert not np.allclose([x["relevance_score"] for x in raw], [x["relevance_score"] for x in prob], atol=1e-3)
 
 
 def test_tei_form_gets_tei_answer(server, reranker):
     want = reranker.rank(QUERY, DOCS)
-    got = _post(server, {"query": QUERY, "texts": DOCS, "raw_scores": True}, "/rerank").json()
+    got = _post(server, {"query": QUERY, "texts": DOCS}, "/rerank").json()  # TEI's default: sigmoid scores
     assert isinstance(got, list) and [x["index"] for x in got] == [i for i, _ in want]
     assert all(set(x) == {"index", "score"} for x in got)
-    np.testing.assert_allclose([x["score"] for x in got], [s for _, s in want], atol=1e-4)
+    np.testing.assert_allclose([x["score"] for x in got], [s for _, s in want], atol=1e-5)
+    raw = _post(server, {"query": QUERY, "texts": DOCS, "raw_scores": True}, "/rerank").json()
+    want_raw = reranker.rank(QUERY, DOCS, raw_scores=True)
+    assert [x["index"] for x in raw] == [i for i, _ in want_raw]
+    np.testing.assert_allclose([x["score"] for x in raw], [s for _, s in want_raw], atol=1e-4)
     with_text = _post(server, {"query": QUERY, "texts": DOCS, "return_text": True}, "/rerank").json()
     assert [x["text"] for x in with_text] == [DOCS[i] for i, _ in want]
     # texts at /v1/rerank: an alias of documents, answered in the object shape

@@ -127,7 +127,8 @@ def test_with_strict_false_a_reusing_process_reads_the_length_check_rather_than_
     builder = InputBuilder(get_template("bert"), AutoTokenizer.from_pretrained(minilm_path), 24, truncate=False)
     measured = []  # the rows measured (text rows take the JSON fast path)
     real = length_check.json_text_lengths
-    monkeypatch.setattr(length_check, "json_text_lengths", lambda b, rows, *a, **k: measured.extend(rows) or real(b, rows, *a, **k))
+    monkeypatch.setattr(length_check, "json_text_lengths",
+                        lambda t, c, rows, *a, **k: measured.extend(rows) or real(t, c, rows, *a, **k))
 
     def check(**kw):
         measured.clear()

@@ -136,7 +136,7 @@ def test_a_classifier_run_resumes_to_the_same_weights_and_crossencoder_scores_it
         assert np.isfinite(whole[name]), name
     folder = whole["last_checkpoint"]
     pairs = [("a cat sits on the mat", "the cat sits"), ("flute music plays", "dogs run under a red tree")]
-    ours = Reranker.from_pretrained(folder, device="cpu").score_pairs(pairs)
+    ours = Reranker.from_pretrained(folder, device="cpu").score_pairs(pairs, raw_scores=True)
     theirs = CrossEncoder(folder, device="cpu").predict(pairs, activation_fn=torch.nn.Identity())
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
     config = json.load(open(os.path.join(folder, "mmembed.json")))
@@ -174,7 +174,7 @@ def test_a_generative_run_scores_with_the_yes_and_no_rows_of_its_lm_head(qwen3, 
         with torch.no_grad():
             logits = model(**ids).logits[0, -1]
         expected.append(float(logits[config["token_ids"][0]] - logits[config["token_ids"][1]]))
-    got = Reranker.from_pretrained(folder, device="cpu").score(query, docs)
+    got = Reranker.from_pretrained(folder, device="cpu").score(query, docs, raw_scores=True)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
@@ -206,7 +206,7 @@ def test_a_vision_language_reranker_trains_on_image_rows_and_scores_them(tiny_mo
     assert json.load(open(os.path.join(folder, "mmembed.json")))["template"] == "qwen3_vl_reranker"
     reranker = Reranker.from_pretrained(folder, device="cpu")
     query = {"text": "<image>", "images": [os.path.join(mm, "red_circle.png")]}
-    scores = reranker.score(query, ["a red circle", "a blue square"])
+    scores = reranker.score(query, ["a red circle", "a blue square"], raw_scores=True)
     assert scores.shape == (2,) and np.isfinite(scores).all()
     batch = reranker.collator([__import__("mmembed.data.sample", fromlist=["Sample"]).Sample(
         anchor=reranker._item(query), positives=[reranker._item("a red circle")])])
