@@ -25,8 +25,8 @@ def test_a_modelscope_id_without_modelscope_is_one_line_before_the_model_loads(h
     status, err = sft(hub.url)("--dataset", "org/tiny-data")
     assert status == 2, err[-3000:]
     assert ("mmembed sft: error: dataset org/tiny-data: not a local file or folder, so a ModelScope id (the default "
-            "hub, as in ms-swift), and the optional modelscope package is not installed: pip install modelscope, or "
-            "pass --use_hf true") in err
+            "hub, as in ms-swift), and the optional modelscope package is not installed: pip install "
+            "'mmembed[modelscope]' (or pip install modelscope), or pass --use_hf true (or USE_HF=1)") in err
     assert not hub.requests or all("tiny-data" not in path for _, path, _ in hub.requests)
 
 
