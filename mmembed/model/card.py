@@ -64,6 +64,22 @@ def write_model_card(output_dir: str, config: dict[str, Any], form: TextForm | N
         f.write(model_card(final_path or os.path.abspath(output_dir), config, form))
 
 
+def _quantization_note(config: dict[str, Any]) -> str:
+    """QLoRA: the base the adapter trained on (``quantization`` in a checkpoint's ``mmembed.json``,
+    ``trained_with_quantization`` in an export's), and what loading it here means."""
+    record = config.get("quantization") or config.get("trained_with_quantization")
+    if not record:
+        return ""
+    bits = record.get("quant_bits")
+    kind = f"{bits}-bit {record.get('bnb_4bit_quant_type')}" if bits == 4 else f"{bits}-bit"
+    if config.get("trained_with_quantization"):
+        return (f"The LoRA adapter trained on the base quantized by bitsandbytes ({kind}: QLoRA) and is merged here "
+                "into the full-precision base weights, as ms-swift's export does.\n")
+    return (f"The adapter trained on the base quantized by bitsandbytes ({kind}: QLoRA). `Embedder.from_pretrained` "
+            "and `mmembed export` merge it into the full-precision base weights, as ms-swift's export does; "
+            "`Embedder.from_pretrained(path, quantized=True)` embeds with the base quantized as trained.\n")
+
+
 def model_card(path: str, config: dict[str, Any], form: TextForm | None) -> str:
     from ..encoding.templates import template_from_config
 
@@ -73,6 +89,7 @@ def model_card(path: str, config: dict[str, Any], form: TextForm | None) -> str:
              "An embedding model fine-tuned with mmembed "
              f"(`mmembed sft`, {config.get('tuner_type', 'full')} tuning"
              f"{', a LoRA adapter: `mmembed export --adapters ' + path + ' --merge_lora true` writes the merged model' if adapter else ''}).\n",
+             *filter(None, [_quantization_note(config)]),
              _model_section(config, template), _training_section(config), "## Usage\n", _mmembed_usage(path, config)]
     if config.get("sentence_transformers"):
         parts.append(_st_usage(path, config, form))

@@ -24,6 +24,7 @@ from ..encoding.templates import SIDES, Template, get_template, template_from_co
 from .adapters import load_lora
 from .embedding import EmbeddingModel, default_max_length, load_backbone, require_local_model
 from .io import instructions_of, read_mmembed_config, read_sentence_transformers_prompts
+from .quantization import Quantization, unquantized_modules
 
 if TYPE_CHECKING:
     from ..encoding.media import MediaSettings
@@ -64,12 +65,19 @@ def _swift_template(path: str, base: str) -> Template | None:
     return None
 
 
-def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool = True) -> tuple[EmbeddingModel, Any, Template, dict]:
+def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool = True, quantized: bool = False,
+                         device: str | torch.device | None = None) -> tuple[EmbeddingModel, Any, Template, dict]:
     """Load ``path`` (checkpoint, exported folder or base model) as an ``EmbeddingModel``.
+
+    A QLoRA checkpoint (``mmembed.json``'s ``quantization``) loads its base in full precision
+    and merges the adapter into the original weights, as ``mmembed export`` (and ms-swift's
+    export) does; with ``quantized`` the base is quantized as it was trained (onto
+    ``device``) and the adapter stays unmerged: the training model's embeddings, in its memory.
 
     Returns ``(model, processing, template, info)``: ``processing`` is the tokenizer, or the
     processor for a multimodal template; ``info`` holds the resolved ``pooling``,
-    ``max_length``, ``base_model`` and whether the folder was a LoRA adapter.
+    ``max_length``, ``base_model``, whether the folder was a LoRA adapter and the
+    ``quantization`` it was trained with (None: none).
     """
     from transformers import AutoConfig, AutoProcessor, AutoTokenizer
 
@@ -82,7 +90,17 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
     else:
         template = _swift_template(path, base) or get_template(config_model_type=AutoConfig.from_pretrained(base).model_type)
     template.check_installed()
-    backbone = load_backbone(base, torch_dtype)
+    quant = Quantization.from_record(cfg.get("quantization")) if is_adapter else None
+    if quantized and quant is None:
+        raise ValueError(f"{path}: quantized=True loads a QLoRA checkpoint's base as it was trained; this folder was not "
+                         "trained on a quantized base (its mmembed.json records no quantization)")
+    if quantized:
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        backbone = load_backbone(base, torch_dtype, quantization_config=quant.config(unquantized_modules(template.parts)),
+                                 device_map={"": device})
+        merge = False  # merging into quantized weights would round the update away
+    else:
+        backbone = load_backbone(base, torch_dtype)
     if is_adapter:
         backbone = load_lora(backbone, path)
         if merge:
@@ -105,7 +123,8 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
     # a text model's sentence-transformers prompts (its own, else its base model's: what an
     # export keeps): the prompt of a side the run gave no instruction (Qwen3-Embedding's query)
     prompts = {} if template.media else (read_sentence_transformers_prompts(path) or read_sentence_transformers_prompts(base))
-    info = {"pooling": pooling, "max_length": max_length, "base_model": base, "is_adapter": is_adapter, "prompts": prompts}
+    info = {"pooling": pooling, "max_length": max_length, "base_model": base, "is_adapter": is_adapter, "prompts": prompts,
+            "quantization": quant.record() if quant else None}
     return model, tokenizer, template, info
 
 
@@ -166,8 +185,12 @@ class Embedder:
 
     @classmethod
     def from_pretrained(cls, path: str, device: str | None = None, torch_dtype: str | None = None,
-                        media: MediaSettings | None = None) -> Embedder:
-        model, tokenizer, template, info = load_embedding_model(path, torch_dtype)
+                        media: MediaSettings | None = None, quantized: bool = False) -> Embedder:
+        """``path``: a checkpoint, an exported folder or a base model. A QLoRA checkpoint embeds
+        with its adapter merged into the full-precision base (what ``mmembed export`` writes);
+        ``quantized=True`` loads its base quantized as it was trained instead (less memory; the
+        embeddings of the training model)."""
+        model, tokenizer, template, info = load_embedding_model(path, torch_dtype, quantized=quantized, device=device)
         return cls(model, tokenizer, template, info["max_length"], device, media, info["prompts"])
 
     def as_input(self, x: Any, input_type: str | None = None) -> Item:

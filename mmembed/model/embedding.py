@@ -414,8 +414,11 @@ def _refuse_custom_tokenizer(path: str, flag: str) -> None:
                      "runs a model folder's own code (no trust_remote_code): use a tokenizer transformers implements")
 
 
-def load_backbone(path: str, torch_dtype: str | None = None, attn_impl: str | None = None) -> nn.Module:
-    """Load the base transformer (no head) from a local folder, as ``AutoModel`` does."""
+def load_backbone(path: str, torch_dtype: str | None = None, attn_impl: str | None = None,
+                  quantization_config: Any = None, device_map: Any = None) -> nn.Module:
+    """Load the base transformer (no head) from a local folder, as ``AutoModel`` does;
+    ``quantization_config`` (a ``BitsAndBytesConfig``: QLoRA) quantizes it as it loads, onto
+    ``device_map``."""
     from transformers import AutoModel
 
     require_local_model(path)
@@ -427,6 +430,10 @@ def load_backbone(path: str, torch_dtype: str | None = None, attn_impl: str | No
         kwargs["dtype"] = torch.float32
     if attn_impl:
         kwargs["attn_implementation"] = {"flash_attn": "flash_attention_2"}.get(attn_impl, attn_impl)
+    if quantization_config is not None:
+        kwargs["quantization_config"] = quantization_config
+    if device_map is not None:
+        kwargs["device_map"] = device_map
     # Embedding needs the base model only: the head weights a checkpoint may carry (lm_head
     # of GME / Qwen-VL / Qwen2-Audio checkpoints) are left out on purpose. transformers' load
     # report would list them as unexpected; it is silenced, and any other missing or

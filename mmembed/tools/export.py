@@ -47,6 +47,10 @@ def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora
         save_tokenizer(tmp, tokenizer)
         cfg = dict(read_mmembed_config(checkpoint) or {})
         cfg.setdefault("trained_from", cfg.get("base_model"))
+        # QLoRA: the adapter was merged into the original full-precision weights (as ms-swift's
+        # export does); the folder loads unquantized, and says how its adapter was trained
+        if cfg.get("quantization"):
+            cfg["trained_with_quantization"] = cfg.pop("quantization")
         cfg.update(
             template=template_config(template),
             default_system=template.default_system,

@@ -43,6 +43,7 @@ from .flag_checks import (
     has_accelerator,
     naming_the_flag,
 )
+from .quant_flags import check_quantization
 from .sft_flags import RENAMED_CHECKPOINTING, SftFlags
 from .task_flags import check_task
 
@@ -74,6 +75,7 @@ class SftArguments(SftFlags):
         check_streaming(self)
         check_loss_args(self)
         check_swift_flags(self)
+        check_quantization(self)
         check_dataset_config(self)
         if self.learning_rate is None:
             self.learning_rate = 1e-4 if self.tuner_type == "lora" else 1e-5

@@ -32,7 +32,9 @@ from ..model.embedding import (
     load_backbone,
 )
 from ..model.packing import PACKABLE_MODEL_TYPES, VARLEN_ATTENTION
+from ..model.quantization import unquantized_modules
 from .arguments import SftArguments, UsageError
+from .quant_flags import quantization
 
 if TYPE_CHECKING:  # the media loader is imported at the first row with media (qwen-vl-utils: about a second)
     from ..encoding.media import MediaSettings
@@ -270,7 +272,15 @@ def build_model(args: SftArguments, template: Template, pooling: str) -> Embeddi
     """The student: the backbone of ``--model`` with liger-kernel (``--use_liger_kernel``),
     then a LoRA adapter (``--tuner_type lora``) or, trained in full, its frozen parts frozen,
     wrapped as an :class:`EmbeddingModel` that pools with ``pooling``."""
-    backbone = load_backbone(args.model, args.torch_dtype, args.attn_impl)
+    quant = quantization(args)
+    if quant is None:
+        backbone = load_backbone(args.model, args.torch_dtype, args.attn_impl)
+    else:  # QLoRA: quantized as it loads, onto this process's device (as ms-swift's device_map)
+        backbone = load_backbone(args.model, args.torch_dtype, args.attn_impl,
+                                 quantization_config=quant.config(unquantized_modules(template.parts)),
+                                 device_map={"": args.device})
+        logger.info("%s: the frozen base in %d bits (%s), LoRA in full precision", quant.describe(), quant.bits,
+                    f"{quant.quant_type}, computing in {quant.compute_dtype}" if quant.bits == 4 else "int8")
     check_attention_dropout(backbone.config)
     if args.use_liger_kernel:
         # the Trainer would try this on the EmbeddingModel wrapper, which is no PreTrainedModel

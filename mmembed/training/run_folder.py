@@ -59,7 +59,25 @@ def resume_checkpoint(args: SftArguments) -> str | None:
         check_complete_once_per_node(resume, args)  # before the Trainer's own loaders (DeepSpeed's included) read it
         if is_model_only(resume):  # whole, but the model alone (--resume_only_model took it above)
             raise UsageError(f"--resume_from_checkpoint: {not_a_checkpoint(resume, saved_model(resume))}")
+        check_same_quantization(args, resume)
     return resume
+
+
+def check_same_quantization(args: SftArguments, resume: str) -> None:
+    """A QLoRA checkpoint resumes on the base quantized as it was trained (``mmembed.json``'s
+    ``quantization``), and a full-precision one on a full-precision base: the adapter and its
+    optimizer state were fitted to those weights."""
+    from ..model.io import read_mmembed_config
+    from ..model.quantization import Quantization
+    from .quant_flags import quantization
+
+    saved = Quantization.from_record((read_mmembed_config(resume) or {}).get("quantization"))
+    wanted = quantization(args)
+    if saved is None and wanted is None or saved is not None and saved.same_weights(wanted):
+        return
+    was = saved.describe() if saved else "a full-precision base (no --quant_method)"
+    raise UsageError(f"--resume_from_checkpoint {resume} was trained on {was}; resume it with the same quantization "
+                     f"flags (got {wanted.describe() if wanted else 'no --quant_method'})")
 
 
 def prepare_output_dir(args: SftArguments, resume: str | None) -> None:

@@ -40,6 +40,7 @@ from .model_assembly import (
 )
 from .preemption import preempted
 from .preflight import RunSetup, check_settings
+from .quant_flags import quantization
 from .run_folder import prepare_output_dir, resume_checkpoint, resume_weights_only, training_facts
 from .samplers import check_sampling
 from .task_flags import is_reranker
@@ -169,6 +170,9 @@ def saved_config(args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, da
         "loss_type": args.loss_type,
         **training_facts(args, loss, data),
     }
+    quant = quantization(args)
+    if quant is not None:  # QLoRA: how the base was quantized while the adapter trained (ms-swift's flag names)
+        config["quantization"] = quant.record()
     if args.dataset_config:  # each dataset's instructions, for the export's <name>_query prompts
         config.setdefault("instructions", {})["datasets"] = {
             d.name: {"query": d.entry.query_system, "document": d.entry.document_system}

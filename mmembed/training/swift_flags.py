@@ -55,9 +55,7 @@ NO_EFFECT: dict[str, str] = {
     "lisa_step_interval": "only with --lisa_activated_layers, which is refused",
     **{f: "only with --packing, which is refused" for f in ("packing_length", "packing_num_proc", "packing_strategy")},
     **{f: "only with --use_ray, which is refused" for f in ("device_groups", "ray_exp_name")},
-    **{f: "only with --quant_method, which is refused" for f in (
-        "bnb_4bit_compute_dtype", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_quant_storage",
-        "hqq_axis")},
+    "hqq_axis": "only with --quant_method hqq; mmembed quantizes with bitsandbytes (--quant_method bnb)",
     **{f: "only with --eval_use_evalscope, which is refused" for f in ("eval_dataset_args", "eval_limit",
                                                                        "extra_eval_args")},
     "local_repo_path": "a local copy of a model's GitHub code repository; mmembed runs no model code",
@@ -73,7 +71,8 @@ NO_EFFECT: dict[str, str] = {
     "device_map": "the Trainer places the model (one device per process)",
     "max_memory": "the Trainer places the model (one device per process)",
     "group_by_length": "text batches are already embedded in length-sorted chunks (--length_chunks)",
-    "vit_gradient_checkpointing": "--gradient_checkpointing covers the whole model, the vision tower included",
+    "vit_gradient_checkpointing": ("--gradient_checkpointing checkpoints every block of the model, the blocks of a vision "
+                                   "or audio tower that trains included (a frozen tower is not recorded at all)"),
     "max_shard_size": "weights are saved with transformers' default shard size",
     "safe_serialization": "checkpoints are always safetensors",
     "add_version": "--output_dir is used as given (no v0-<timestamp> subfolder)",
@@ -101,8 +100,6 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
     "packing": ("packing is for language-model sequences; embedding rows are embedded whole "
                 "(--length_chunks cuts padding instead)", _FALSE),
     "use_ray": ("Ray is not supported; launch with NPROC_PER_NODE / torchrun", _FALSE),
-    "quant_method": ("quantized training (QLoRA) is not supported; use --torch_dtype bfloat16", _EMPTY),
-    "quant_bits": ("quantized training (QLoRA) is not supported; use --torch_dtype bfloat16", _EMPTY),
     "optimizer": ("ms-swift's optimizer plugins are not available; use --optim (any transformers optimizer)", _EMPTY),
     "callbacks": ("ms-swift's callback plugins are not available; from Python, add a transformers "
                   "TrainerCallback to the trainer (mmembed.training.sft.build_trainer)", _EMPTY),

@@ -119,6 +119,18 @@ SFT_ROWS = [
     row("--target_regex", "bogus"),
     row("--modules_to_save", "bogus"),
     row("--adapters", "/nonexistent/adapter"),
+    # QLoRA (--quant_method bnb --quant_bits 4): what bitsandbytes or the run cannot do
+    row("--quant_method", "hqq", "--quant_bits", "4"),
+    row("--quant_method", "gptq"),
+    row("--quant_method", "bnb", names=("--quant_method bnb", "--quant_bits")),
+    row("--quant_bits", "3", "--quant_method", "bnb"),
+    row("--quant_bits", "4", names=("--quant_bits 4", "--quant_method bnb")),
+    row("--quant_method", "bnb", "--quant_bits", "4", "--tuner_type", "full", names=("--quant_method bnb", "--tuner_type full")),
+    row("--quant_method", "bnb", "--quant_bits", "4", "--deepspeed", "zero3", names=("--quant_method bnb", "zero3", "zero2")),
+    row("--quant_method", "bnb", "--quant_bits", "4", "--task_type", "reranker", names=("--quant_method bnb", "reranker")),
+    row("--bnb_4bit_quant_type", "int4", "--quant_method", "bnb", "--quant_bits", "4"),
+    row("--bnb_4bit_compute_dtype", "float64", "--quant_method", "bnb", "--quant_bits", "4"),
+    row("--bnb_4bit_quant_storage", "int3", "--quant_method", "bnb", "--quant_bits", "4"),
     row("--resume_only_model", "true"),
     row("--streaming", "true", "--max_steps", "-1", "--num_train_epochs", "1", names=("--streaming", "--max_steps")),
     row("--streaming", "true", "--loss_type", "distill_kl", "--teacher_scores_file", "t.npy",
@@ -238,7 +250,8 @@ NO_BAD_VALUE = {
     **{flag: "a boolean: a value that does not parse is argparse's error (the --strict row)" for flag in (
         "freeze_vit", "freeze_aligner", "freeze_llm", "use_dora", "use_rslora", "use_chat_template", "padding_free", "length_buckets",
         "dataset_shuffle", "train_dataloader_shuffle", "val_dataset_shuffle", "lazy_tokenize", "load_from_cache_file",
-        "overwrite_output_dir", "gradient_checkpointing", "logging_first_step", "remove_unused_columns", "use_hf")},
+        "overwrite_output_dir", "gradient_checkpointing", "logging_first_step", "remove_unused_columns", "use_hf",
+        "bnb_4bit_use_double_quant")},
 }
 
 # transformers' training flags users commonly set, which the table must cover too
