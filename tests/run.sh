@@ -5,8 +5,13 @@
 # (tests/conftest.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash examples/install.sh
-. .venv/bin/activate
+# MMEMBED_TEST_VENV: a venv set up already (.ci/newest's), used as it is; default: .venv, set up here
+if [ -n "${MMEMBED_TEST_VENV:-}" ]; then
+  . "$MMEMBED_TEST_VENV/bin/activate"
+else
+  bash examples/install.sh
+  . .venv/bin/activate
+fi
 workers=${MMEMBED_TEST_WORKERS:-2}
 parallel=()
 if [ "$workers" -gt 1 ]; then
@@ -18,7 +23,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # DeepSpeed's CPU Adam op (the offload tests) is compiled on first use (~2 min of two cores) and kept in
 # this venv's own folder: in the shared ~/.cache/torch_extensions a second checkout's build of the same op
 # (other include paths) replaces it, and each checkout would compile it again on every run
-export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.venv/torch_extensions}
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$VIRTUAL_ENV/torch_extensions}
 # the linter first (its rules: [tool.ruff] in pyproject.toml): a name defined twice, an unused
 # import or a bug pattern fails the run before any test starts
 echo "lint: ruff $(ruff --version | cut -d' ' -f2)"
