@@ -71,6 +71,12 @@ Run (on a GPU machine; see docs/benchmarks.md for the wheels to carry):
     python benchmarks/bench_gpu.py [--parts text,oom,gme] [--save results.json]
     python benchmarks/bench_gpu.py --load text.json,gme.json     # one table from several runs
     python benchmarks/bench_gpu.py --dry_run                     # CPU, tiny models, every path
+    python benchmarks/bench_gpu.py --parts gme --profile         # + one step of each mmembed run profiled
+
+``--profile``: the first step after warmup of every mmembed run runs under the torch profiler
+(and is then left out of the timed figures); its time by region -- vision tower, language model,
+attention, loss, other, data, idle -- and its top kernels are printed after the table, kept in
+``--save``'s JSON (``profile`` of each run) and written as markdown beside it (profile_step.py).
 
 ``--dry_run``: the same code on the CPU in float32 with tiny models (a 2-layer qwen3, the tiny
 Qwen2-VL of examples/tiny_models.py, 112x112 pictures), 3 steps, small batches, no MFU;
@@ -81,6 +87,7 @@ their parameter counts, and prints their model FLOPs per token.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -394,7 +401,10 @@ def child(spec: dict) -> dict:
     import transformers
 
     cuda = spec["device"] == "cuda"
-    rec: dict = {"t": [], "wait": [], "stats": [], "trainer": None, "max_padded": 0}
+    rec: dict = {"t": [], "wait": [], "stats": [], "trainer": None, "max_padded": 0, "profilers": []}
+    profile = bool(spec.get("profile"))
+    if profile:
+        from profile_step import ProfiledStep, step_profiler
 
     class Clock(transformers.TrainerCallback):
         def on_train_begin(self, args, state, control, **kw):
@@ -412,12 +422,16 @@ def child(spec: dict) -> dict:
 
     def init(self, *a, **k):
         base_init(self, *a, **k)
+        if profile:  # --profile: the first step after warmup (before Clock: see step_profiler)
+            rec["profilers"].append(step_profiler(self, spec["warmup"], cuda, trace=spec.get("profile_trace")))
+            self.add_callback(rec["profilers"][-1])
         self.add_callback(Clock())
         rec["trainer"] = self
 
     def get_batch_samples(self, *a, **k):
         t0 = time.perf_counter()
-        out = base_batches(self, *a, **k)
+        with ProfiledStep.data() if profile else contextlib.nullcontext():
+            out = base_batches(self, *a, **k)
         rec["wait"].append(time.perf_counter() - t0)
         total: dict = {}
         for b in out[0]:
@@ -442,7 +456,7 @@ def child(spec: dict) -> dict:
         error = "out of memory: " + str(e).splitlines()[0][:160]
     steps = [b - a for a, b in zip(rec["t"], rec["t"][1:])]
     warmup = spec["warmup"]
-    timed = slice(warmup, len(steps))
+    timed = slice(warmup + int(profile), len(steps))  # a profiled step is slowed by the profiler: not timed
     stats = {k: sum(s.get(k, 0) for s in rec["stats"][timed]) for k in
              ("rows", "tokens", "padded", "sq", "images", "patches", "patches_sq")}
     trainer = rec["trainer"]
@@ -454,6 +468,8 @@ def child(spec: dict) -> dict:
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         "max_padded": rec["max_padded"],
     }
+    if profile:
+        result["profile"] = next((x for x in (p.summary() for p in rec["profilers"]) if x), None)
     if cuda:
         result.update(alloc_mb=torch.cuda.max_memory_allocated() / 2**20,
                       reserved_mb=torch.cuda.max_memory_reserved() / 2**20)
@@ -595,6 +611,10 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
     s = sizes_for(a)
     env_info = environment(dry)
     parts = [p for p in a.parts.split(",") if p]
+    if a.profile and (("text" in parts and s.steps < s.warmup + 2) or ("gme" in parts and s.gme_steps < s.gme_warmup + 2)
+                      or ("oom" in parts and s.oom_steps < 3)):
+        raise SystemExit("--profile leaves the profiled step (the first after warmup) out of the timing: give each "
+                         "part at least warmup + 2 steps")
     amp = a.precision == "amp" and not dry
     child_env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
                      INFONCE_TEMPERATURE=str(TEXT["temperature"]))
@@ -654,6 +674,9 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
            **kw) -> None:
         spec = dict(common, label=label, side=side, model=models[model], batch=batch, steps=steps, warmup=warmup,
                     data=data, kind=kind, tuner="full", lr=TEXT["lr"], checkpointing=False, **kw)
+        if a.profile and side != "st":
+            shown = side_name({"side": side, "variant": kw.get("variant", ""), "gradcache": kw.get("gradcache", 0)})
+            spec.update(profile=True, profile_trace=trace_path(a, label, shown, batch))
         record(spec, child_env, label=label, side=side, model=model, batch=batch, kind=kind, tuner=spec["tuner"],
                checkpointing=spec["checkpointing"], gradcache=spec.get("gradcache", 0), variant=kw.get("variant", ""))
 
@@ -683,9 +706,45 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
                         kind="gme", tuner="lora", lr=GME_LR, checkpointing=True,
                         workers=a.workers, amp=amp, dtype=s.dtype,
                         attn_impl=a.attn_impl or "sdpa", extra=shlex.split(a.gme_args or ""))
+            if a.profile:
+                spec.update(profile=True, profile_trace=trace_path(a, spec["label"], "mmembed", batch))
             record(spec, gme_env, label=spec["label"], side="mmembed", model="gme", batch=batch, kind="gme",
                    tuner="lora", checkpointing=True, gradcache=0)
     return {"meta": meta(), "runs": runs}
+
+
+def trace_path(a: argparse.Namespace, label: str, side: str, batch: int) -> str | None:
+    """Where ``--profile_trace DIR`` puts a profiled step's Chrome trace (chrome://tracing, Perfetto)."""
+    if not a.profile_trace:
+        return None
+    os.makedirs(a.profile_trace, exist_ok=True)
+    name = "-".join(x for x in (label, side, f"b{batch}") if x)
+    return os.path.join(os.path.abspath(a.profile_trace), "".join(c if c.isalnum() or c in "-." else "_" for c in name)
+                        + ".json")
+
+
+def print_profiles(res: dict, save_to: str | None = None) -> None:
+    """``--profile``: each profiled step's time by region and its top kernels (profile_step.py);
+    with ``--save X.json`` the same as markdown in ``X.profile.md`` (for docs/benchmarks.md)."""
+    from profile_step import render_markdown, render_text
+
+    profiled = [r for r in res["runs"] if r.get("profile")]
+    if not profiled:
+        return
+    print()
+    md = []
+    for r in profiled:
+        title = f"{r['label']} batch {r['batch']} {side_name(r)}"
+        print(render_text(r["profile"], title))
+        if r.get("steps"):
+            print(f"  (the run's timed steps, without the profiler: {r['step_s'] / r['steps'] * 1000:.1f} ms each)")
+        print()
+        md.append(render_markdown(r["profile"], title))
+    if save_to:
+        path = os.path.splitext(save_to)[0] + ".profile.md"
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("\n\n".join(md) + "\n")
+        print(f"(the profiles as markdown: {path})")
 
 
 def save(path: str, res: dict) -> None:
@@ -970,6 +1029,10 @@ def main() -> None:
     p.add_argument("--time_limit", type=float, help="seconds for the whole benchmark: a run still going then is "
                    "stopped and named in the table, later runs are not started (default: none)")
     p.add_argument("--load", help="print the table of saved results (comma-separated files), run nothing")
+    p.add_argument("--profile", action="store_true", help="profile one step of every mmembed run (the first after "
+                   "warmup, then not timed): time by region (vision tower, language model, attention, loss, other, "
+                   "data, idle) and the top kernels (benchmarks/profile_step.py)")
+    p.add_argument("--profile_trace", help="with --profile, also write each profiled step's Chrome trace here")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -985,6 +1048,7 @@ def main() -> None:
             if x["meta"]["env"]["device"] != res["meta"]["env"]["device"]:
                 print(f"note: results from different devices: {x['meta']['env']['device']}")
         print_table(res, a.peak_tflops)
+        print_profiles(res)
         return
     if a.dry_run:
         meta_checks()
@@ -995,6 +1059,7 @@ def main() -> None:
     if a.save:
         save(a.save, res)
     print_table(res, a.peak_tflops)
+    print_profiles(res, a.save)
     print(f"\n{res['meta']['wall_s']:.0f} s in all")
 
 
