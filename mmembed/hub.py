@@ -38,7 +38,7 @@ from .environment import read as read_environment
 from .errors import UsageError, one_line, parse_bool
 
 __all__ = ["IGNORE_PATTERNS", "HubOptions", "add_hub_flags", "is_hub_id", "local_folder", "modelscope_endpoint",
-           "modelscope_not_found", "resolve_model"]
+           "modelscope_not_found", "offline_switched", "resolve_model"]
 
 #: the files of a model repository that are not downloaded (ms-swift's ``safe_snapshot_download``
 #: list): archives, other formats' weights, ONNX exports
@@ -74,15 +74,20 @@ class HubOptions:
         ``--model_revision``, ``--hub_token`` and the offline switches of ``environment``
         (None: read now). A malformed variable is a UsageError naming it."""
         env = read_environment(environment)
-        try:
-            offline = bool(env.downloads.offline_switches())
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        return cls(bool(use_hf) or env.hub.use_hf, revision or None, token or None, offline)
+        return cls(bool(use_hf) or env.hub.use_hf, revision or None, token or None, offline_switched(env))
 
     def for_flag(self, flag: str) -> HubOptions:
         """``--model_revision`` is ``--model``'s: the other model flags take the default branch."""
         return self if flag == "--model" else HubOptions(self.use_hf, None, self.token, self.offline)
+
+
+def offline_switched(env: Environment) -> bool:
+    """Whether ``env``'s offline switches (``HF_HUB_OFFLINE``, ``MMEMBED_OFFLINE``) forbid
+    downloads, for either hub; a malformed switch is a UsageError naming it."""
+    try:
+        return bool(env.downloads.offline_switches())
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def add_hub_flags(parser) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 from ..environment import EnvironmentLike
 from ..environment import read as read_environment
 from ..errors import UsageError, one_line
-from ..hub import INSTALL_MODELSCOPE, modelscope_endpoint, modelscope_not_found
+from ..hub import INSTALL_MODELSCOPE, modelscope_endpoint, modelscope_not_found, offline_switched
 from .hub_columns import SwiftDataset, SwiftSubset, positional_columns, swift_dataset, swift_renames
 from .specs import HubDataset, SpecError
 
@@ -73,12 +73,8 @@ class DatasetHubOptions:
         """``--use_hf`` or ``USE_HF`` (either true: Hugging Face, as in ms-swift), the cache
         folder and ``MAX_NEGATIVE_SAMPLES`` from the environment, the rest as given."""
         env = read_environment(environment)
-        try:
-            offline = bool(env.downloads.offline_switches())
-        except ValueError as e:
-            raise UsageError(str(e)) from None
         return cls(use_hf=bool(use_hf) or env.hub.use_hf, cache=env.hub.cache,
-                   max_negative=env.rerank_sampling.max_negative, offline=offline, **options)
+                   max_negative=env.rerank_sampling.max_negative, offline=offline_switched(env), **options)
 
     def hub_of(self, dataset: HubDataset) -> str:
         """``"hf"`` or ``"ms"``: the spec's prefix, else ``use_hf``."""
@@ -116,9 +112,13 @@ def hub_files(dataset: HubDataset, options: DatasetHubOptions, columns: dict[str
     if entry is not None and not exact:
         logger.info("%s: read with the mapping of ms-swift's registered %s (the same dataset name, as ms-swift "
                     "matches it)", dataset, entry.name)
+    subsets = _subsets(dataset, entry)
+    # what datasets.load_dataset reads: the Hugging Face id, or the ModelScope repository's folder,
+    # downloaded once for all its subsets and splits
+    source = dataset.repo_id if hub == "hf" else _modelscope_folder(dataset, options)
     files = []
-    for subset in _subsets(dataset, entry):
-        files += _subset_files(dataset, hub, entry, subset, options, columns or {})
+    for subset in subsets:
+        files += _subset_files(dataset, hub, source, entry, subset, options, columns or {})
     return files
 
 
@@ -147,9 +147,9 @@ def _display(dataset: HubDataset, hub: str, subset: str, split: str) -> str:
     return f"{hub}::{dataset.repo_id}" + (f":{subset}" if subset != "default" else "") + f"[{split}]"
 
 
-def _subset_files(dataset: HubDataset, hub: str, entry: SwiftDataset | None, subset: SwiftSubset,
+def _subset_files(dataset: HubDataset, hub: str, source: str, entry: SwiftDataset | None, subset: SwiftSubset,
                   options: DatasetHubOptions, columns: dict[str, str]) -> list[HubFile]:
-    loaded = [(split, _load_split(dataset, hub, subset.hub_subset, split, options))
+    loaded = [(split, _load_split(dataset, hub, source, subset.hub_subset, split, options))
               for split in subset.splits or ("train",)]
     key = hashlib.sha256(json.dumps({
         "version": _ROWS_VERSION, "hub": hub, "id": dataset.repo_id, "subset": subset.name,
@@ -188,13 +188,12 @@ def _subset_files(dataset: HubDataset, hub: str, entry: SwiftDataset | None, sub
 # ----------------------------------------------------------------------------- the clients
 
 
-def _load_split(dataset: HubDataset, hub: str, subset: str, split: str, options: DatasetHubOptions):
+def _load_split(dataset: HubDataset, hub: str, source: str, subset: str, split: str, options: DatasetHubOptions):
     """One split as a ``datasets.Dataset``, from the hub's client; a SpecError naming it.
 
-    Hugging Face: ``datasets.load_dataset`` of the id. ModelScope: the dataset repository's
-    files downloaded by modelscope's own client (``snapshot_download``, ``repo_type="dataset"``,
-    into ``MODELSCOPE_CACHE``), then ``datasets.load_dataset`` of that folder with the subset
-    and split: what ``MsDataset.load`` does for a repository of data files (ModelScope's
+    ``source`` is what ``datasets.load_dataset`` reads. Hugging Face: the id. ModelScope: the
+    folder of the dataset repository's files, downloaded by modelscope's own client
+    (:func:`_modelscope_folder`), read with the subset and split: what ``MsDataset.load`` does for a repository of data files (ModelScope's
     "general" datasets, which its builder hands to the same ``datasets`` loader with the same
     configs and split patterns), without MsDataset itself, which requires ``datasets<=4.8.4``
     (modelscope's ``datasets`` extra) and fails on ``datasets`` 5."""
@@ -202,13 +201,9 @@ def _load_split(dataset: HubDataset, hub: str, subset: str, split: str, options:
 
     where = f"{_HUB_NAMES[hub]} dataset {dataset.repo_id} (subset {subset!r}, split {split!r})"
     try:
-        if hub == "hf":
-            ds = datasets.load_dataset(dataset.repo_id, name=subset, split=split, token=options.token,
-                                       download_mode=options.download_mode, cache_dir=options.datasets_cache)
-        else:
-            folder = _modelscope_folder(dataset, options)
-            ds = datasets.load_dataset(folder, name=subset, split=split, download_mode=options.download_mode,
-                                       cache_dir=options.datasets_cache)
+        token = {"token": options.token} if hub == "hf" else {}  # a local folder needs none
+        ds = datasets.load_dataset(source, name=subset, split=split, download_mode=options.download_mode,
+                                   cache_dir=options.datasets_cache, **token)
     except (UsageError, SpecError):
         raise
     except Exception as e:  # noqa: BLE001 (the clients raise many kinds; each is the user's data or network)
@@ -234,7 +229,8 @@ def _modelscope_download(dataset: HubDataset):
 
 def _modelscope_folder(dataset: HubDataset, options: DatasetHubOptions) -> str:
     """The local folder of ModelScope dataset ``dataset`` (its default branch, ``master``, as
-    ms-swift loads it), downloaded now or, offline, from the cache; a SpecError of one line
+    ms-swift loads it): modelscope's ``snapshot_download`` (``repo_type="dataset"``, into
+    ``MODELSCOPE_CACHE``) now or, offline, from the cache; a SpecError of one line
     for an id the hub does not have, an unreachable hub, or an empty cache offline."""
     download = _modelscope_download(dataset)
     named = f"dataset {dataset}: {_not_local(dataset)}"
