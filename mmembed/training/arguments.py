@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from importlib.resources import files
 
 from transformers import HfArgumentParser
 
@@ -30,6 +29,7 @@ from .device_flags import (
 from .flag_checks import (
     DEEPSPEED_CONFIGS,
     TUNER_TYPES,
+    bundled_deepspeed_config,
     check_dataset_config,
     check_deepspeed_json,
     check_json_config,
@@ -112,7 +112,7 @@ class SftArguments(SftFlags):
             self.gradient_checkpointing, self.gradient_checkpointing_kwargs = wanted, kwargs
         if isinstance(self.deepspeed, str) and self.deepspeed in DEEPSPEED_CONFIGS:
             # ms-swift's names for the bundled configs; their "auto" values are filled from these flags
-            self.deepspeed = str(files("mmembed.training").joinpath("ds_configs", f"{self.deepspeed}.json"))
+            self.deepspeed = bundled_deepspeed_config(self.deepspeed)
         elif isinstance(self.deepspeed, str):
             check_deepspeed_json(self.deepspeed)
         self.deepspeed = honour_optimizer_under_offload(self.deepspeed, str(getattr(self.optim, "value", self.optim)))

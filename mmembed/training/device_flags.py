@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..environment import export
 from ..environment import read as read_environment
-from .flag_checks import check_prefetch
+from .flag_checks import check_prefetch, read_deepspeed_json
 from .sft_flags import SftFlags
 
 if TYPE_CHECKING:
@@ -31,13 +31,7 @@ def honour_optimizer_under_offload(deepspeed, optim: str):
 
     if not deepspeed or optim.startswith("adamw"):
         return deepspeed
-    config = deepspeed
-    if isinstance(deepspeed, str):
-        if deepspeed.lstrip().startswith("{"):
-            config = json.loads(deepspeed)
-        else:
-            with open(deepspeed, encoding="utf-8") as f:
-                config = json.load(f)
+    config = read_deepspeed_json(deepspeed) if isinstance(deepspeed, str) else deepspeed
     offload = (config.get("zero_optimization") or {}).get("offload_optimizer") or {}
     if offload.get("device") not in ("cpu", "nvme") or "zero_force_ds_cpu_optimizer" in config:
         return deepspeed

@@ -228,13 +228,27 @@ def check_names(args: SftFlags) -> None:
         raise UsageError("--output_dir must name a folder, got ''")
 
 
+def bundled_deepspeed_config(name: str) -> str:
+    """The file of a bundled DeepSpeed config named as ms-swift names them (:data:`DEEPSPEED_CONFIGS`)."""
+    from importlib.resources import files
+
+    return str(files("mmembed.training").joinpath("ds_configs", f"{name}.json"))
+
+
 def check_deepspeed_json(value: str) -> None:
     """``--deepspeed`` as a JSON file or inline JSON: it must parse to an object, so a typo is
     reported with the file's name and the place, not by DeepSpeed's loader."""
+    read_deepspeed_json(value)
+
+
+def read_deepspeed_json(value: str) -> dict:
+    """The config of ``--deepspeed`` given as a JSON file or inline JSON; a UsageError naming
+    the file and the place when it is neither, does not parse, or holds no JSON object."""
     config, where = read_json_flag("deepspeed", value, f"--deepspeed {value!r} is not one of "
                                     f"{', '.join(DEEPSPEED_CONFIGS)} and not a JSON file")
     if not isinstance(config, dict):
         raise UsageError(f"{where} must hold a JSON object (DeepSpeed's config), got {type(config).__name__}")
+    return config
 
 
 def check_json_config(flag: str, value: str) -> None:

@@ -5,7 +5,6 @@ the arguments are made, so that what cannot work is one line before the model lo
 from __future__ import annotations
 
 import logging
-import os
 
 from ..errors import UsageError
 from ..model.quantization import (
@@ -19,6 +18,7 @@ from ..model.quantization import (
     bitsandbytes_missing,
     default_compute_dtype,
 )
+from .flag_checks import DEEPSPEED_CONFIGS, bundled_deepspeed_config, read_deepspeed_json
 from .sft_flags import SftFlags
 
 logger = logging.getLogger("mmembed")
@@ -85,26 +85,12 @@ def quantization(args: SftFlags) -> Quantization | None:
 
 
 def _zero_stage(deepspeed) -> int | None:
-    """The ZeRO stage of ``--deepspeed`` (a bundled config's name, a JSON file, inline JSON or a
-    dict); None when there is none or it cannot be read (its own check reports that)."""
-    import json
-
+    """The ZeRO stage of ``--deepspeed`` as given (a bundled config's name, a JSON file, inline
+    JSON or a dict); None without DeepSpeed or a stage."""
     if not deepspeed:
         return None
-    if isinstance(deepspeed, dict):
-        config = deepspeed
-    elif deepspeed in ("zero2", "zero2_offload", "zero3", "zero3_offload"):
-        return int(deepspeed[4])
-    else:
-        try:
-            if str(deepspeed).lstrip().startswith("{"):
-                config = json.loads(deepspeed)
-            elif os.path.isfile(deepspeed):
-                with open(deepspeed, encoding="utf-8") as f:
-                    config = json.load(f)
-            else:
-                return None
-        except (OSError, ValueError):
-            return None
-    stage = (config.get("zero_optimization") or {}).get("stage") if isinstance(config, dict) else None
+    if isinstance(deepspeed, str) and deepspeed in DEEPSPEED_CONFIGS:
+        deepspeed = bundled_deepspeed_config(deepspeed)
+    config = read_deepspeed_json(deepspeed) if isinstance(deepspeed, str) else deepspeed
+    stage = (config.get("zero_optimization") or {}).get("stage")
     return int(stage) if isinstance(stage, int) else None
