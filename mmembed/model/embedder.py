@@ -24,7 +24,7 @@ from ..encoding.templates import SIDES, Template, get_template, template_from_co
 from .adapters import load_lora
 from .embedding import EmbeddingModel, default_max_length, load_backbone, require_local_model
 from .io import instructions_of, read_mmembed_config, read_sentence_transformers_prompts
-from .quantization import Quantization, unquantized_modules
+from .quantization import Quantization
 
 if TYPE_CHECKING:
     from ..encoding.media import MediaSettings
@@ -96,8 +96,7 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
                          "trained on a quantized base (its mmembed.json records no quantization)")
     if quantized:
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        backbone = load_backbone(base, torch_dtype, quantization_config=quant.config(unquantized_modules(template.parts)),
-                                 device_map={"": device})
+        backbone = load_backbone(base, torch_dtype, **quant.loading(template.parts, device))
         merge = False  # merging into quantized weights would round the update away
     else:
         backbone = load_backbone(base, torch_dtype)

@@ -74,6 +74,11 @@ class Quantization:
             text += f" --bnb_4bit_quant_type {self.quant_type} --bnb_4bit_use_double_quant {str(self.double_quant).lower()}"
         return text
 
+    def loading(self, parts: dict[str, tuple[str, ...]], device) -> dict[str, Any]:
+        """``load_backbone``'s keywords that quantize the base as it loads, onto ``device``: the
+        config, with a template's ``parts`` (:func:`unquantized_modules`) kept in full precision."""
+        return {"quantization_config": self.config(unquantized_modules(parts)), "device_map": {"": device}}
+
     def config(self, skip_modules: list[str] | None = None):
         """transformers' ``BitsAndBytesConfig`` (``skip_modules``: module-name prefixes kept
         unquantized; None: transformers' own choice, the output embeddings)."""

@@ -32,7 +32,6 @@ from ..model.embedding import (
     load_backbone,
 )
 from ..model.packing import PACKABLE_MODEL_TYPES, VARLEN_ATTENTION
-from ..model.quantization import unquantized_modules
 from .arguments import SftArguments, UsageError
 from .quant_flags import quantization
 
@@ -277,8 +276,7 @@ def build_model(args: SftArguments, template: Template, pooling: str) -> Embeddi
         backbone = load_backbone(args.model, args.torch_dtype, args.attn_impl)
     else:  # QLoRA: quantized as it loads, onto this process's device (as ms-swift's device_map)
         backbone = load_backbone(args.model, args.torch_dtype, args.attn_impl,
-                                 quantization_config=quant.config(unquantized_modules(template.parts)),
-                                 device_map={"": args.device})
+                                 **quant.loading(template.parts, args.device))
         logger.info("%s: the frozen base in %d bits (%s), LoRA in full precision", quant.describe(), quant.bits,
                     f"{quant.quant_type}, computing in {quant.compute_dtype}" if quant.bits == 4 else "int8")
     check_attention_dropout(backbone.config)
