@@ -9,6 +9,14 @@ tower and aligner unfrozen), then each held-out picture is ranked against the 18
 Chance recall@1 is 1/18.
 
     python benchmarks/learn_multimodal.py            # prints before/after recall@1 and MRR
+
+``--task_type late_interaction``: the same task for a multi-vector model (ColQwen: a 128-d vector
+per token and image patch, MaxSim; the InfoNCE temperature the task's default, 1.0, unless
+INFONCE_TEMPERATURE is set). A caption is the query and a picture the document, as trained; each
+held-out picture ranks the 18 captions by MaxSim(caption, picture). "Before" is the start weights
+with a projection drawn under ``torch.manual_seed(seed)`` (the base folder has none).
+
+    python benchmarks/learn_multimodal.py --task_type late_interaction
 """
 
 from __future__ import annotations
@@ -89,6 +97,47 @@ def evaluate(model_dir: str, test: list[tuple[str, str]]) -> dict[str, float]:
             "chance": 1.0 / len(captions)}
 
 
+def evaluate_late_interaction(model_dir: str, test: list[tuple[str, str]], seed: int | None = None) -> dict[str, float]:
+    """As :func:`evaluate`, for a late-interaction checkpoint (``seed`` given: ``model_dir`` is the
+    base folder, scored with a seeded random projection)."""
+    import torch
+
+    from mmembed.losses.maxsim import maxsim
+    from mmembed.task import get_task
+
+    task = get_task("late_interaction")
+    if seed is None:
+        scorer = task.load_scorer(model_dir, device="cpu")
+    else:
+        from types import SimpleNamespace
+
+        from transformers import AutoProcessor
+
+        from mmembed.encoding.templates import get_template
+        from mmembed.model.embedding import load_backbone
+        from mmembed.model.late_interaction import LateInteractionModel
+        from mmembed.tasks.late_interaction.scorer import MultiVectorScorer
+        from mmembed.tasks.late_interaction.settings import FLAGS, LateInteractionSettings
+
+        processing = AutoProcessor.from_pretrained(model_dir)
+        template = get_template(config_model_type="qwen2_vl")
+        settings = LateInteractionSettings.resolve(SimpleNamespace(model=model_dir, **dict.fromkeys(FLAGS)), template,
+                                                   processing)
+        backbone = load_backbone(model_dir)
+        torch.manual_seed(seed)
+        model = LateInteractionModel(backbone, settings.dim, tower=template.tower)
+        scorer = MultiVectorScorer(model, processing, template, 512, settings, device="cpu")
+    captions = sorted({c for _, c in test})
+    queries = scorer.token_matrices(captions, "query")
+    docs = scorer.token_matrices([{"text": "<image>", "images": [p]} for p, _ in test], "document")
+    pad = lambda rows: torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)  # noqa: E731 - absent tokens are zero
+    scores = maxsim(pad(queries), pad(docs), normalize=scorer.settings.normalize_scores).T.numpy()  # [pictures, captions]
+    target = np.array([captions.index(c) for _, c in test])
+    rank = (scores > scores[np.arange(len(test)), target][:, None]).sum(1)  # 0 = first
+    return {"recall@1": float((rank == 0).mean()), "mrr": float((1.0 / (rank + 1)).mean()),
+            "chance": 1.0 / len(captions)}
+
+
 def main(argv: list[str] | None = None, run=None) -> dict[str, dict[str, float]]:
     """``run(args, env)``: how ``python ARGS`` (the ``mmembed sft`` command) runs with the
     environment ``env``; default a fresh interpreter (the test suite forks its own)."""
@@ -100,7 +149,9 @@ def main(argv: list[str] | None = None, run=None) -> dict[str, dict[str, float]]
     ap.add_argument("--batch_size", type=int, default=18)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work_dir", default=None)
+    ap.add_argument("--task_type", default="embedding", choices=["embedding", "late_interaction"])
     args = ap.parse_args(argv)
+    late = args.task_type == "late_interaction"
 
     sys.path.insert(0, os.path.join(REPO, "examples"))
     from tiny_models import build
@@ -108,7 +159,7 @@ def main(argv: list[str] | None = None, run=None) -> dict[str, dict[str, float]]
     work = args.work_dir or tempfile.mkdtemp(prefix="mmembed-learn-")
     model_dir = build("qwen2_vl", os.path.join(work, "model"), seed=args.seed)
     train, test = make_task(os.path.join(work, "data"), args.train_per_class, args.test_per_class, args.seed)
-    before = evaluate(model_dir, test)
+    before = evaluate_late_interaction(model_dir, test, seed=args.seed) if late else evaluate(model_dir, test)
     out = os.path.join(work, "out")
     cmd = ["-m", "mmembed.tools.cli", "sft", "--model", model_dir, "--dataset", train,
            "--tuner_type", "full", "--freeze_vit", "false", "--freeze_aligner", "false",
@@ -116,9 +167,10 @@ def main(argv: list[str] | None = None, run=None) -> dict[str, dict[str, float]]
            "--gradient_accumulation_steps", "1", "--learning_rate", str(args.learning_rate),
            "--warmup_ratio", "0.1", "--save_strategy", "no", "--logging_steps", "10",
            "--gradient_checkpointing", "false", "--seed", str(args.seed), "--output_dir", out, "--overwrite_output_dir", "true",
-           "--report_to", "none"]
-    env = dict(os.environ, INFONCE_TEMPERATURE=os.environ.get("INFONCE_TEMPERATURE", "0.05"),
-               MAX_PIXELS=str(SIZE * SIZE), MIN_PIXELS=str(SIZE * SIZE))
+           "--report_to", "none", "--task_type", args.task_type]
+    env = dict(os.environ, MAX_PIXELS=str(SIZE * SIZE), MIN_PIXELS=str(SIZE * SIZE))
+    if not late:  # the late-interaction task's own default temperature (MaxSim sums) unless set
+        env["INFONCE_TEMPERATURE"] = os.environ.get("INFONCE_TEMPERATURE", "0.05")
     t0 = time.time()
     if run is None:
         subprocess.run([sys.executable, *cmd], check=True, env=env)
@@ -127,8 +179,8 @@ def main(argv: list[str] | None = None, run=None) -> dict[str, dict[str, float]]
     seconds = time.time() - t0
     ckpts = sorted((d for d in os.listdir(out) if d.startswith("checkpoint-")), key=lambda d: int(d.split("-")[1]))
     os.environ.update(MAX_PIXELS=env["MAX_PIXELS"], MIN_PIXELS=env["MIN_PIXELS"])
-    after = evaluate(os.path.join(out, ckpts[-1]), test)
-    print(f"\ntiny Qwen2-VL from random weights, {len(test)} held-out pictures x 18 captions; training took {seconds:.0f} s")
+    after = (evaluate_late_interaction if late else evaluate)(os.path.join(out, ckpts[-1]), test)
+    print(f"\ntiny Qwen2-VL ({args.task_type}) from random weights, {len(test)} held-out pictures x 18 captions; training took {seconds:.0f} s")
     print(f"{'metric':10s}{'before':>10s}{'after':>10s}{'chance':>10s}")
     print(f"{'recall@1':10s}{before['recall@1']:10.4f}{after['recall@1']:10.4f}{after['chance']:10.4f}")
     print(f"{'mrr':10s}{before['mrr']:10.4f}{after['mrr']:10.4f}")

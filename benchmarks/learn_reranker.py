@@ -94,7 +94,7 @@ def metrics(score_pairs, cands) -> dict[str, float]:
 
 
 def mmembed_scores(folder: str):
-    from mmembed.model.rerank_scorer import Reranker
+    from mmembed.tasks.reranker.scorer import Reranker
 
     rr = Reranker.from_pretrained(folder, device="cpu", task_type="reranker")
     return lambda pairs: rr.score_pairs(pairs, batch_size=64, raw_scores=True)

@@ -53,9 +53,9 @@ The reranker variables (section ``reranker``, ms-swift's names, read as text):
 ========================================  ==========================================================================
 variable                                  meaning
 ========================================  ==========================================================================
-``LISTWISE_RERANKER_TEMPERATURE``         the listwise reranker loss's temperature (default 1.0; :mod:`mmembed.losses.rerank`)
+``LISTWISE_RERANKER_TEMPERATURE``         the listwise reranker loss's temperature (default 1.0; :mod:`mmembed.tasks.reranker.losses`)
 ``LISTWISE_RERANKER_MIN_GROUP_SIZE``      groups smaller than this give no listwise loss (default 2)
-``GENERATIVE_RERANKER_POSITIVE_TOKEN``    a generative reranker's score is this token's logit ... (default ``yes``; :mod:`mmembed.model.reranker`)
+``GENERATIVE_RERANKER_POSITIVE_TOKEN``    a generative reranker's score is this token's logit ... (default ``yes``; :mod:`mmembed.tasks.reranker.model`)
 ``GENERATIVE_RERANKER_NEGATIVE_TOKEN``    ... minus this one's (default ``no``)
 ========================================  ==========================================================================
 
@@ -315,7 +315,7 @@ class InfoNCEVariables:
 @dataclass(frozen=True)
 class RerankSampling:
     """How many candidates a reranker row gives a training batch (ms-swift's variables and
-    defaults; :class:`mmembed.encoding.rerank_inputs.RerankCollator`): ``MAX_POSITIVE_SAMPLES``
+    defaults; :class:`mmembed.tasks.reranker.inputs.RerankCollator`): ``MAX_POSITIVE_SAMPLES``
     positives drawn per row, ``MAX_NEGATIVE_SAMPLES`` negatives drawn per drawn positive."""
 
     max_positive: int = 1
@@ -336,8 +336,8 @@ class RerankSampling:
 @dataclass(frozen=True)
 class RerankerVariables:
     """ms-swift's reranker variables that are set, as text: ``LISTWISE_RERANKER_*`` parsed by
-    :func:`mmembed.losses.rerank.build_rerank_loss`, ``GENERATIVE_RERANKER_*_TOKEN`` read by
-    :func:`mmembed.model.reranker.load_reranker`."""
+    :func:`mmembed.tasks.reranker.losses.build_rerank_loss`, ``GENERATIVE_RERANKER_*_TOKEN`` read by
+    :func:`mmembed.tasks.reranker.model.load_reranker`."""
 
     values: dict[str, str] = field(default_factory=dict)
 

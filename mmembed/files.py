@@ -163,3 +163,28 @@ class HashingWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# ---- reading a model folder's small JSON files once -----------------------------------------------
+
+_JSON_READ: dict[tuple[str, int, int], object] = {}
+
+
+def read_json_once(path: str) -> object:
+    """``json.load`` of ``path`` (a model folder's ``config.json``, ``modules.json``,
+    ``config_sentence_transformers.json``, ...), read from the disk once per process as long as
+    the file stays the same (its size and modification time): the run's checks, the template's
+    pooling and the encoding all ask for the same few files. Each call gets its own copy.
+
+    Raises:
+        OSError, ValueError: as ``open`` and ``json.load`` do (nothing is kept then).
+    """
+    import copy
+    import json
+
+    stat = os.stat(path)
+    key = (os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _JSON_READ:
+        with open(path, encoding="utf-8") as f:
+            _JSON_READ[key] = json.load(f)
+    return copy.deepcopy(_JSON_READ[key])

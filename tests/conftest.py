@@ -151,6 +151,8 @@ def run_example(script: str, env: dict[str, str], extra: list[str] = ()) -> subp
 # handed out longest first so that both workers end together.
 LONGEST_FIRST = [
     "training/test_distributed_sft.py", "encoding/test_multimodal.py", "training/test_distributed.py",
+    # late interaction: its runs, scripts (ZeRO-3 on 2 processes) and exports; 2 processes vs 1 (~2.5 min, ~1 min)
+    "tasks/test_late_interaction.py", "tasks/test_late_interaction_distributed.py",
     "tools/test_swift_scripts.py",  # ms-swift's scripts as published: 8 + 2 + 2 processes, ~4 min
     "training/test_resume_safety.py", "training/test_preemption.py", "training/test_untrainable.py",
     "training/test_multi_samplers.py", "training/test_multi_streams.py", "model/test_instructions.py", "data/test_scale.py",

@@ -59,6 +59,32 @@ def test_no_loss_name_is_compared_outside_losses():
     assert not found, "\n".join(found)
 
 
+def test_shared_code_asks_the_task():
+    """Task code lives under mmembed/tasks/ and is found through mmembed.task's registry: no
+    module of the shared layers imports mmembed.tasks, and none decides by a task's name
+    (``task_type ==``, ``in``, or a task name compared)."""
+    names = r"(embedding|reranker|generative_reranker|late_interaction)"
+    compared = re.compile(r"task_type\b\)?\s*(==|!=|in\b|not in\b)|[\"']" + names + r"[\"']\s*(==|!=|in\b)"
+                          r"|(==|!=)\s*[\"']" + names + r"[\"']|\bRERANK_TASKS\b")
+    found = []
+    for _, path in _modules():
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        for node in ast.walk(tree):
+            target = None
+            if isinstance(node, ast.ImportFrom):
+                target = ("." * node.level) + (node.module or "")
+            elif isinstance(node, ast.Import):
+                target = ",".join(a.name for a in node.names)
+            if target and re.search(r"(^\.\.tasks\b|mmembed\.tasks\b)", target):
+                found.append(f"{os.path.relpath(path, REPO)}:{node.lineno} imports {target}")
+        if path.endswith(os.path.join("encoding", "templates.py")):
+            continue  # a template's own kind (embedding / reranker template), not a --task_type
+        for i, line in enumerate(open(path, encoding="utf-8"), 1):
+            if compared.search(line.split("#")[0]):
+                found.append(f"{os.path.relpath(path, REPO)}:{i}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
 def _module_name(path):
     parts = os.path.relpath(path, REPO)[: -len(".py")].split(os.sep)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

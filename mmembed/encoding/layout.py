@@ -11,7 +11,7 @@ splits each into its parts.
   per pair. :func:`split_pair_rows` splits them (torch tensors or numpy arrays alike).
 - :attr:`Layout.RERANK`: a reranker's batch, one row per (query, document) pair (the pair is
   one model input), ``labels`` ``[N]`` 1.0 / 0.0; built by
-  :class:`~mmembed.encoding.rerank_inputs.RerankCollator`.
+  :class:`~mmembed.tasks.reranker.inputs.RerankCollator`.
 
 The collator builds batches in these layouts (``encoding.collator``), the losses read them
 (``mmembed.losses``), the evaluation and the charts score them (``eval.metrics``,
@@ -37,7 +37,7 @@ class Layout(str, enum.Enum):
     PAIR = "pair"
     #: a reranker's batch: one row per scored (query, document) pair, ``pos, its negatives...,
     #: pos, ...``; labels ``[N]``: 1.0 per positive pair, 0.0 per negative pair (and the
-    #: batch's ``group_ids``); see :mod:`mmembed.encoding.rerank_inputs`
+    #: batch's ``group_ids``); see :mod:`mmembed.tasks.reranker.inputs`
     RERANK = "rerank"
 
 

@@ -48,7 +48,7 @@ run and ``qwen3_reranker`` for a reranker run. Their extra fields:
 - ``default_instruction``: the instruction of a pair whose rows give none (``None``: none).
   A pair's instruction is the first present of: the document's own system, the query row's
   system, ``--query_system`` (or a dataset's), ``default_instruction``
-  (:mod:`mmembed.encoding.rerank_inputs`).
+  (:mod:`mmembed.tasks.reranker.inputs`).
 
 A new model family is one such file. ``--template path/to/file.toml`` takes a user's own;
 a checkpoint trained with it keeps the whole template in its ``mmembed.json``.
@@ -57,7 +57,6 @@ a checkpoint trained with it keeps the whole template in its ``mmembed.json``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
 from importlib import resources
@@ -66,15 +65,14 @@ from typing import Any
 import tomllib
 
 from ..data.sample import Item
+from ..files import read_json_once
 
 POOLINGS = ("last", "mean", "cls", "max")
 MEDIA_TAGS = {"image": "<image>", "video": "<video>", "audio": "<audio>"}
 TOWERS = {"image": "vision", "video": "vision", "audio": "audio"}  # the tower each media kind needs
 PARTS = ("aligner", "vit", "llm")  # in the order names are matched: the aligner sits inside the tower
 SIDES = ("query", "document")  # the two sides an item may be embedded as (the anchor is the query)
-TASKS = ("embedding", "reranker")  # what a template is for (get_template searches one task's templates)
-# the task of the templates each --task_type searches
-TASK_OF = {"embedding": "embedding", "reranker": "reranker", "generative_reranker": "reranker"}
+TASKS = ("embedding", "reranker")  # what a template is for (get_template searches one kind's templates)
 
 
 @dataclass(frozen=True)
@@ -308,12 +306,13 @@ def template_from_config(value: str | dict[str, Any]) -> Template:
 def get_template(name: str | None = None, model_type: str | None = None, config_model_type: str | None = None,
                  task: str | None = None) -> Template:
     """Find a template by name or TOML file path, else by ms-swift ``--model_type``, else by
-    the model config's ``model_type``. ``task`` (a ``--task_type``: ``embedding``,
-    ``reranker``, ``generative_reranker``; None: embedding) picks which templates the model
-    types are searched among; a template named outright must be of that task when one is given."""
-    if task is not None and task not in TASK_OF:
-        raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASK_OF)}")
-    wanted = TASK_OF[task or "embedding"]
+    the model config's ``model_type``. ``task`` (what the template is for, one of :data:`TASKS`:
+    ``embedding`` or ``reranker``, a task's :attr:`~mmembed.task.Task.template_task`; None:
+    embedding) picks which templates the model types are searched among; a template named
+    outright must be of that kind when one is given."""
+    if task is not None and task not in TASKS:
+        raise ValueError(f"unknown template task {task!r}; expected one of {', '.join(TASKS)}")
+    wanted = task or "embedding"
     if name and is_template_file(name):
         return _of_task(read_template_file(name), task)
     templates = builtin_templates()
@@ -342,9 +341,9 @@ def get_template(name: str | None = None, model_type: str | None = None, config_
 
 
 def _of_task(template: Template, task: str | None) -> Template:
-    if task is not None and template.task != TASK_OF[task]:
-        raise ValueError(f"template '{template.name}' is {_a(template.task)} template; --task_type {task} needs "
-                         f"{_a(TASK_OF[task])} template")
+    if task is not None and template.task != task:
+        raise ValueError(f"template '{template.name}' is {_a(template.task)} template; this --task_type needs "
+                         f"{_a(task)} template")
     return template
 
 
@@ -357,15 +356,13 @@ def read_sentence_transformers_pooling(model_dir: str) -> str | None:
     modules = os.path.join(model_dir, "modules.json")
     if not os.path.isfile(modules):
         return None
-    with open(modules, encoding="utf-8") as f:
-        entries = json.load(f)
+    entries = read_json_once(modules)
     for entry in entries:
         if entry.get("type", "").endswith("Pooling"):
             cfg_path = os.path.join(model_dir, entry.get("path", ""), "config.json")
             if not os.path.isfile(cfg_path):
                 return None
-            with open(cfg_path, encoding="utf-8") as f:
-                cfg = json.load(f)
+            cfg = read_json_once(cfg_path)
             if "pooling_mode" in cfg:  # newer sentence-transformers spell it as one string
                 mode = cfg["pooling_mode"]
                 return {"lasttoken": "last", "mean": "mean", "cls": "cls", "max": "max"}.get(mode)

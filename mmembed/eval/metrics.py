@@ -30,7 +30,7 @@ The layouts are read with ``encoding.layout``'s splitters, the ones the losses u
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -238,8 +238,10 @@ def retrieval_metrics(
     *,
     exclude: Sequence[set[int]] | None = None,
     cutoff: int = 10,
+    score: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
 ) -> dict[str, float]:
-    """Rank ``docs`` for every query by dot product and score the ranking.
+    """Rank ``docs`` for every query by dot product (or by ``score(queries, docs) -> [Q, C]``,
+    e.g. MaxSim of multi-vector rows ``[Q, Lq, D]``, ``[C, Ld, D]``) and score the ranking.
 
     Inputs
     ------
@@ -272,11 +274,11 @@ def retrieval_metrics(
     Every query must keep at least one relevant document (``ValueError`` otherwise).
     Returns ``{"recall@k" for k in ks, "mrr@10", "ndcg@10"}`` as Python floats.
     """
-    qv = _to_numpy(queries, "queries", 2)
-    dv = _to_numpy(docs, "docs", 2)
-    nq, dim = qv.shape
+    qv = _to_numpy(queries, "queries", 2 if score is None else None)
+    dv = _to_numpy(docs, "docs", 2 if score is None else None)
+    nq, dim = qv.shape[0], qv.shape[-1]
     nc = dv.shape[0]
-    if dv.shape[1] != dim:
+    if dv.shape[-1] != dim:
         raise ValueError(f"docs must be [C, {dim}] like queries, got shape {tuple(dv.shape)}")
     if nq == 0 or nc == 0:
         raise ValueError(f"need at least one query and one document, got Q={nq}, C={nc}")
@@ -293,7 +295,7 @@ def retrieval_metrics(
             raise ValueError(f"query {i} has no relevant document left (relevant={sorted(r)}, excluded={sorted(e)})")
 
     depth = max(max(ks, default=1), cutoff)
-    rankings = search(qv, dv, depth, exclude=excl)
+    rankings = search(qv, dv, depth, exclude=excl, score=score)
     relevance = [dict.fromkeys(r - e, 1.0) for r, e in zip(rel, excl)]
     m = ranking_metrics([r.tolist() for r in rankings], relevance, ks, cutoff)
     out = {f"recall@{k}": m[f"recall@{k}"] for k in ks}
@@ -382,6 +384,7 @@ def embedding_eval_metrics(
     use_batch: bool = True,
     ks: Sequence[int] = (1, 5, 10),
     candidates: Iterable[tuple[Any, Any]] | None = None,
+    score: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
 ) -> dict[str, float]:
     """All InfoNCE evaluation metrics from ms-swift's evaluation layout.
 
@@ -397,9 +400,12 @@ def embedding_eval_metrics(
     ``candidate_metrics``) together with ``retrieval_metrics`` of the anchors against every evaluation
     document: the ``N - B`` positives and negatives of the whole set, each anchor's
     relevant document being its own positive (``recall@k`` for ``ks``, ``mrr@10``,
-    ``ndcg@10``).
+    ``ndcg@10``). ``score``: the similarity to rank by when it is not the dot product (a
+    multi-vector model's MaxSim over rows ``[N, L, D]``; ``candidates`` must then be given).
     """
-    emb = _to_numpy(embeddings, "embeddings", 2)
+    emb = _to_numpy(embeddings, "embeddings", 2 if score is None else 3)
+    if score is not None and candidates is None:
+        raise ValueError("multi-vector rows need the loss's candidates (its own similarity) for margin / mean_neg")
     lab = _to_numpy(labels, "labels", 1)
     anchor_rows, pos_rows, neg_rows, neg_group = split_groups_numpy(lab, emb.shape[0])
     # the documents in label order (doc j is the row of label j: every row but the anchors),
@@ -410,12 +416,13 @@ def embedding_eval_metrics(
         out = candidate_metrics(candidates)
     else:
         out = infonce_metrics(anchors, emb[pos_rows], emb[neg_rows], neg_group, use_batch=use_batch)
-    out.update(retrieval_metrics(anchors, emb[label_rows], np.searchsorted(label_rows, pos_rows), ks=ks))
+    out.update(retrieval_metrics(anchors, emb[label_rows], np.searchsorted(label_rows, pos_rows), ks=ks, score=score))
     return out
 
 
 def layout_metrics(layout: Layout, embeddings: Any, labels: Any, *,
-                   candidates: Iterable[tuple[Any, Any]] | None = None) -> dict[str, float]:
+                   candidates: Iterable[tuple[Any, Any]] | None = None,
+                   score: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> dict[str, float]:
     """The evaluation metrics of a set in the batch ``layout`` (a loss's ``layout``).
 
     - ``Layout.PAIR``: ``embeddings`` ``[2P, D]`` rows ``s1_0, s2_0, ...`` and ``labels``
@@ -434,4 +441,4 @@ def layout_metrics(layout: Layout, embeddings: Any, labels: Any, *,
         emb = _to_numpy(embeddings, "embeddings", 2)
         lab = _to_numpy(labels, "labels", 1)
         return pair_metrics(*split_pair_rows(emb, lab.shape[0]), lab)
-    return embedding_eval_metrics(embeddings, labels, candidates=candidates)
+    return embedding_eval_metrics(embeddings, labels, candidates=candidates, score=score)

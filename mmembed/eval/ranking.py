@@ -41,7 +41,7 @@ Functions
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Hashable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -84,24 +84,27 @@ def search(
     k: int,
     *,
     exclude: Sequence[Collection[int]] | None = None,
+    score: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
 ) -> list[np.ndarray]:
     """The ``k`` best documents of each query by dot product, best first (``top_k``'s order).
 
     ``queries`` ``[Q, D]`` and ``docs`` ``[C, D]`` are numpy arrays; the scores are computed
     in their dtype, ``rows_per_block(C)`` queries at a time. ``exclude``, if given, holds
-    one collection of document indices per query that are never ranked for it. Returns
-    ``Q`` integer arrays of at most ``k`` document indices.
+    one collection of document indices per query that are never ranked for it. ``score``:
+    another similarity, ``score(queries_block, docs) -> [b, C]`` (e.g. MaxSim of multi-vector
+    rows ``[Q, Lq, D]`` and ``[C, Ld, D]``); the dot product when None. Returns ``Q``
+    integer arrays of at most ``k`` document indices.
     """
     q = np.asarray(queries)
     d = np.asarray(docs)
-    if q.ndim != 2 or d.ndim != 2 or q.shape[1] != d.shape[1]:
+    if score is None and (q.ndim != 2 or d.ndim != 2 or q.shape[1] != d.shape[1]):
         raise ValueError(f"queries [Q, D] and docs [C, D] must share D, got shapes {q.shape} and {d.shape}")
     if exclude is not None and len(exclude) != q.shape[0]:
         raise ValueError(f"exclude must have one entry per query ({q.shape[0]}), got {len(exclude)}")
     out: list[np.ndarray] = []
     step = rows_per_block(d.shape[0])
     for start in range(0, q.shape[0], step):
-        scores = q[start : start + step] @ d.T
+        scores = q[start : start + step] @ d.T if score is None else np.array(score(q[start : start + step], d))
         if exclude is not None:
             for row, skip in enumerate(exclude[start : start + scores.shape[0]]):
                 if len(skip):
@@ -145,3 +148,20 @@ def ranking_metrics(
     out = {f"ndcg@{cutoff}": float(np.mean(ndcg)), f"mrr@{cutoff}": float(np.mean(mrr))}
     out.update({f"recall@{k}": float(np.mean(v)) for k, v in recall.items()})
     return out
+
+
+def probabilities(scores: Sequence[float] | np.ndarray) -> np.ndarray:
+    """``sigmoid(scores)`` as float32 (computed in float64 by ``torch.sigmoid``, which neither
+    overflows nor fails at either end: a raw score of -1000 gives 0.0, one of 1000 gives 1.0).
+    For a generative reranker's ``logit(yes) - logit(no)`` this is the probability of the
+    positive token against the negative one, ``softmax([logit(no), logit(yes)])[1]``."""
+    import torch
+
+    raw = torch.as_tensor(np.asarray(scores, dtype=np.float64))
+    return torch.sigmoid(raw).numpy().astype(np.float32)
+
+
+def rank_order(scores: Sequence[float] | np.ndarray, top_n: int | None = None) -> np.ndarray:
+    """The indices of ``scores`` (raw scores), highest first, ties in index order (a stable
+    sort), at most ``top_n`` (None: all)."""
+    return np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")[:top_n]

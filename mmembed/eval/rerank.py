@@ -1,6 +1,6 @@
 """A reranker's held-out metrics: each group (a positive and its candidates) ranked by score.
 
-The eval rows are scored as :class:`~mmembed.encoding.rerank_inputs.RerankCollator` lays them
+The eval rows are scored as :class:`~mmembed.tasks.reranker.inputs.RerankCollator` lays them
 out with ``train=False``: each positive followed by every negative of its row, ``group_ids``
 naming the group of each pair. Per group, the positive's rank ``r`` among the group's scores
 (1 = the best; a tie counts against the positive, as the worst rank among equals), then the

@@ -5,9 +5,11 @@ Every loss is called as ``loss(outputs, labels) -> scalar tensor`` with
 layout (see each class). :func:`build_loss` builds one by name. Besides ms-swift's losses
 there are mmembed's own: ``gist`` (negatives vetted by a guide model), distillation from
 a teacher (``distill_cosine``, ``distill_mse``, ``distill_marginal``, ``distill_kl``) and
-the ``matryoshka`` wrapper (ms-swift's ``--mrl_dims``). The reranker losses
+the ``matryoshka`` wrapper (ms-swift's ``--mrl_dims``), and the late-interaction losses of
+``[N, L, D]`` token vectors scored by MaxSim (:mod:`mmembed.losses.late_interaction`,
+:mod:`mmembed.losses.maxsim`). The reranker losses
 (``pointwise_reranker``, ``listwise_reranker``) take a score per pair instead
-(:mod:`mmembed.losses.rerank`, :func:`build_rerank_loss`).
+(:mod:`mmembed.tasks.reranker.losses`, ``build_rerank_loss``).
 
 The batch layouts (:class:`Layout`) and their splitters (:func:`split_groups`) live in
 :mod:`mmembed.encoding.layout`, below the losses; they are exported here as well.
@@ -21,23 +23,25 @@ from .config import InfoNCEConfig
 from .distill import DistillCosineLoss, DistillKLLoss, DistillMarginalLoss, DistillMSELoss
 from .gist import GISTLoss
 from .infonce import InfoNCELoss, select_hard_negatives
+from .late_interaction import (
+    ColbertNegativeCELoss,
+    ColbertPairwiseCELoss,
+    ColbertPairwiseNegativeCELoss,
+    LateInteractionInfoNCELoss,
+)
 from .matryoshka import MatryoshkaLoss
+from .maxsim import DOT, MaxSim, Similarity, maxsim, maxsim_pairs, trim_tokens
 from .pairs import ContrastiveLoss, CosineSimilarityLoss, OnlineContrastiveLoss, split_pairs
 from .parts import GroupParts, RowParts, SideRows
 from .registry import LOSSES, build_loss, loss_class, register_loss
-from .rerank import (
-    RERANK_LOSSES,
-    ListwiseRerankLoss,
-    PointwiseRerankLoss,
-    RerankLoss,
-    build_rerank_loss,
-    rerank_task_of,
-)
 
 __all__ = [
+    "DOT",
     "LOSSES",
-    "RERANK_LOSSES",
     "ContrastiveLoss",
+    "ColbertNegativeCELoss",
+    "ColbertPairwiseCELoss",
+    "ColbertPairwiseNegativeCELoss",
     "CosineSimilarityLoss",
     "CrossProcess",
     "DistillCosineLoss",
@@ -50,25 +54,26 @@ __all__ = [
     "Groups",
     "InfoNCEConfig",
     "InfoNCELoss",
+    "LateInteractionInfoNCELoss",
     "Layout",
-    "ListwiseRerankLoss",
     "MatryoshkaLoss",
+    "MaxSim",
     "OnlineContrastiveLoss",
-    "PointwiseRerankLoss",
-    "RerankLoss",
     "RowParts",
     "Setup",
     "Side",
     "SideNeeds",
     "SideRows",
+    "Similarity",
     "WrapperLoss",
     "as_groups",
     "build_loss",
-    "build_rerank_loss",
     "loss_class",
+    "maxsim",
+    "maxsim_pairs",
     "register_loss",
-    "rerank_task_of",
     "select_hard_negatives",
     "split_groups",
     "split_pairs",
+    "trim_tokens",
 ]

@@ -59,6 +59,7 @@ from torch import Tensor, nn
 from ..data.labels import LabelRule
 from ..data.trainable import NegativesRule
 from ..encoding.layout import Layout, split_groups
+from .maxsim import DOT, Similarity
 from .parts import Parts
 
 NEG_INF = float("-inf")
@@ -290,15 +291,22 @@ def finite_number(owner: str, name: str, value: Any, *, minimum: float | None = 
     return float(value)
 
 
-def in_group_scores(anchors: Tensor, positives: Tensor, negatives: Tensor, neg_group: Tensor) -> tuple[Tensor, Tensor]:
+def in_group_scores(anchors: Tensor, positives: Tensor, negatives: Tensor, neg_group: Tensor,
+                    similarity: Similarity = DOT) -> tuple[Tensor, Tensor]:
     """Each anchor's similarities to ``[own positive, own negatives]``, padded with -inf.
+
+    Args:
+        anchors, positives, negatives, neg_group: As :class:`GroupParts` holds them
+            (``[B, D]`` rows, or ``[B, L, D]`` token vectors for :class:`MaxSim`).
+        similarity: How an anchor scores a document (:meth:`Similarity.pairs`): the dot
+            product by default.
 
     Returns:
         ``(scores [B, 1 + K], valid [B, 1 + K])``, ``K`` the largest group's number of
         negatives; a group's negatives keep their given order.
     """
     n_groups = anchors.shape[0]
-    pos = (anchors * positives).sum(-1, keepdim=True)  # [B, 1]
+    pos = similarity.pairs(anchors, positives)[:, None]  # [B, 1]
     if negatives.shape[0] == 0:
         return pos, torch.ones_like(pos, dtype=torch.bool)
     counts = torch.bincount(neg_group, minlength=n_groups)
@@ -307,7 +315,7 @@ def in_group_scores(anchors: Tensor, positives: Tensor, negatives: Tensor, neg_g
     first = torch.cumsum(counts, 0) - counts
     slot = torch.empty_like(neg_group)
     slot[order] = torch.arange(neg_group.numel(), device=neg_group.device) - first[neg_group[order]]
-    neg = (anchors.index_select(0, neg_group) * negatives).sum(-1)  # [M]
+    neg = similarity.pairs(anchors.index_select(0, neg_group), negatives)  # [M]
     width = int(counts.max())
     padded = pos.new_full((n_groups, width), NEG_INF).index_put((neg_group, slot), neg)
     valid = torch.arange(width, device=anchors.device)[None, :] < counts[:, None]

@@ -24,8 +24,9 @@ from torch import Tensor
 
 from ..data.trainable import NegativesRule
 from .base import NEG_INF, CrossProcess, EmbeddingLoss, Groups, as_groups, in_group_scores
-from .config import InfoNCEConfig
-from .parts import GroupParts
+from .config import InfoNCEConfig, env_temperature
+from .maxsim import DOT, Similarity
+from .parts import GroupParts, query_range
 
 
 def select_hard_negatives(counts: Tensor, hard_negatives: int, generator: torch.Generator | None = None) -> Tensor:
@@ -76,8 +77,8 @@ def select_hard_negatives(counts: Tensor, hard_negatives: int, generator: torch.
 class InfoNCELoss(EmbeddingLoss):
     """Contrastive InfoNCE loss over groups of anchor, positive and hard negatives.
 
-    For each anchor the logits are its similarities (dot products; the embeddings are
-    already L2-normalized and are not normalized again) to a set of candidates, divided
+    For each anchor the logits are its similarities (by default dot products; the embeddings
+    are already L2-normalized and are not normalized again) to a set of candidates, divided
     by ``temperature``; the loss is the cross-entropy with the anchor's own positive as
     the target, averaged over anchors. The candidates are:
 
@@ -105,6 +106,17 @@ class InfoNCELoss(EmbeddingLoss):
         include_dd: Add the positive-vs-documents block.
         generator: Random source for the ``hard_negatives`` padding; torch's global one
             when None.
+        similarity: How a query scores a document (:class:`~mmembed.losses.maxsim.Similarity`):
+            :data:`~mmembed.losses.maxsim.DOT` (``[N, D]`` embeddings, the default) or
+            :class:`~mmembed.losses.maxsim.MaxSim` (late interaction: ``[N, L, D]`` token
+            vectors, absent tokens exactly zero). Every setting above keeps its meaning
+            with MaxSim in place of the dot product (the fake-negative margin is then in
+            MaxSim's units). ``build_loss("infonce", similarity=MaxSim())`` or the
+            registered ``late_interaction_infonce`` build it.
+        temperature: None takes the similarity's default: 0.1 (ms-swift's) for the dot
+            product; for MaxSim 1.0 (the raw sum, sentence-transformers' / PyLate's
+            ``scale=1``) or 0.02 with ``normalize`` (colpali-engine's). :meth:`build` reads
+            ``INFONCE_TEMPERATURE`` first: when set, it wins.
 
     Inputs:
         +---------------------------------------------+----------------------------------------+
@@ -137,7 +149,7 @@ class InfoNCELoss(EmbeddingLoss):
 
     def __init__(
         self,
-        temperature: float = InfoNCEConfig.temperature,
+        temperature: float | None = None,
         use_batch: bool = InfoNCEConfig.use_batch,
         hard_negatives: int | None = InfoNCEConfig.hard_negatives,
         mask_fake_negative: bool = InfoNCEConfig.mask_fake_negative,
@@ -146,8 +158,15 @@ class InfoNCELoss(EmbeddingLoss):
         include_dd: bool = InfoNCEConfig.include_dd,
         *,
         generator: torch.Generator | None = None,
+        similarity: Similarity = DOT,
     ) -> None:
         super().__init__()
+        if not isinstance(similarity, Similarity):
+            raise ValueError(f"InfoNCE similarity must be a mmembed.losses.maxsim.Similarity (DOT, MaxSim(...)), "
+                             f"got {similarity!r}")
+        self.similarity = similarity
+        if temperature is None:
+            temperature = similarity.default_temperature(InfoNCEConfig.temperature)
         self.config = InfoNCEConfig(
             temperature=temperature,
             use_batch=use_batch,
@@ -160,21 +179,31 @@ class InfoNCELoss(EmbeddingLoss):
         self.generator = generator
 
     @classmethod
-    def from_config(cls, config: InfoNCEConfig, generator: torch.Generator | None = None) -> InfoNCELoss:
+    def from_config(cls, config: InfoNCEConfig, generator: torch.Generator | None = None,
+                    similarity: Similarity = DOT) -> InfoNCELoss:
         """Build from an :class:`InfoNCEConfig`."""
-        return cls(**asdict(config), generator=generator)
+        return cls(**asdict(config), generator=generator, similarity=similarity)
 
     @classmethod
     def build(cls, **options: Any) -> InfoNCELoss:
         """Build as ms-swift does: settings from ``INFONCE_*``, with ``options`` winning.
 
-        ``options`` are :class:`InfoNCEConfig` fields, plus ``generator``.
+        ``options`` are :class:`InfoNCEConfig` fields, plus ``generator`` and ``similarity``.
+        Without a ``temperature`` option and with ``INFONCE_TEMPERATURE`` unset, the
+        temperature is the similarity's default (0.1 for the dot product, see the class).
         """
         generator = options.pop("generator", None)
-        return cls.from_config(InfoNCEConfig.from_env(**options), generator=generator)
+        similarity = options.pop("similarity", DOT)
+        if not isinstance(similarity, Similarity):
+            raise ValueError(f"InfoNCE similarity must be a mmembed.losses.maxsim.Similarity (DOT, MaxSim(...)), "
+                             f"got {similarity!r}")
+        if "temperature" not in options and similarity is not DOT:
+            options["temperature"] = env_temperature(similarity.default_temperature(InfoNCEConfig.temperature))
+        return cls.from_config(InfoNCEConfig.from_env(**options), generator=generator, similarity=similarity)
 
     def extra_repr(self) -> str:
-        return ", ".join(f"{k}={v!r}" for k, v in asdict(self.config).items())
+        text = ", ".join(f"{k}={v!r}" for k, v in asdict(self.config).items())
+        return text if self.similarity is DOT else f"{text}, similarity={self.similarity!r}"
 
     @property
     def use_batch(self) -> bool:  # type: ignore[override]
@@ -249,7 +278,7 @@ class InfoNCELoss(EmbeddingLoss):
         anchors, positives, negatives, neg_group, docs = self._parts(outputs, labels, generator)
         n = anchors.shape[0]
         if not self.config.use_batch:
-            scores, _ = in_group_scores(anchors, positives, negatives, neg_group)
+            scores, _ = in_group_scores(anchors, positives, negatives, neg_group, self.similarity)
             for start in range(0, n, block_rows):
                 block = scores[start : start + block_rows]
                 yield block, torch.zeros(block.shape[0], dtype=torch.long, device=block.device)
@@ -260,8 +289,11 @@ class InfoNCELoss(EmbeddingLoss):
     def _parts(self, outputs: Mapping[str, Tensor], labels: Tensor | Groups,
                generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         emb = outputs["last_hidden_state"]
-        if emb.dim() != 2:
-            raise ValueError(f"InfoNCE expects last_hidden_state [N, D], got shape {tuple(emb.shape)}")
+        if self.similarity is DOT:
+            if emb.dim() != 2:
+                raise ValueError(f"InfoNCE expects last_hidden_state [N, D], got shape {tuple(emb.shape)}")
+        else:
+            self.similarity.check("InfoNCE", emb)
         groups = as_groups(labels, emb.shape[0], emb.device)
         anchor_idx, pos_idx, neg_idx, neg_group = groups.anchor, groups.positive, groups.negative, groups.neg_group
         n_groups = groups.n_groups
@@ -276,6 +308,8 @@ class InfoNCELoss(EmbeddingLoss):
         # and [positives; negatives] is then already contiguous for the in-batch product.
         parts = emb.index_select(0, torch.cat([anchor_idx, pos_idx, neg_idx]))
         anchors, docs = parts.split([n_groups, parts.shape[0] - n_groups])
+        # token vectors: queries are usually much shorter than the batch's padded length
+        anchors, docs = self.similarity.trim(anchors), self.similarity.trim(docs)
         positives, negatives = docs.split([n_groups, neg_idx.numel()])
         return anchors, positives, negatives, neg_group, docs
 
@@ -302,9 +336,9 @@ class InfoNCELoss(EmbeddingLoss):
         Returns:
             Scalar tensor: the mean cross-entropy over the ``query_rows`` anchors.
         """
-        rows = parts.check(query_rows)
+        rows = check_parts(parts, query_rows, self.similarity)
         neg_group = parts.neg_group.to(device=parts.anchors.device, dtype=torch.long)
-        return self._loss(parts.anchors, parts.positives, parts.negatives, neg_group, rows)
+        return self._loss(self.similarity.trim(parts.anchors), parts.positives, parts.negatives, neg_group, rows)
 
     def _loss(
         self,
@@ -318,7 +352,7 @@ class InfoNCELoss(EmbeddingLoss):
         """Mean loss of the ``rows`` anchors; ``docs`` is ``[positives; negatives]`` if the caller has it."""
         if self.config.use_batch:
             if docs is None:
-                docs = torch.cat([positives, negatives], dim=0)
+                docs = cat_docs(positives, negatives)
             losses = self._in_batch_losses(anchors, positives, docs, rows)
         else:
             losses = self._in_group_losses(anchors, positives, negatives, neg_group)[rows.start : rows.stop]
@@ -326,7 +360,7 @@ class InfoNCELoss(EmbeddingLoss):
 
     def _in_group_losses(self, anchors: Tensor, positives: Tensor, negatives: Tensor, neg_group: Tensor) -> Tensor:
         """Per-anchor loss over [own positive, own negatives], padded to the largest group."""
-        logits, _ = in_group_scores(anchors, positives, negatives, neg_group)  # -inf where a group is short
+        logits, _ = in_group_scores(anchors, positives, negatives, neg_group, self.similarity)  # -inf: short group
         target = torch.zeros(anchors.shape[0], dtype=torch.long, device=anchors.device)
         return F.cross_entropy(logits / self.config.temperature, target, reduction="none")
 
@@ -347,11 +381,12 @@ class InfoNCELoss(EmbeddingLoss):
         target = torch.arange(rows.start, rows.stop, device=anchors.device)
         own = torch.arange(docs.shape[0], device=anchors.device)[None, :] == target[:, None]  # [b, B + M]
 
-        qd = queries @ docs.T
+        sim = self.similarity
+        qd = sim.matrix(queries, docs)
         blocks = [qd]
         qq = None
         if cfg.include_qq:
-            qq = (queries @ anchors.T).masked_fill(own[:, : anchors.shape[0]], NEG_INF)  # drop self
+            qq = sim.matrix(queries, anchors).masked_fill(own[:, : anchors.shape[0]], NEG_INF)  # drop self
         if cfg.mask_fake_negative:
             # compared before the temperature, as ms-swift does; the positive always stays
             threshold = qd.gather(1, target[:, None]).detach() + cfg.fake_neg_margin
@@ -361,6 +396,37 @@ class InfoNCELoss(EmbeddingLoss):
         if qq is not None:
             blocks.append(qq)
         if cfg.include_dd:
-            dd = (positives if every_row else positives[rows.start : rows.stop]) @ docs.T
+            dd = sim.matrix(positives if every_row else positives[rows.start : rows.stop], docs)
             blocks.append(dd.masked_fill(own, NEG_INF))  # a positive is not its own candidate
         return torch.cat(blocks, dim=1), target
+
+
+def cat_docs(positives: Tensor, negatives: Tensor) -> Tensor:
+    """``[positives; negatives]``; token vectors of different lengths are padded with zero
+    (absent) tokens to the longer, which changes no MaxSim score."""
+    if positives.dim() == 3 and positives.shape[1] != negatives.shape[1]:
+        width = max(positives.shape[1], negatives.shape[1])
+        positives = F.pad(positives, (0, 0, 0, width - positives.shape[1]))
+        negatives = F.pad(negatives, (0, 0, 0, width - negatives.shape[1]))
+    return torch.cat([positives, negatives], dim=0)
+
+
+def check_parts(parts: GroupParts, query_rows: slice | None, similarity: Similarity) -> range:
+    """:meth:`GroupParts.check` for the dot product's ``[*, D]`` parts; for token vectors
+    (``similarity.ndim == 3``) the same checks on ``anchors [B, Lq, D]``, ``positives
+    [B, Lp, D]``, ``negatives [M, Ln, D]`` (any lengths) and ``neg_group [M]``. Returns
+    ``query_rows`` as a range."""
+    if similarity.ndim == 2:
+        return parts.check(query_rows)
+    anchors, positives, negatives, neg_group = parts.anchors, parts.positives, parts.negatives, parts.neg_group
+    if anchors.dim() != 3 or positives.dim() != 3 or positives.shape[0] != anchors.shape[0] \
+            or positives.shape[2] != anchors.shape[2]:
+        raise ValueError(f"anchors and positives must be [B, Lq, D] and [B, Lp, D] token vectors, got "
+                         f"{tuple(anchors.shape)} and {tuple(positives.shape)}")
+    n_groups, _, dim = anchors.shape
+    if negatives.dim() != 3 or negatives.shape[2] != dim or neg_group.shape != (negatives.shape[0],):
+        raise ValueError(f"negatives must be [M, Ln, {dim}] with neg_group [M], got {tuple(negatives.shape)} "
+                         f"and {tuple(neg_group.shape)}")
+    if neg_group.numel() and not bool(((neg_group >= 0) & (neg_group < n_groups)).all()):
+        raise ValueError(f"neg_group values must lie in [0, {n_groups}), the range of group indices")
+    return query_range(n_groups, query_rows)

@@ -10,12 +10,13 @@ from typing import Any
 
 from torch import nn
 
+from ..task import task_of_loss
 from .base import EmbeddingLoss
 from .distill import DistillCosineLoss, DistillKLLoss, DistillMarginalLoss, DistillMSELoss
 from .gist import GISTLoss
 from .infonce import InfoNCELoss
+from .late_interaction import LATE_INTERACTION_LOSSES
 from .pairs import ContrastiveLoss, CosineSimilarityLoss, OnlineContrastiveLoss
-from .rerank import RERANK_LOSSES
 
 LOSSES: dict[str, type[EmbeddingLoss]] = {
     "infonce": InfoNCELoss,
@@ -27,6 +28,8 @@ LOSSES: dict[str, type[EmbeddingLoss]] = {
     "distill_mse": DistillMSELoss,
     "distill_marginal": DistillMarginalLoss,
     "distill_kl": DistillKLLoss,
+    # late interaction (ColBERT / ColPali): [N, L, D] token vectors scored by MaxSim
+    **LATE_INTERACTION_LOSSES,
 }  # and "matryoshka": MatryoshkaLoss, registered by mmembed.losses.matryoshka
 
 
@@ -63,9 +66,10 @@ def loss_class(name: str) -> type[EmbeddingLoss]:
     """
     if name in LOSSES:
         return LOSSES[name]
-    if name in RERANK_LOSSES:
-        raise ValueError(f"loss {name!r} is a reranker loss (a score per pair, --task_type reranker or "
-                         "generative_reranker): mmembed.losses.build_rerank_loss builds it")
+    owner = task_of_loss(name)
+    if owner is not None:
+        raise ValueError(f"loss {name!r} is {owner.article} loss (--task_type {owner.name}), built by its task's "
+                         f"package ({type(owner).__module__})")
     if ":" not in name:
         known = ", ".join(n for n in LOSSES if n != "matryoshka")
         raise ValueError(f"unknown loss {name!r}; known: {known} (Matryoshka: --mrl_dims; "
@@ -102,6 +106,13 @@ def build_loss(name: str, **options: Any) -> nn.Module:
               (0.1), ``distance`` (``"cosine"`` / ``"mse"``).
             - ``distill_kl``: ``temperature`` (0.1), ``teacher_temperature`` (None:
               the same), ``use_batch`` (True).
+            - ``late_interaction_infonce``: as ``infonce`` (``INFONCE_*``), plus
+              ``normalize_scores`` (False) and ``chunk``; ``infonce`` itself also takes
+              ``similarity=MaxSim(...)`` (:mod:`mmembed.losses.maxsim`).
+            - ``colbert_pairwise_ce``: ``temperature`` (1.0), ``normalize_scores`` (True),
+              ``chunk``. ``colbert_negative_ce``, ``colbert_pairwise_negative_ce``:
+              ``temperature`` (0.02), ``normalize_scores`` (True), ``in_batch_term_weight``
+              (0.5), ``chunk`` (colpali-engine's; :mod:`mmembed.losses.late_interaction`).
             - ``matryoshka``: ``dims`` (``{width: weight}`` or its JSON text),
               ``inner`` (a loss name, default ``"infonce"``, or a module), and the
               inner loss's options.

@@ -66,7 +66,8 @@ def _swift_template(path: str, base: str) -> Template | None:
 
 
 def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool = True, quantized: bool = False,
-                         device: str | torch.device | None = None) -> tuple[EmbeddingModel, Any, Template, dict]:
+                         device: str | torch.device | None = None, head: Any = None
+                         ) -> tuple[EmbeddingModel, Any, Template, dict]:
     """Load ``path`` (checkpoint, exported folder or base model) as an ``EmbeddingModel``.
 
     A QLoRA checkpoint (``mmembed.json``'s ``quantization``) loads its base in full precision
@@ -77,7 +78,9 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
     Returns ``(model, processing, template, info)``: ``processing`` is the tokenizer, or the
     processor for a multimodal template; ``info`` holds the resolved ``pooling``,
     ``max_length``, ``base_model``, whether the folder was a LoRA adapter and the
-    ``quantization`` it was trained with (None: none).
+    ``quantization`` it was trained with (None: none). ``head``: ``head(backbone, template,
+    processing) -> model`` builds the model around the loaded backbone instead of a pooling
+    ``EmbeddingModel`` (a late-interaction model's projection).
     """
     from transformers import AutoConfig, AutoProcessor, AutoTokenizer
 
@@ -117,7 +120,10 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
         max_length = int(cfg.get("max_length") or read_swift_args(path)["max_length"])
     else:
         max_length = default_max_length(base, tokenizer_of(tokenizer))
-    model = EmbeddingModel(backbone, pooling, normalize=cfg.get("normalize", True), tower=template.tower)
+    if head is None:
+        model = EmbeddingModel(backbone, pooling, normalize=cfg.get("normalize", True), tower=template.tower)
+    else:
+        model = head(backbone, template, tokenizer)
     model.eval()
     # a text model's sentence-transformers prompts (its own, else its base model's: what an
     # export keeps): the prompt of a side the run gave no instruction (Qwen3-Embedding's query)

@@ -8,7 +8,6 @@ embedding per input row, which is what every loss in ``mmembed.losses`` consumes
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 from typing import Any
@@ -19,6 +18,7 @@ from torch import nn
 
 from ..encoding.templates import POOLINGS
 from ..errors import UsageError
+from ..files import read_json_once
 from .packing import PACKED_MULTIPLE, attention_inputs, bucket_width, is_causal, pack, pool_packed
 
 # per-token inputs that can be cut to a chunk's width; anything else (pixels, grids) keeps
@@ -124,6 +124,14 @@ class EmbeddingModel(BackboneCheckpointing, nn.Module):
     @property
     def config(self):
         return self.backbone.config
+
+    def save_head(self, folder: str, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """Write what the model holds beside its backbone into a saved ``folder`` (nothing here;
+        a late-interaction model's projection). ``state_dict``: the whole model's, when the
+        trainer gathered it (DeepSpeed), keyed as ``named_parameters``."""
+
+    def load_head(self, folder: str) -> None:
+        """Load back what :meth:`save_head` wrote into ``folder`` (resuming, the best checkpoint)."""
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **inputs: Any) -> dict[str, torch.Tensor]:
         inputs.pop("media_counts", None)  # bookkeeping of the collator (which media belong to which row)
@@ -356,8 +364,7 @@ def refuse_custom_code(path: str, flag: str = "--model") -> None:
     ``.py`` files are not run; a warning says so, as they may differ from transformers' classes."""
     _refuse_custom_tokenizer(path, flag)
     try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            config = json.load(f)
+        config = read_json_once(os.path.join(path, "config.json"))
     except (OSError, ValueError):
         return  # no or unreadable config: transformers' own error, later
     auto_map = config.get("auto_map") if isinstance(config, dict) else None
@@ -391,8 +398,7 @@ def _refuse_custom_tokenizer(path: str, flag: str) -> None:
     own code): refused when its ``tokenizer_class`` is not one transformers implements, else
     transformers' class loads it and a warning says the folder's code is not run."""
     try:
-        with open(os.path.join(path, "tokenizer_config.json"), encoding="utf-8") as f:
-            config = json.load(f)
+        config = read_json_once(os.path.join(path, "tokenizer_config.json"))
     except (OSError, ValueError):
         return
     auto_map = config.get("auto_map") if isinstance(config, dict) else None
@@ -443,7 +449,8 @@ def load_backbone(path: str, torch_dtype: str | None = None, attn_impl: str | No
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        model, info = AutoModel.from_pretrained(path, output_loading_info=True, **kwargs)
+        # the config as read once (model_config), not read from the folder again
+        model, info = AutoModel.from_pretrained(path, config=model_config(path), output_loading_info=True, **kwargs)
     finally:
         hf_logging.set_verbosity(level)
     # A BERT-style pooler (dense + tanh over [CLS]) is part of the base model a checkpoint and
@@ -464,17 +471,29 @@ def _is_head_weight(name: str) -> bool:
     return "lm_head" in parts or "pooler" in parts
 
 
+def model_config(model_dir: str):
+    """The transformers config of the model folder ``model_dir`` (``AutoConfig``), built from its
+    ``config.json`` as read once per process (:func:`~mmembed.files.read_json_once`); each call
+    gets its own object."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    raw = read_json_once(os.path.join(model_dir, "config.json"))
+    if not isinstance(raw, dict) or raw.get("model_type") not in CONFIG_MAPPING:  # transformers' own reading and message
+        return AutoConfig.from_pretrained(model_dir)
+    config = CONFIG_MAPPING[raw["model_type"]].from_dict(raw)
+    config._name_or_path = model_dir  # as from_pretrained names it
+    return config
+
+
 def default_max_length(model_dir: str, tokenizer) -> int:
     """The model's own limit: sentence-transformers' max_seq_length, else the tokenizer's
     and the position table's, whichever is smaller."""
     st = os.path.join(model_dir, "sentence_bert_config.json")
     if os.path.isfile(st):
-        with open(st, encoding="utf-8") as f:
-            value = json.load(f).get("max_seq_length")
+        value = read_json_once(st).get("max_seq_length")
         if value:
             return int(value)
-    from transformers import AutoConfig
-
-    limits = [getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", None), tokenizer.model_max_length]
+    limits = [getattr(model_config(model_dir), "max_position_embeddings", None), tokenizer.model_max_length]
     limits = [int(x) for x in limits if x and x < 10**7]
     return min(limits) if limits else 512

@@ -8,6 +8,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from ..files import read_json_once
+
 MMEMBED_CONFIG = "mmembed.json"
 
 
@@ -203,8 +205,7 @@ def read_sentence_transformers_prompts(folder: str | None) -> dict[str, str]:
     if not path or not os.path.isfile(path):
         return {}
     try:
-        with open(path, encoding="utf-8") as f:
-            prompts = json.load(f).get("prompts") or {}
+        prompts = read_json_once(path).get("prompts") or {}
     except (OSError, ValueError, AttributeError):
         return {}
     return {k: v for k, v in prompts.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(prompts, dict) else {}

@@ -230,7 +230,8 @@ def cmd_embed(argv: list[str], environment: Environment | None = None) -> int:
     p = ArgumentParser(prog="mmembed embed", allow_abbrev=False)
     p.add_argument("--model", required=True, help="checkpoint, exported folder or base model folder, or hub id (ORG/NAME)")
     p.add_argument("--input", required=True, help=".txt (one text per line) or .jsonl/.json/.csv rows with query/text (+ images/videos/audios) or messages")
-    p.add_argument("--output", required=True, help="where to write the [n, D] float32 .npy")
+    p.add_argument("--output", required=True, help="where to write the [n, D] float32 .npy (a late-interaction model: "
+                                                   "the token matrices as .npz: vectors [tokens, D], offsets [n + 1])")
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--torch_dtype", default=None)
     p.add_argument("--teacher_arrays", action="store_true",
@@ -244,6 +245,9 @@ def cmd_embed(argv: list[str], environment: Environment | None = None) -> int:
                    help="embed the inputs as queries or documents, with the instruction the model was trained with "
                         "for that side (--query_system / --document_system; what sentence-transformers' encode_query / "
                         "encode_document give); default: as they are")
+    p.add_argument("--pool_factor", type=float, default=None,
+                   help="a late-interaction model's documents: merge each one's token vectors by hierarchical "
+                        "clustering to about 1 / pool_factor of them (2: half)")
     a = p.parse_args(argv)
     check_model_flags(a, "--model", environment=environment)
     media = media_settings(offline=a.offline, environment=environment)
@@ -269,6 +273,25 @@ def cmd_embed(argv: list[str], environment: Environment | None = None) -> int:
         return 0
 
     inputs, origins = read_inputs(a.input)
+    from ..task import task_of_folder
+
+    task = task_of_folder(a.model) if os.path.isdir(a.model) else None
+    if a.pool_factor is not None and (task is None or not task.token_vectors or a.pool_factor < 1):
+        raise UsageError(f"--pool_factor {a.pool_factor}: pools the token vectors of a late-interaction model's documents "
+                         "(a number >= 1)" + ("" if task is not None and task.token_vectors else f"; {a.model} gives "
+                                              "one vector per input"))
+    if task is not None and task.token_vectors:
+        scorer = task.load_scorer(a.model, torch_dtype=a.torch_dtype)
+        matrices = scorer.encode(inputs, a.input_type or "document", a.batch_size, pool_factor=a.pool_factor,
+                                 origins=origins)
+        output = a.output if a.output.endswith(".npz") else a.output + ".npz"
+        offsets = np.cumsum([0] + [len(m) for m in matrices])
+        with replaced_when_done(output, "wb") as f:
+            np.savez(f, vectors=np.concatenate(matrices) if matrices else np.zeros((0, scorer.settings.dim), np.float32),
+                     offsets=offsets)
+        print(f"wrote the token vectors of {len(matrices)} inputs ({int(offsets[-1])} vectors of "
+              f"{scorer.settings.dim}) to {output}")
+        return 0
     emb = Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype, media=media).encode(
         inputs, batch_size=a.batch_size, origins=origins, input_type=a.input_type)
     output = a.output if a.output.endswith(".npy") else a.output + ".npy"  # the name np.save(path) gives
@@ -299,7 +322,7 @@ def cmd_rerank(argv: list[str], environment: Environment | None = None) -> int:
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--device", default=None, help="cuda, cuda:1, cpu, ... (default: cuda when available)")
     p.add_argument("--torch_dtype", default=None)
-    p.add_argument("--task_type", choices=["reranker", "generative_reranker"], default=None,
+    p.add_argument("--task_type", default=None,
                    help="for a folder without mmembed.json whose config.json does not say (default: from the folder)")
     add_hub_flags(p)
     a = p.parse_args(argv)
@@ -314,7 +337,7 @@ def cmd_rerank(argv: list[str], environment: Environment | None = None) -> int:
     check_model_flags(a, "--model", environment=environment)
     check_input_files(("--input", a.input), ("--documents", a.documents))
     from ..files import replaced_when_done
-    from ..model.rerank_scorer import Reranker
+    from ..task import pair_scorer_task
     from .rerank import RerankQuery, dumps, rank_queries, read_documents, read_rerank_input
 
     if a.input is not None:
@@ -322,7 +345,7 @@ def cmd_rerank(argv: list[str], environment: Environment | None = None) -> int:
     else:
         documents, lines = read_documents(a.documents)
         queries = [RerankQuery(a.query, documents, a.documents, 0, lines)]
-    reranker = Reranker.from_pretrained(a.model, device=a.device, torch_dtype=a.torch_dtype, task_type=a.task_type)
+    reranker = pair_scorer_task(a.model, a.task_type).load_scorer(a.model, device=a.device, torch_dtype=a.torch_dtype)
     lines_out = rank_queries(reranker, queries, a.top_n, a.return_documents, a.batch_size, a.raw_scores)
     if a.output is None:
         for line in lines_out:

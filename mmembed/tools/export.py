@@ -5,12 +5,12 @@ it as mmembed does (``writes_sentence_transformers``: text encoders whose templa
 text itself), with ``sentence_transformers.SentenceTransformer`` (modules.json, Pooling,
 Normalize), giving the same embeddings as ``mmembed.Embedder`` on the checkpoint.
 
-A reranker checkpoint (``mmembed.json``'s ``task_type`` ``reranker`` / ``generative_reranker``)
-exports as the model transformers loads it with: ``AutoModelForSequenceClassification`` (a
+The checkpoint's task (:func:`mmembed.task.task_of_folder`) writes the folder. A reranker
+checkpoint (``mmembed.json``'s ``task_type`` ``reranker`` / ``generative_reranker``) exports as the model transformers loads it with: ``AutoModelForSequenceClassification`` (a
 classifier, its trained head merged in; ``sentence_transformers.CrossEncoder`` loads it too,
 so it gets none of the embedding files: no modules.json or Pooling) or the causal LM /
 image-text-to-text model (generative), with the tokenizer or processor, ``mmembed.json`` and
-the reranker card (:func:`~mmembed.model.card.write_reranker_card`).
+the reranker card (:mod:`mmembed.tasks.reranker.export`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ..model.embedder import load_embedding_model
 from ..model.embedding import hidden_size
 from ..model.folder import write_saved_folder
 from ..model.io import read_mmembed_config, save_tokenizer
-from ..model.reranker import RERANK_TASKS
+from ..task import task_of_folder
 
 
 def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora: bool = True) -> str:
@@ -39,8 +39,11 @@ def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora
     output_dir = output_dir or checkpoint + "-merged"
     if os.path.exists(output_dir):
         raise FileExistsError(f"{output_dir} already exists; remove it or pass another --output_dir")
-    if (read_mmembed_config(checkpoint) or {}).get("task_type") in RERANK_TASKS:
-        return export_reranker(checkpoint, output_dir)
+    return task_of_folder(checkpoint).export(checkpoint, output_dir)
+
+
+def export_embedding(checkpoint: str, output_dir: str) -> str:
+    """:func:`export_checkpoint` of an embedding model's checkpoint (the embedding task's export)."""
     model, tokenizer, template, info = load_embedding_model(checkpoint, merge=True)
     with folder_replaced_when_done(output_dir) as tmp:
         model.backbone.save_pretrained(tmp, safe_serialization=True)
@@ -62,35 +65,4 @@ def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora
         )
         write_saved_folder(tmp, cfg, hidden_size(model.backbone.config), final_path=os.path.abspath(output_dir),
                            tokenizer=tokenizer)
-    return output_dir
-
-
-def export_reranker(checkpoint: str, output_dir: str) -> str:
-    """:func:`export_checkpoint` of a reranker checkpoint (a LoRA adapter merged into its base,
-    or a full checkpoint copied without its training state)."""
-    import json
-
-    from ..model.card import write_reranker_card
-    from ..model.rerank_scorer import load_reranker_folder
-
-    model, processing, template, info = load_reranker_folder(checkpoint, merge=True)
-    with folder_replaced_when_done(output_dir) as tmp:
-        model.backbone.save_pretrained(tmp, safe_serialization=True)
-        save_tokenizer(tmp, processing)
-        cfg = dict(read_mmembed_config(checkpoint) or {})
-        cfg.setdefault("trained_from", cfg.get("base_model"))
-        cfg.update(
-            task_type=info["task_type"],
-            template=template_config(template),
-            default_system=template.default_system,
-            max_length=info["max_length"],
-            tokens=info["tokens"],
-            token_ids=list(model.token_ids) if model.kind == "generative" else None,
-            base_model=os.path.abspath(output_dir),
-            tuner_type="full",
-            exported_from=os.path.abspath(checkpoint),
-        )
-        with open(os.path.join(tmp, "mmembed.json"), "w", encoding="utf-8") as f:
-            json.dump(cfg, f, indent=2, ensure_ascii=False)
-        write_reranker_card(tmp, cfg, final_path=os.path.abspath(output_dir))
     return output_dir

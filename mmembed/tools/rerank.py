@@ -18,7 +18,7 @@ best first (ties in document order), ``document`` only with ``--return_documents
 sentence-transformers' ``CrossEncoder.predict`` report: the probability of relevance,
 ``sigmoid(s)`` of the reranker's raw score ``s`` (the classifier's logit, or ``logit(yes) -
 logit(no)``: ``softmax([logit(no), logit(yes)])[1]``); with ``--raw_scores true``, ``s`` itself
-(:mod:`mmembed.model.rerank_scorer`). The order follows ``s`` either way.
+(:mod:`mmembed.tasks.reranker.scorer`). The order follows ``s`` either way.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 
 from ..data import DataError
 from ..data.sample import json_type
-from ..model.rerank_scorer import probabilities, rank_order
+from ..eval.ranking import probabilities, rank_order
 
 __all__ = ["RerankQuery", "rank_queries", "read_documents", "read_rerank_input", "result_line"]
 
@@ -183,12 +183,13 @@ def score_queries(reranker: Any, queries: list[RerankQuery], batch_size: int = 3
 
 
 def result_line(query: RerankQuery, scores: np.ndarray, top_n: int | None = None,
-                return_documents: bool = False, raw_scores: bool = False) -> dict[str, Any]:
+                return_documents: bool = False, raw_scores: bool = False, relevance=probabilities) -> dict[str, Any]:
     """One query's output: ``{"query", "results": [{"index", "relevance_score"[, "document"]}]}``
     best first by the raw ``scores`` (a stable sort: ties keep the documents' order), at most
-    ``top_n``; ``relevance_score`` the probability ``sigmoid(score)``, or with ``raw_scores``
-    the raw score."""
-    shown = scores if raw_scores else probabilities(scores)
+    ``top_n``; ``relevance_score`` the probability ``sigmoid(score)`` (the scorer's ``relevance``
+    of the raw scores: a late-interaction model's MaxSim as it is), or with ``raw_scores`` the
+    raw score."""
+    shown = scores if raw_scores else relevance(scores)
     results = []
     for i in rank_order(scores, top_n):
         result: dict[str, Any] = {"index": int(i), "relevance_score": float(shown[i])}
@@ -202,7 +203,7 @@ def result_line(query: RerankQuery, scores: np.ndarray, top_n: int | None = None
 def rank_queries(reranker: Any, queries: list[RerankQuery], top_n: int | None = None, return_documents: bool = False,
                  batch_size: int = 32, raw_scores: bool = False) -> list[dict[str, Any]]:
     """Every query's output line (:func:`result_line`)."""
-    return [result_line(q, s, top_n, return_documents, raw_scores)
+    return [result_line(q, s, top_n, return_documents, raw_scores, getattr(reranker, "relevance", probabilities))
             for q, s in zip(queries, score_queries(reranker, queries, batch_size))]
 
 

@@ -34,7 +34,7 @@ def add_teacher_scores(rows: list[Any], which: Sequence[int], lines: Sequence[in
     ``rows``: raw rows as written; ``lines[i]``: row ``i``'s line (for errors); relative
     media paths resolve against ``base_dir``. ``reranker``: an object with
     ``score_pairs(pairs, batch_size=, raw_scores=True) -> [n]`` raw scores (a
-    :class:`~mmembed.model.rerank_scorer.Reranker`) and a ``template.media`` of the media kinds
+    :class:`~mmembed.tasks.reranker.scorer.Reranker`) and a ``template.media`` of the media kinds
     it takes.
 
     Returns:
@@ -66,6 +66,6 @@ def load_teacher_reranker(model: Any, torch_dtype: str | None = None) -> Any:
     ``score_pairs``, or None."""
     if model is None or not isinstance(model, str):
         return model
-    from ..model.rerank_scorer import Reranker
+    from ..task import pair_scorer_task
 
-    return Reranker.from_pretrained(model, torch_dtype=torch_dtype)
+    return pair_scorer_task(model, flag="--teacher_reranker").load_scorer(model, torch_dtype=torch_dtype)

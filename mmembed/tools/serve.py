@@ -44,9 +44,10 @@ from transformers.hf_argparser import string_to_bool  # true/false as mmembed sf
 from ..data.paths import SCHEME_RE
 from ..data.sample import MEDIA_KINDS, DataError, Item, json_type
 from ..encoding.templates import SIDES
-from ..errors import ArgumentParser
+from ..errors import ArgumentParser, UsageError
 from ..hub import add_hub_flags
 from ..model.embedder import Embedder, as_item
+from ..task import canonical_task
 from .serve_batching import Batcher, RequestError, as_request_error, batching_app
 from .serve_config import ServeConfig
 
@@ -278,20 +279,17 @@ def create_app(embedder: Embedder, config: ServeConfig):
 
 def serve(config: ServeConfig, embedder: Embedder | None = None) -> None:
     """Load the model (unless given) and serve until interrupted: a reranker
-    (:func:`~mmembed.tools.serve_rerank.served_task`) at ``/v1/rerank``, else an embedding
+    (the folder's task, :func:`~mmembed.task.task_of_folder`) at ``/v1/rerank``, else an embedding
     model at ``/v1/embeddings``."""
     import uvicorn
 
-    from ..model.reranker import RERANK_TASKS
-    from .serve_rerank import create_rerank_app, served_task
+    from ..task import get_task, task_of_folder
+    from .serve_rerank import create_rerank_app
 
-    task = served_task(config.model, config.task_type) if embedder is None else "embedding"
+    task = task_of_folder(config.model, config.task_type) if embedder is None else get_task("embedding")
     t0 = time.perf_counter()
-    if task in RERANK_TASKS:
-        from ..model.rerank_scorer import Reranker
-
-        model = Reranker.from_pretrained(config.model, device=config.device, torch_dtype=config.torch_dtype,
-                                         task_type=task)
+    if task.scores_pairs:
+        model = task.load_scorer(config.model, device=config.device, torch_dtype=config.torch_dtype)
         app, path = create_rerank_app(model, config), "rerank"
     else:
         if embedder is None:
@@ -321,12 +319,17 @@ def parse_serve_args(argv: Sequence[str]) -> ServeConfig:
     p.add_argument("--batch_size", dest="encode_batch_size", type=int, default=32, help="Embedder.encode's batch size")
     p.add_argument("--device", default=None)
     p.add_argument("--torch_dtype", default=None)
-    p.add_argument("--task_type", default=None, choices=["embedding", "reranker", "generative_reranker"],
-                   help="what the model is (default: its mmembed.json, else a *ForSequenceClassification is a "
-                        "reranker): a reranker answers POST /v1/rerank")
+    p.add_argument("--task_type", default=None,
+                   help="what the model is, a --task_type (default: its mmembed.json, else a "
+                        "*ForSequenceClassification is a reranker): a reranker answers POST /v1/rerank")
     add_hub_flags(p)
     a = p.parse_args(list(argv))
     config = ServeConfig(**vars(a))
+    if config.task_type is not None:
+        try:
+            config.task_type = canonical_task(config.task_type)
+        except UsageError as e:
+            p.error(str(e))
     for name in ("max_batch_size", "max_inputs", "encode_batch_size"):
         if getattr(config, name) < 1:
             p.error(f"--{name} must be an integer >= 1, got {getattr(config, name)}")

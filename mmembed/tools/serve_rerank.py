@@ -44,8 +44,6 @@ the (query, document) pairs of concurrent requests go through one
 
 from __future__ import annotations
 
-import json
-import os
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -54,36 +52,14 @@ import numpy as np
 from fastapi import Request  # at module level: FastAPI resolves the handlers' annotations here
 
 from ..data.sample import MEDIA_KINDS, Item, json_type
-from ..model.io import read_mmembed_config
-from ..model.rerank_scorer import Reranker, probabilities, rank_order
-from ..model.reranker import RERANK_TASKS
+from ..eval.ranking import probabilities, rank_order
 from .serve_batching import Batcher, RequestError, batching_app
 from .serve_config import ServeConfig
 
-__all__ = ["RERANK_PATHS", "RerankRequest", "create_rerank_app", "parse_rerank_request", "served_task"]
+__all__ = ["RERANK_PATHS", "RerankRequest", "create_rerank_app", "parse_rerank_request"]
 
 RERANK_PATHS = ("/v1/rerank", "/v2/rerank", "/rerank")
-SERVED_TASKS = ("embedding", *RERANK_TASKS)
 _MEDIA_KEYS = {*MEDIA_KINDS, *(k + "s" for k in MEDIA_KINDS)}
-
-
-def served_task(path: str, task_type: str | None = None) -> str:
-    """What ``mmembed serve --model path`` serves: ``embedding``, ``reranker`` or
-    ``generative_reranker``. ``task_type`` (the flag) wins; then the folder's
-    ``mmembed.json`` (a reranker's ``task_type``, else embedding); without one, a
-    ``*ForSequenceClassification`` in ``config.json``'s ``architectures`` is a reranker and
-    anything else an embedding model (as ``mmembed serve`` always served it)."""
-    if task_type is not None:
-        return task_type
-    cfg = read_mmembed_config(path)
-    if cfg:
-        return cfg["task_type"] if cfg.get("task_type") in RERANK_TASKS else "embedding"
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            architectures = json.load(f).get("architectures") or []
-    except (OSError, ValueError):
-        return "embedding"
-    return "reranker" if any(str(a).endswith("ForSequenceClassification") for a in architectures) else "embedding"
 
 
 # ---- requests ----------------------------------------------------------------------------
@@ -168,7 +144,7 @@ class BatchingReranker(Batcher):
     call. A job's rows: ``[raw score, tokens]`` per pair (each request maps its own through the
     sigmoid, or not)."""
 
-    def __init__(self, reranker: Reranker, max_batch_size: int, max_wait_ms: float, batching: bool,
+    def __init__(self, reranker: Any, max_batch_size: int, max_wait_ms: float, batching: bool,
                  score_batch_size: int):
         super().__init__(max_batch_size, max_wait_ms, batching)
         self.reranker = reranker
@@ -185,12 +161,13 @@ class BatchingReranker(Batcher):
 
 
 # ---- the app -----------------------------------------------------------------------------
-def create_rerank_app(reranker: Reranker, config: ServeConfig):
+def create_rerank_app(reranker: Any, config: ServeConfig):
     """The FastAPI application serving ``reranker`` as ``config`` says."""
     from fastapi.responses import JSONResponse
 
     model_name = config.name()
     task = getattr(reranker, "task_type", "reranker")
+    self_relevance = getattr(reranker, "relevance", probabilities)  # raw scores -> relevance_score
     batcher = BatchingReranker(reranker, config.max_batch_size, config.max_wait_ms, config.batching,
                                config.encode_batch_size)
     app = batching_app(batcher, "mmembed reranker", {"model": model_name, "task_type": task})
@@ -209,7 +186,7 @@ def create_rerank_app(reranker: Reranker, config: ServeConfig):
         rows, _ = await batcher.submit([(req.query, d) for d in req.documents])
         scores = rows[:, 0]
         order = rank_order(scores, req.top_n)  # as Reranker.rank orders them: by the raw score
-        relevance = scores if req.raw_scores else probabilities(scores)
+        relevance = scores if req.raw_scores else self_relevance(scores)
         shown = [float(relevance[i]) for i in order]
         if req.tei:
             return JSONResponse([{"index": int(i), "score": s, **({"text": req.documents[i].text}

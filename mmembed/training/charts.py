@@ -35,7 +35,7 @@ from transformers import TrainerCallback
 
 from ..encoding.layout import Layout, split_groups_numpy, split_pair_rows
 from ..files import WriteError, replaced_when_done
-from .evaluation import KEPT_SAMPLES, embed_eval_set, kept_embeddings
+from .evaluation import KEPT_SAMPLES, embed_eval_set, kept_embeddings, numpy_scores
 
 logger = logging.getLogger("mmembed")
 
@@ -197,7 +197,7 @@ def plot_histogram(before: Similarities, after: Similarities | None, after_label
     return fig
 
 
-def pair_similarities(emb: np.ndarray, labels: np.ndarray, layout: Layout) -> Similarities:
+def pair_similarities(emb: np.ndarray, labels: np.ndarray, layout: Layout, score=None) -> Similarities:
     """Cosine similarities by kind for rows in the loss's layout (read with the splitters of
     :mod:`mmembed.encoding.layout`, as the losses read it).
 
@@ -205,7 +205,17 @@ def pair_similarities(emb: np.ndarray, labels: np.ndarray, layout: Layout) -> Si
     its positive), ``hard negative`` (with each negative of its own group) and ``other
     documents`` (with every other group's positive and negatives, the in-batch negatives of
     InfoNCE). Pairs (``s1, s2, ...``, one score per pair): ``positive`` for pairs scored
-    above 0.5, ``negative`` for the rest."""
+    above 0.5, ``negative`` for the rest. ``score``: the loss's similarity when it is not the
+    cosine (``score(queries, docs) -> [Q, C]``: MaxSim of multi-vector rows ``[N, L, D]``)."""
+    if score is not None and layout is not Layout.PAIR:
+        a, p, n, ng = split_groups_numpy(labels, emb.shape[0])
+        scores = np.asarray(score(emb[a], emb[np.concatenate([p, n])]))  # [B, B + M]
+        b = len(a)
+        other = np.ones_like(scores, dtype=bool)
+        other[np.arange(b), np.arange(b)] = False
+        other[ng, b + np.arange(len(n))] = False
+        return {"positive": scores[np.arange(b), np.arange(b)], "hard negative": scores[ng, b + np.arange(len(n))],
+                "other documents": scores[other]}
     unit = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
     if layout is Layout.PAIR:
         s1, s2 = split_pair_rows(unit, len(labels))
@@ -229,13 +239,16 @@ def eval_similarities(trainer) -> Similarities | None:
         return None
     from torch.utils.data import Subset
 
+    similarity = getattr(trainer.loss, "similarity", None)
     kept = kept_embeddings(trainer, dataset)  # kept only for a set of <= HISTOGRAM_SAMPLES samples
     if kept is not None:  # the evaluation at this step embedded the whole set with these weights
-        return pair_similarities(kept.embeddings, kept.labels, trainer.loss.layout)
-    if len(dataset) > HISTOGRAM_SAMPLES:
-        dataset = Subset(dataset, range(HISTOGRAM_SAMPLES))
-    emb, lab = embed_eval_set(trainer, dataset)
-    return pair_similarities(emb, lab, trainer.loss.layout)
+        emb, lab = kept.embeddings, kept.labels
+    else:
+        if len(dataset) > HISTOGRAM_SAMPLES:
+            dataset = Subset(dataset, range(HISTOGRAM_SAMPLES))
+        emb, lab = embed_eval_set(trainer, dataset)
+    score = numpy_scores(similarity) if emb.ndim == 3 and similarity is not None else None
+    return pair_similarities(emb, lab, trainer.loss.layout, score)
 
 
 def _rng_states() -> tuple:

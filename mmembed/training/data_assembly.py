@@ -32,12 +32,12 @@ from ..data.teacher import TeacherFiles, teacher_signal
 from ..encoding.instructions import Instructions
 from ..eval.tasks import HeldOutTasks
 from ..losses import EmbeddingLoss
+from ..task import get_task
 from .arguments import SftArguments, UsageError
 from .distributed import world
 from .flag_checks import beir_pairs
 from .model_assembly import Encoding, make_loss
 from .row_checks import Checks, Part, Rows, check_rows, log_phase
-from .task_flags import is_reranker
 
 if TYPE_CHECKING:  # the media loader is imported at the first row with media (qwen-vl-utils: about a second)
     from ..encoding.media import MediaSettings
@@ -84,7 +84,7 @@ class TrainingData:
                          load_from_cache_file=args.load_from_cache_file,
                          columns=json.loads(args.columns) if args.columns else None,
                          label_rule=loss.label_rule, media_kinds=frozenset(encoding.template.media), reuse=reuse,
-                         several_positives=is_reranker(args), hub=hub_options(args))
+                         several_positives=get_task(args.task_type).several_positives, hub=hub_options(args))
         checks = Checks(args, encoding, loss, media, reuse)
         if getattr(args, "dataset_config", None):
             return cls.stream_config(checks, load_opts) if args.streaming else cls.load_config(checks, load_opts)

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..losses.base import GUIDE, TEACHER, TEACHER_SCORES, CrossProcess, Groups, as_groups
@@ -154,13 +155,19 @@ def _scaled_local(units):
 def _group_parts(loss, outputs, groups: Groups, rank: int, w: int) -> Tensor:
     """Each process scores its own anchors against the documents of all processes."""
     parts: GroupParts = loss.split_parts(outputs, groups)
-    # one exchange of the per-process sizes: groups and negatives
-    local = torch.tensor([parts.n_queries, parts.negatives.shape[0]], dtype=torch.long, device=parts.anchors.device)
+    # one exchange of the per-process sizes: groups and negatives (and, for token vectors
+    # [*, L, D], the lengths L, which differ between processes)
+    tokens = [x.shape[1] if x.dim() == 3 else 0 for x in (parts.anchors, parts.positives, parts.negatives)]
+    local = torch.tensor([parts.n_queries, parts.negatives.shape[0], *tokens], dtype=torch.long,
+                         device=parts.anchors.device)
     table = [torch.zeros_like(local) for _ in range(w)]
     dist.all_gather(table, local)
     counts = [int(t[0]) for t in table]
     negs = [int(t[1]) for t in table]
     offset = sum(counts[:rank])
+    if any(tokens):  # pad L with zero (absent) tokens to the longest: no MaxSim score changes
+        width = int(torch.stack(table)[:, 2:].max())
+        parts = parts.with_student(lambda x: F.pad(x, (0, 0, 0, width - x.shape[1])))
     gathered = GroupParts(
         anchors=all_gather_with_grad(parts.anchors, counts),
         positives=all_gather_with_grad(parts.positives, counts),
@@ -194,6 +201,8 @@ def _gather_batch(outputs: Mapping[str, Tensor], labels: Tensor) -> tuple[dict[s
     inputs (``teacher_scores``) are padded with NaN to the widest."""
     emb = outputs["last_hidden_state"]
     sizes = gather_sizes(emb.shape[0], emb.device)
+    if emb.dim() == 3:  # token vectors: pad L with zero (absent) tokens to the longest process's
+        emb = F.pad(emb, (0, 0, 0, max_over_processes(emb.shape[1], emb.device) - emb.shape[1]))
     gathered = {"last_hidden_state": all_gather_with_grad(emb, sizes)}
     for key, value in outputs.items():
         if key == "last_hidden_state" or value is None:

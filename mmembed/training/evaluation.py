@@ -144,7 +144,12 @@ def embed_eval_set(trainer, dataset, each: Callable[[CollatedBatch, dict[str, An
             model(**batch.inputs)
     finally:
         model.train(was_training)
-    width = max_over_processes(embs[0].shape[1] if embs else 0, device)
+    width = max_over_processes(embs[0].shape[-1] if embs else 0, device)
+    if embs and embs[0].dim() == 3:  # one vector per token (late interaction): padded with absent (zero) tokens
+        tokens = max_over_processes(max(e.shape[1] for e in embs), device)
+        embs = [torch.nn.functional.pad(e, (0, 0, 0, tokens - e.shape[1])) for e in embs]
+    elif not embs and trainer.accelerator.unwrap_model(model).pooling == "tokens":
+        embs = [torch.zeros((0, max_over_processes(0, device), width), device=device)]
     emb = torch.cat(embs) if embs else torch.zeros((0, width), device=device)
     lab = torch.cat(labels) if labels else torch.zeros((0,), device=device)
     return all_gather_no_grad(emb).cpu().numpy(), all_gather_no_grad(lab).cpu().numpy()
@@ -190,8 +195,23 @@ def dataset_metrics(trainer, dataset, loss=None) -> dict[str, float]:
     candidates = None if view is None else view(
         {"last_hidden_state": torch.from_numpy(emb)}, torch.from_numpy(lab),
         generator=torch.Generator().manual_seed(trainer.args.seed))
-    metrics.update(layout_metrics(loss.layout, emb, lab, candidates=candidates))
+    similarity = getattr(loss, "similarity", None)
+    score = None if emb.ndim == 2 or similarity is None else numpy_scores(similarity)
+    metrics.update(layout_metrics(loss.layout, emb, lab, candidates=candidates, score=score))
     return metrics
+
+
+def numpy_scores(similarity) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """A loss's similarity (:class:`~mmembed.losses.maxsim.Similarity`) on numpy rows, for the
+    retrieval metrics: ``score(queries, docs) -> [Q, C]`` (float32; each side trimmed of its
+    all-absent token columns first)."""
+
+    def score(queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
+        q = similarity.trim(torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32)))
+        d = similarity.trim(torch.from_numpy(np.ascontiguousarray(docs, dtype=np.float32)))
+        return similarity.matrix(q, d).numpy()
+
+    return score
 
 
 @torch.no_grad()

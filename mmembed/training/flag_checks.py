@@ -221,9 +221,9 @@ def check_names(args: SftFlags) -> None:
         # a name that is neither shipped nor a .toml file; a reranker run's names are searched
         # among the reranker templates (ms-swift's `--model_type qwen3_reranker --task_type
         # generative_reranker`)
-        from .task_flags import is_reranker
+        from ..task import get_task
 
-        get_template(args.template, args.model_type, task=args.task_type if is_reranker(args) else None)
+        get_template(args.template, args.model_type, task=get_task(args.task_type).template_task)
     if not args.output_dir:
         raise UsageError("--output_dir must name a folder, got ''")
 
@@ -464,9 +464,9 @@ def check_loss_args(args: SftFlags) -> None:
     import json
 
     from ..losses import loss_class
-    from .task_flags import is_reranker
+    from ..task import get_task
 
-    if is_reranker(args):  # the reranker losses: checked with --task_type (task_flags.check_task)
+    if get_task(args.task_type).builds_own_losses:  # losses outside the registry: checked by the task
         return
     try:
         loss_class(args.loss_type)  # an unknown name, or a module:Class that does not import

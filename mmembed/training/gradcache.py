@@ -149,7 +149,9 @@ class GradCache:
             with one embedding per row of the chunk (:class:`mmembed.model.embedding.EmbeddingModel`,
             or any encoder that keeps to this and to the module's invariant).
         loss_fn: Called as ``loss_fn({"last_hidden_state": reps [N, D]}, labels)``, returns
-            a scalar (every loss of :mod:`mmembed.losses`).
+            a scalar (every loss of :mod:`mmembed.losses`). Token vectors ``[n, L, D]``
+            (late interaction) are cached too: chunks of different ``L`` are padded with
+            zero (absent) tokens to the widest.
         mini_batch_size: Most rows embedded at once, >= 1.
         split_fn: ``split_fn(batch, mini_batch_size) -> list of chunk dicts`` whose
             embeddings, concatenated, are the batch's rows in order; :func:`split_batch`
@@ -185,7 +187,7 @@ class GradCache:
             rand_states.append(RandContext(devices))
             with torch.no_grad():
                 reps.append(self._embed(chunk))
-        return torch.cat(reps).requires_grad_(), rand_states
+        return _cat_rows(reps).requires_grad_(), rand_states
 
     def backward_chunks(self, chunks: Sequence[Mapping[str, Any]], rand_states: Sequence[RandContext],
                         grad: Tensor | None, backward_fn: BackwardFn | None = None,
@@ -224,6 +226,8 @@ class GradCache:
                 with rand_state:
                     reps = self._embed(chunk)
                 chunk_grad = torch.zeros_like(reps) if grad is None else grad[start : start + reps.shape[0]]
+                if chunk_grad.dim() == 3 and reps.dim() == 3 and chunk_grad.shape[1] > reps.shape[1]:
+                    chunk_grad = chunk_grad[:, : reps.shape[1]]  # token vectors: the cache's padding has no graph
                 if chunk_grad.shape != reps.shape:
                     raise ValueError(
                         f"chunk {i} re-embedded to {tuple(reps.shape)} but its gradient is {tuple(chunk_grad.shape)}; "
@@ -283,12 +287,21 @@ class GradCache:
             loss_backward_fn(loss)
         grad = reps.grad
         if idle and grad is not None:
-            grad = torch.cat([torch.zeros_like(idle_reps), grad])
+            grad = _cat_rows([torch.zeros_like(idle_reps), grad])
         self.backward_chunks(idle + chunks, idle_states + rand_states, grad, backward_fn, no_sync)
         return loss.detach()
 
     def _embed(self, chunk: Mapping[str, Any]) -> Tensor:
         return self.model(**chunk)[REPS_KEY]
+
+
+def _cat_rows(reps: Sequence[Tensor]) -> Tensor:
+    """The chunks' embeddings in order; token vectors ``[n, L, D]`` of different ``L`` are
+    padded with zero (absent) tokens to the widest (a late-interaction loss ignores them)."""
+    if reps[0].dim() == 3 and len({r.shape[1] for r in reps}) > 1:
+        width = max(r.shape[1] for r in reps)
+        reps = [torch.nn.functional.pad(r, (0, 0, 0, width - r.shape[1])) for r in reps]
+    return torch.cat(list(reps))
 
 
 def _check_mini_batch_size(mini_batch_size: int) -> None:

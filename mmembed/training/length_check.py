@@ -27,13 +27,12 @@ import numpy as np
 from ..data.arrow_rows import shared_heap
 from ..data.dataset import DATASET_ID, release_mapped
 from ..data.sample import DataError, Sample
-from ..encoding.collator import token_lengths
 from ..encoding.inputs import InputBuilder
 from ..encoding.instructions import Instructions
 from ..encoding.layout import Layout
 from ..encoding.measure import json_text_lengths
-from ..encoding.rerank_inputs import pair_token_lengths
 from ..losses import EmbeddingLoss
+from ..task import Task, get_task
 from .arguments import SftArguments
 from .model_assembly import Encoding
 
@@ -72,13 +71,13 @@ def check_lengths(args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, m
         if ds is not None:
             ds = drop_overlong(ds, builder, loss.layout, encoding.max_length,
                                check_processes(args.dataset_num_proc, len(ds)), what, args.strict, truncate,
-                               builders=builders, reuse=reuse)
+                               builders=builders, reuse=reuse, task=get_task(args.task_type))
         checked.append(ds)
     return checked[0], checked[1]
 
 
 def length_filter(encoding: Encoding, media: MediaSettings | None, check_media: str, layout: Layout,
-                  templates: dict | None = None):
+                  templates: dict | None = None, task: Task | None = None):
     """``--truncation_strategy delete`` on rows read one at a time (``--streaming``):
     ``keep(sample)``, False for a row over ``--max_length``. ``templates``: ``{dataset: its
     template}`` for the ``--dataset_config`` datasets with instructions of their own
@@ -90,17 +89,16 @@ def length_filter(encoding: Encoding, media: MediaSettings | None, check_media: 
 
     def keep(sample: Sample) -> bool:
         own = builders.get(sample.dataset_id, builder)
-        return measured_lengths([sample], own, layout)[0] <= encoding.max_length
+        return measured_lengths([sample], own, layout, task)[0] <= encoding.max_length
 
     return keep
 
 
-def measured_lengths(samples: list[Sample], builder: InputBuilder, layout: Layout) -> list[int]:
-    """The longest model input of each sample: an embedding model's longest item, a reranker's
-    longest (query, document) pair (:func:`~mmembed.encoding.rerank_inputs.pair_token_lengths`)."""
-    if layout is Layout.RERANK:
-        return pair_token_lengths(samples, builder)
-    return token_lengths(samples, builder, layout)
+def measured_lengths(samples: list[Sample], builder: InputBuilder, layout: Layout, task: Task | None = None) -> list[int]:
+    """The longest model input of each sample, as ``task`` (None: embedding) measures it
+    (:meth:`~mmembed.task.Task.input_lengths`): an embedding model's longest item, a reranker's
+    longest (query, document) pair."""
+    return (task or get_task(None)).input_lengths(samples, builder, layout)
 
 
 def length_builder(encoding: Encoding, media: MediaSettings | None = None, check_media: str = "header") -> InputBuilder:
@@ -113,7 +111,7 @@ def length_builder(encoding: Encoding, media: MediaSettings | None = None, check
 
 def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, num_proc: int, what: str,
                   strict: bool = True, truncate: bool = False, builders: dict[int, InputBuilder] | None = None,
-                  reuse: bool = False):
+                  reuse: bool = False, task: Task | None = None):
     """``--truncation_strategy delete``: remove rows with any input over ``max_length`` tokens
     (media expanded, as the model sees them), and say how many.
 
@@ -146,10 +144,10 @@ def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, nu
 
     def lengths_of(samples: list[Sample], builder: InputBuilder) -> list[int]:
         if not truncate:
-            return measured_lengths(samples, builder, layout)
+            return measured_lengths(samples, builder, layout, task)
         media = [i for i, s in enumerate(samples) if any(it.has_media for it in (s.anchor, *s.positives, *s.negatives))]
         out = [0] * len(samples)
-        for i, n in zip(media, measured_lengths([samples[i] for i in media], builder, layout) if media else []):
+        for i, n in zip(media, measured_lengths([samples[i] for i in media], builder, layout, task) if media else []):
             out[i] = n
             if n > max_length:
                 raise DataError(samples[i].source, samples[i].line, None,
@@ -162,7 +160,7 @@ def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, nu
     batches = [0]
 
     def measure_rows(rows: list[str], builder: InputBuilder) -> dict[str, list]:
-        if not truncate and layout is not Layout.RERANK:  # text-only rows without a Sample object each (None: the general path)
+        if not truncate and (task or get_task(None)).measures_items:  # text-only rows without a Sample object each (None: the general path)
             fast = json_text_lengths(builder.template, builder.text_counter(), rows, layout, within=max_length)
             if fast is not None:
                 return {"n_tokens": fast, "load_error": [""] * len(fast)}

@@ -30,8 +30,10 @@ from ..model.embedding import (
     frozen_parts,
     hidden_size,
     load_backbone,
+    model_config,
 )
 from ..model.packing import PACKABLE_MODEL_TYPES, VARLEN_ATTENTION
+from ..task import get_task
 from .arguments import SftArguments, UsageError
 from .quant_flags import quantization
 
@@ -46,10 +48,8 @@ logger = logging.getLogger("mmembed")
 
 def read_model_config(model_dir: str):
     """The model's transformers config; one that cannot be read is a usage error naming --model."""
-    from transformers import AutoConfig
-
     try:
-        return AutoConfig.from_pretrained(model_dir)
+        return model_config(model_dir)
     except (OSError, ValueError, KeyError) as e:
         raise UsageError(f"--model {model_dir}: its config.json cannot be read as a transformers model "
                          f"({one_line(e)})") from None
@@ -64,7 +64,7 @@ def resolve_template(model_dir: str, name: str | None, model_type: str | None, s
     if config is None:
         config = read_model_config(model_dir)
     try:
-        template = get_template(name, model_type, getattr(config, "model_type", None), task=task)
+        template = get_template(name, model_type, getattr(config, "model_type", None), task=get_task(task).template_task)
         template.check_installed()
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -80,7 +80,7 @@ def load_processing(path: str, template: Template):
 
     if template.media:
         return AutoProcessor.from_pretrained(path)
-    return AutoTokenizer.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path, config=model_config(path))  # config.json as read once
 
 
 @dataclasses.dataclass
@@ -105,7 +105,7 @@ class Encoding:
                 template = dataclasses.replace(template, **{side + "_system": getattr(args, side + "_system")})
         processing = load_processing(args.model, template)
         tokenizer = getattr(processing, "tokenizer", None) or processing
-        pooling = args.pooling or (template.pooling if template.reranker else template.resolve_pooling(args.model))
+        pooling = get_task(args.task_type).pooling(args, template)
         return cls(template, processing, pooling, args.max_length or default_max_length(args.model, tokenizer))
 
 
@@ -267,10 +267,11 @@ def init_deepspeed_comm() -> None:
         deepspeed.init_distributed(dist_backend=dist.get_backend())
 
 
-def build_model(args: SftArguments, template: Template, pooling: str) -> EmbeddingModel:
+def build_model(args: SftArguments, template: Template, pooling: str, head: Any = None) -> EmbeddingModel:
     """The student: the backbone of ``--model`` with liger-kernel (``--use_liger_kernel``),
     then a LoRA adapter (``--tuner_type lora``) or, trained in full, its frozen parts frozen,
-    wrapped as an :class:`EmbeddingModel` that pools with ``pooling``."""
+    wrapped as an :class:`EmbeddingModel` that pools with ``pooling`` (or in the task's
+    ``head``: :meth:`~mmembed.task.Task.model_head`)."""
     quant = quantization(args)
     if quant is None:
         backbone = load_backbone(args.model, args.torch_dtype, args.attn_impl)
@@ -300,8 +301,8 @@ def build_model(args: SftArguments, template: Template, pooling: str) -> Embeddi
     logger.info("on %s: %s", args.device.type, ", ".join(
         [*getattr(args, "device_defaults", []), f"--padding_free {str(padding_free).lower()}",
          f"--attn_impl {backbone.config._attn_implementation}"]))
-    return EmbeddingModel(backbone, pooling, length_chunks=args.length_chunks, tower=template.tower,
-                          padding_free=padding_free, bucket=bool(args.length_buckets))
+    return (head or EmbeddingModel)(backbone, pooling=pooling, length_chunks=args.length_chunks, tower=template.tower,
+                                    padding_free=padding_free, bucket=bool(args.length_buckets))
 
 
 # ----------------------------------------------------------------------------- the loss and its side models

@@ -23,14 +23,13 @@ from ..encoding.templates import Template
 from ..environment import Environment
 from ..environment import read as read_environment
 from ..losses import EmbeddingLoss, Setup
-from ..losses.rerank import build_rerank_loss
 from ..model.embedding import check_model_folder, hidden_size
+from ..task import get_task
 from .arguments import SftArguments, UsageError
 from .evaluation import eval_metric_names
 from .flag_checks import beir_pairs, check_side_flags
 from .hub_models import resolve_model_flags
-from .model_assembly import lora_target_modules, make_loss, parts_to_freeze, read_model_config, resolve_template
-from .task_flags import is_reranker
+from .model_assembly import lora_target_modules, parts_to_freeze, read_model_config, resolve_template
 
 if TYPE_CHECKING:
     from ..encoding.media import MediaSettings
@@ -74,22 +73,11 @@ def check_settings(args: SftArguments, environment: Environment | None = None) -
             and args.max_length > limit:
         raise UsageError(f"--max_length must be at most {limit} for this model (its position embeddings), "
                          f"got {args.max_length}")
-    if is_reranker(args):
-        loss = build_rerank_loss(args.loss_type, environment)  # LISTWISE_RERANKER_* checked now
-        check_reranker_head(args, config)
-        own = [e.name for e in args.dataset_entries if e.has_loss_settings]
-        if own:  # the reranker losses take their settings from LISTWISE_RERANKER_*, one for the run
-            raise UsageError(f"--dataset_config {args.dataset_config}: dataset(s) {', '.join(own)} have loss settings of "
-                             f"their own (loss_kwargs / infonce), which --task_type {args.task_type} does not take")
-    else:
-        loss = make_loss(args)
-        check_side_flags(args, loss.side)
-        try:  # the loss's checks against the width, known from the config (e.g. Matryoshka's widths); sides: later
-            loss.check_setup(Setup(width=hidden_size(config), sides_known=False))
-        except ValueError as e:
-            flag = f"--mrl_dims {args.mrl_dims!r}" if args.mrl_dims and "mrl_dims" in str(e) else f"--loss_type {args.loss_type}"
-            raise UsageError(f"{flag}: {e}") from None
-        check_lora_targets(args, template, config)
+    task = get_task(args.task_type)
+    task.check_model(args, config)  # the config against the task (a reranker's head)
+    task.check_dataset_entries(args)
+    loss = task.build_loss(args, environment)
+    task.check_loss(args, loss, template, config)
     check_metric_for_best_model(args, loss)
     # the data paths last: a flag that does not fit the loss says more than a file that is not there
     hub = DatasetHubOptions.of(args.use_hf, environment)
@@ -112,17 +100,17 @@ def check_settings(args: SftArguments, environment: Environment | None = None) -
     return RunSetup(media, config, template, loss)
 
 
-def check_reranker_head(args: SftArguments, config) -> None:
-    """``--task_type reranker`` scores with a one-label head: a folder whose classification head
-    has more labels (an NLI classifier, a multi-class model) is refused before it loads; a folder
-    without a classification head gets a new one-label head."""
-    architectures = getattr(config, "architectures", None) or []
-    labels = getattr(config, "num_labels", 1)
-    if args.task_type == "reranker" and labels != 1 and any(a.endswith("ForSequenceClassification")
-                                                           for a in architectures):
-        raise UsageError(f"--model {args.model}: its classification head has {labels} labels (config.json's "
-                         "id2label); a reranker scores a pair with one label: use a one-label cross-encoder, or its "
-                         "base model (a new one-label head is trained)")
+def check_embedding_loss(args: SftArguments, loss: EmbeddingLoss, template: Template, config) -> None:
+    """An embedding loss's checks before the weights load: the side-input flags against what it
+    takes, its own checks against the model's width (e.g. Matryoshka's widths; the side models'
+    widths later), and the LoRA target names against the model's modules."""
+    check_side_flags(args, loss.side)
+    try:
+        loss.check_setup(Setup(width=hidden_size(config), sides_known=False))
+    except ValueError as e:
+        flag = f"--mrl_dims {args.mrl_dims!r}" if args.mrl_dims and "mrl_dims" in str(e) else f"--loss_type {args.loss_type}"
+        raise UsageError(f"{flag}: {e}") from None
+    check_lora_targets(args, template, config)
 
 
 def check_model_folders(args: SftArguments) -> None:

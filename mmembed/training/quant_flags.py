@@ -18,6 +18,7 @@ from ..model.quantization import (
     bitsandbytes_missing,
     default_compute_dtype,
 )
+from ..task import get_task
 from .flag_checks import DEEPSPEED_CONFIGS, bundled_deepspeed_config, read_deepspeed_json
 from .sft_flags import SftFlags
 
@@ -60,9 +61,9 @@ def check_quantization(args: SftFlags) -> None:
     if args.tuner_type != "lora":
         raise UsageError(f"--quant_method bnb with --tuner_type {args.tuner_type}: quantized weights cannot be trained; "
                          "use --tuner_type lora (QLoRA: the LoRA adapter trains on the quantized frozen base)")
-    if args.task_type != "embedding":
+    if not get_task(args.task_type).quantizable:
         raise UsageError(f"--quant_method bnb with --task_type {args.task_type}: quantized training is offered for "
-                         "embedding models; train the reranker in --torch_dtype bfloat16")
+                         "embedding models; train this model in --torch_dtype bfloat16")
     stage = _zero_stage(args.deepspeed)
     if stage == 3:
         raise UsageError(f"--quant_method bnb with --deepspeed {args.deepspeed}: ZeRO-3 would build the quantized base "

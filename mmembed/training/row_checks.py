@@ -25,6 +25,7 @@ from ..data.streaming import Stream
 from ..data.trainable import NegativesRule, rows_without_negatives
 from ..encoding.instructions import Instructions
 from ..losses import EmbeddingLoss
+from ..task import get_task
 from .arguments import SftArguments, UsageError
 from .length_check import check_lengths, length_filter
 from .model_assembly import Encoding
@@ -148,7 +149,8 @@ def _lengths(rows: Rows, checks: Checks) -> Rows:
         if args.truncation_strategy == "delete":
             # a --dataset_config dataset's instruction counts toward its rows' length
             own = Instructions.of(getattr(args, "dataset_entries", None) or []).templates(checks.encoding.template)
-            train.add_filter(length_filter(checks.encoding, checks.media, args.check_media, checks.loss.layout, own))
+            train.add_filter(length_filter(checks.encoding, checks.media, args.check_media, checks.loss.layout, own,
+                                           get_task(args.task_type)))
         return Rows([Part(train, check_lengths(args, checks.encoding, checks.loss, checks.media, None, val, checks.reuse)[1])])
     return Rows([Part(*check_lengths(args, checks.encoding, checks.loss, checks.media, train, val, checks.reuse))])
 

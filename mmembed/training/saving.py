@@ -38,7 +38,6 @@ import torch
 from ..encoding.templates import template_from_config
 from ..model.adapters import is_adapter, write_lora_layout
 from ..model.embedding import EmbeddingModel, hidden_size
-from ..model.folder import write_saved_folder
 from ..model.io import save_tokenizer
 from ..model.weights import load_backbone_weights
 from . import checkpoints, hooks
@@ -64,17 +63,19 @@ class CheckpointSaving:
         os.makedirs(output_dir, exist_ok=True)
         model: EmbeddingModel = self.accelerator.unwrap_model(self.model)
         backbone = model.backbone
+        full_state = state_dict
         if state_dict is not None:
             prefix = "backbone."
             state_dict = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
         backbone.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
+        model.save_head(output_dir, full_state)  # a head of the model's own, outside the backbone
         template = self.mmembed_config.get("template")
         if template and is_adapter(output_dir):  # the module names ms-swift and PEFT load the adapter with
             write_lora_layout(output_dir, template_from_config(template).adapter_prefix)
         if self.processing_class is not None:
             save_tokenizer(output_dir, self.processing_class)
         # mmembed.json, the tokenizer's suffix, sentence-transformers files, model card: one rule with mmembed export
-        write_saved_folder(output_dir, self.mmembed_config, hidden_size(backbone.config), self.state.log_history,
+        self.folder_writer(output_dir, self.mmembed_config, hidden_size(backbone.config), self.state.log_history,
                            final_path=checkpoints.final_folder(output_dir), global_step=self.state.global_step,
                            tokenizer=self.processing_class)
         torch.save(args_without_tokens(self.args), os.path.join(output_dir, "training_args.bin"))
@@ -228,8 +229,9 @@ class CheckpointSaving:
         checkpoints.check_complete(resume_from_checkpoint)
         self.last_checkpoint = resume_from_checkpoint  # the run's result until it saves again
         model = model or self.model
-        backbone = self.accelerator.unwrap_model(model).backbone
-        load_backbone_weights(backbone, resume_from_checkpoint)
+        unwrapped = self.accelerator.unwrap_model(model)
+        load_backbone_weights(unwrapped.backbone, resume_from_checkpoint)
+        unwrapped.load_head(resume_from_checkpoint)
 
     def _load_best_model(self) -> None:
         """``--load_best_model_at_end``: the best checkpoint's weights back into the model.
@@ -240,7 +242,9 @@ class CheckpointSaving:
             return
         best = self.state.best_model_checkpoint
         if best:
-            load_backbone_weights(self.accelerator.unwrap_model(self.model).backbone, best)
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            load_backbone_weights(unwrapped.backbone, best)
+            unwrapped.load_head(best)
 
 
 @contextlib.contextmanager

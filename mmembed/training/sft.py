@@ -16,13 +16,13 @@ import logging
 import os
 from typing import Any
 
-from ..encoding.collator import EmbeddingCollator
 from ..encoding.instructions import Instructions
 from ..encoding.templates import template_config
 from ..environment import Environment
 from ..environment import read as read_environment
 from ..losses import EmbeddingLoss
 from ..model.embedding import hidden_size
+from ..task import get_task
 from .arguments import SftArguments
 from .charts import TrainingCharts, eval_similarities
 from .data_assembly import TrainingData, check_drop_last, load_eval_tasks, read_once
@@ -43,7 +43,6 @@ from .preflight import RunSetup, check_settings
 from .quant_flags import quantization
 from .run_folder import prepare_output_dir, resume_checkpoint, resume_weights_only, training_facts
 from .samplers import check_sampling
-from .task_flags import is_reranker
 from .trainer import EmbeddingTrainer
 
 logger = logging.getLogger("mmembed")
@@ -63,12 +62,7 @@ def run_sft(args: SftArguments, environment: Environment | None = None) -> dict[
     setup = check_settings(args, environment)
     resume = resume_checkpoint(args)
     prepare_output_dir(args, resume)
-    if is_reranker(args):
-        from .rerank_trainer import build_rerank_trainer
-
-        trainer = build_rerank_trainer(args, setup)
-    else:
-        trainer = build_trainer(args, setup)
+    trainer = get_task(args.task_type).build_trainer(args, setup)  # the embedding task's: build_trainer below
     if resume and args.resume_only_model:
         resume = resume_weights_only(trainer, args, resume)
     trainer.last_checkpoint = resume  # the run's result until it saves (DeepSpeed loads without _load_from_checkpoint)
@@ -118,8 +112,9 @@ def build_trainer(args: SftArguments, setup: RunSetup | None = None) -> Embeddin
         check_loss_setup(args, own, width, side_models, data.teacher_key, data.teacher_width)
     if args.deepspeed:
         init_deepspeed_comm()
-    model = build_model(args, encoding.template, encoding.pooling)
-    collator = EmbeddingCollator(
+    task = get_task(args.task_type)
+    model = build_model(args, encoding.template, encoding.pooling, head=task.model_head(args, encoding))
+    collator = task.collator_type()(
         training_padding(encoding.template, args.padding_side, has_accelerator()), encoding.processing, loss.layout, encoding.max_length,
         truncation_side="left" if args.truncation_strategy == "left" else "right",
         truncate=args.truncation_strategy != "delete",
@@ -131,6 +126,7 @@ def build_trainer(args: SftArguments, setup: RunSetup | None = None) -> Embeddin
         with_dataset_ids=True,
         strict=args.strict,
         instructions=Instructions.of(args.dataset_entries),
+        **task.collator_options(args, encoding),
     )
     trainer = EmbeddingTrainer(
         model=model,
@@ -142,13 +138,14 @@ def build_trainer(args: SftArguments, setup: RunSetup | None = None) -> Embeddin
         loss=loss,
         side_models=side_models.models,
         eval_tasks=eval_tasks,
-        mmembed_config=saved_config(args, encoding, loss, data),
+        mmembed_config=task.saved_config(args, encoding, saved_config(args, encoding, loss, data)),
+        folder_writer=task.folder_writer(),
         param_lrs=part_learning_rates(model, encoding.template, args),
         dataset_names=[d.name for d in data.datasets] if args.dataset_config else None,
         dataset_losses=data.losses,
         train_datasets=data.datasets,
     )
-    trainer.add_callback(TrainingCharts(lambda: eval_similarities(trainer)))
+    trainer.add_callback(TrainingCharts(lambda: eval_similarities(trainer), x_label=task.score_name))
     return trainer
 
 

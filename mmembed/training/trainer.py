@@ -30,6 +30,7 @@ from ..encoding.collator import CollatedBatch, raise_batch_error
 from ..encoding.inputs import select_rows, split_rows
 from ..losses import Side, build_loss
 from ..model.embedding import EmbeddingModel
+from ..model.folder import write_saved_folder
 from .device_flags import import_deepspeed_only_when_used
 from .distributed import GlobalBatchLoss, max_over_processes, world
 from .evaluation import evaluation_metrics
@@ -71,7 +72,7 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
     def __init__(self, *args, loss=None, side_models: dict[str, EmbeddingModel] | None = None, eval_tasks=None,
                  mmembed_config: dict[str, Any] | None = None, param_lrs: dict[int, float] | None = None,
                  dataset_names: list[str] | None = None, dataset_losses: dict[int, Any] | None = None,
-                 train_datasets: list | None = None, **kwargs):
+                 train_datasets: list | None = None, folder_writer: Any = None, **kwargs):
         # the Trainer refuses an eval strategy without an eval set; --eval_beir / --eval_sts
         # are something to evaluate too, so it gets a stand-in that evaluate() never reads
         import_deepspeed_only_when_used()  # no "Setting accelerator to CPU" on runs without DeepSpeed
@@ -97,6 +98,7 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         if mmembed_config is None:
             mmembed_config = {"pooling": self.accelerator.unwrap_model(self.model).pooling, "normalize": True}
         self.mmembed_config = mmembed_config
+        self.folder_writer = folder_writer or write_saved_folder  # the task's (Task.folder_writer)
         self.param_lrs = param_lrs or {}
         self.zero_loss = ZeroLossStop(getattr(self.args, "zero_loss_patience", 0) or 0)  # plain TrainingArguments: off
         self.add_callback(SaveLastStep())

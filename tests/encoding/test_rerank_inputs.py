@@ -1,4 +1,4 @@
-"""Reranker pairs (mmembed.encoding.rerank_inputs): the pair texts written out, the ids against
+"""Reranker pairs (mmembed.tasks.reranker.inputs): the pair texts written out, the ids against
 the real tokenizers, ms-swift's sampling against a plain loop, media order, truncation, errors."""
 
 import dataclasses
@@ -12,8 +12,8 @@ from conftest import load_tiny_models
 from mmembed.data.sample import DataError, Item, Sample
 from mmembed.encoding.instructions import Instructions
 from mmembed.encoding.media import MediaSettings
-from mmembed.encoding.rerank_inputs import GROUP_IDS, RerankCollator, pair_texts
 from mmembed.encoding.templates import _parse, get_template
+from mmembed.tasks.reranker.inputs import GROUP_IDS, RerankCollator, pair_texts
 
 JUDGE = ('Judge whether the Document meets the requirements based on the Query and the Instruct provided. '
          'Note that the answer can only be "yes" or "no".')
@@ -100,15 +100,15 @@ def test_bert_reranker_pair_is_the_tokenizers_text_pair():
 
 def test_template_lookup_by_task():
     assert get_template(config_model_type="qwen3").name == "qwen3_emb"
-    assert get_template(config_model_type="qwen3", task="generative_reranker").name == "qwen3_reranker"
-    assert get_template(config_model_type="qwen3_vl", task="generative_reranker").name == "qwen3_vl_reranker"
+    assert get_template(config_model_type="qwen3", task="reranker").name == "qwen3_reranker"
+    assert get_template(config_model_type="qwen3_vl", task="reranker").name == "qwen3_vl_reranker"
     assert get_template(config_model_type="bert").name == "bert"
     for model_type in ("bert", "modernbert", "xlm-roberta", "modern_bert_gte_reranker", "bge_reranker"):
         assert get_template(model_type=model_type, task="reranker").name == "bert_reranker"
     with pytest.raises(ValueError, match=r"unknown --model_type 'qwen3_reranker' for an embedding model; "
                                          r"'qwen3_reranker' is a model type of a reranker template"):
         get_template(model_type="qwen3_reranker")
-    with pytest.raises(ValueError, match=r"template 'qwen3_emb' is an embedding template; --task_type reranker needs "
+    with pytest.raises(ValueError, match=r"template 'qwen3_emb' is an embedding template; this --task_type needs "
                                          r"a reranker template"):
         get_template("qwen3_emb", task="reranker")
     assert get_template("qwen3_reranker").task == "reranker"  # by name without a task: as named

@@ -454,5 +454,8 @@ def test_invalid_options():
 
 def test_registry_names():
     assert set(LOSSES) == {"infonce", "cosine_similarity", "contrastive", "online_contrastive",  # ms-swift's
-                           "gist", "distill_cosine", "distill_mse", "distill_marginal", "distill_kl", "matryoshka"}
+                           "gist", "distill_cosine", "distill_mse", "distill_marginal", "distill_kl", "matryoshka",
+                           # late interaction (MaxSim over token vectors)
+                           "late_interaction_infonce", "colbert_pairwise_ce", "colbert_negative_ce",
+                           "colbert_pairwise_negative_ce"}
     assert LOSSES["infonce"] is InfoNCELoss

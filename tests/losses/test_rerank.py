@@ -1,4 +1,4 @@
-"""mmembed.losses.rerank against ms-swift's reranker losses written out as plain per-group loops."""
+"""mmembed.tasks.reranker.losses against ms-swift's reranker losses written out as plain per-group loops."""
 
 import pytest
 import torch
@@ -6,13 +6,12 @@ import torch.nn.functional as F
 
 from mmembed.environment import read
 from mmembed.errors import UsageError
-from mmembed.losses import (
-    LOSSES,
+from mmembed.losses import LOSSES, build_loss
+from mmembed.tasks.reranker.losses import (
     RERANK_LOSSES,
     ListwiseRerankLoss,
     PointwiseRerankLoss,
     RerankLoss,
-    build_loss,
     build_rerank_loss,
     rerank_task_of,
 )
@@ -177,7 +176,7 @@ def test_declarations():
     assert rerank_task_of("listwise_reranker") is None and rerank_task_of("pointwise_reranker") is None
     assert rerank_task_of("infonce") is None
     assert not set(RERANK_LOSSES) & set(LOSSES)  # the embedding losses' registry holds none of them
-    with pytest.raises(ValueError, match="reranker loss.*build_rerank_loss"):
+    with pytest.raises(ValueError, match=r"reranker loss \(--task_type reranker\), built by its task.s package \(mmembed.tasks.reranker\)"):
         build_loss("listwise_reranker")
 
 

@@ -1,4 +1,4 @@
-"""mmembed.model.reranker: scores against transformers' own heads and full-vocabulary logits."""
+"""mmembed.tasks.reranker.model: scores against transformers' own heads and full-vocabulary logits."""
 
 import logging
 
@@ -8,8 +8,8 @@ import torch
 from PIL import Image
 
 from mmembed.errors import UsageError
-from mmembed.model.rerank_scorer import probabilities
-from mmembed.model.reranker import RerankerModel, last_positions, load_reranker
+from mmembed.tasks.reranker.model import RerankerModel, last_positions, load_reranker
+from mmembed.tasks.reranker.scorer import probabilities
 
 PAIRS = [("what is the capital of France?", "Paris is the capital and largest city of France."),
          ("how do plants make food", "Photosynthesis turns light, water and carbon dioxide into sugar."),

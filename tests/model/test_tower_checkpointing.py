@@ -75,9 +75,9 @@ def build_step(tower: Tower, folder: str, training: str, out: str):
         labels = batch.pop("labels")
         model, loss = build_model(args, encoding.template, encoding.pooling), make_loss(args)
         return args, model.train(), lambda: loss(model(**batch), labels)
-    from mmembed.encoding.rerank_inputs import RerankCollator
-    from mmembed.losses import build_rerank_loss
-    from mmembed.training.rerank_trainer import build_reranker, model_inputs
+    from mmembed.tasks.reranker.inputs import RerankCollator
+    from mmembed.tasks.reranker.losses import build_rerank_loss
+    from mmembed.tasks.reranker.trainer import build_reranker, model_inputs
 
     batch = RerankCollator(encoding.template, encoding.processing, max_positive=1, max_negative=1)(samples)
     model, loss = build_reranker(args, encoding), build_rerank_loss(args.loss_type)

@@ -13,7 +13,7 @@ from conftest import DATA, stsb_pairs, write_jsonl
 
 from mmembed.data import read_file
 from mmembed.data.sample import Item
-from mmembed.model.rerank_scorer import Reranker
+from mmembed.tasks.reranker.scorer import Reranker
 from mmembed.tools.cli import main
 from mmembed.tools.mining import MiningConfig, mine_rows
 

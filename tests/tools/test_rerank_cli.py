@@ -84,7 +84,7 @@ def _loaded_once():
 
 
 def _reranker(folder):
-    from mmembed.model.rerank_scorer import Reranker
+    from mmembed.tasks.reranker.scorer import Reranker
 
     if folder not in _LOADED:
         _LOADED[folder] = Reranker.from_pretrained(folder, device="cpu")
@@ -135,7 +135,7 @@ def test_probabilities_are_stable_and_the_order_follows_the_raw_scores():
     the probabilities of two raw scores round to one float the results keep the raw order."""
     import warnings
 
-    from mmembed.model.rerank_scorer import probabilities
+    from mmembed.tasks.reranker.scorer import probabilities
     from mmembed.tools.rerank import RerankQuery, result_line
 
     with warnings.catch_warnings():

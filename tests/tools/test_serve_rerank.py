@@ -19,9 +19,10 @@ from test_serve import ThreadServer, httpx
 from transformers import AutoTokenizer
 
 from mmembed.model.embedder import Embedder
-from mmembed.model.rerank_scorer import Reranker
+from mmembed.task import task_of_folder
+from mmembed.tasks.reranker.scorer import Reranker
 from mmembed.tools.serve import ServeConfig, create_app, parse_serve_args
-from mmembed.tools.serve_rerank import create_rerank_app, served_task
+from mmembed.tools.serve_rerank import create_rerank_app
 
 QUERY = "A man is playing a flute."
 DOCS = ["A man plays the flute.", "Two dogs run through the snow.", "Someone is playing music.",
@@ -51,9 +52,9 @@ def _post(server, body, path="/v1/rerank"):
 
 
 def test_the_checkpoint_is_served_as_a_reranker(checkpoint, minilm_path):
-    assert served_task(checkpoint) == "reranker"
-    assert served_task(minilm_path) == "embedding"
-    assert served_task(minilm_path, "generative_reranker") == "generative_reranker"
+    assert task_of_folder(checkpoint).name == "reranker"
+    assert task_of_folder(minilm_path).name == "embedding"
+    assert task_of_folder(minilm_path, "generative_reranker").name == "generative_reranker"
     assert parse_serve_args(["--model", checkpoint, "--task_type", "reranker"]).task_type == "reranker"
 
 

@@ -81,7 +81,7 @@ def test_loss_and_its_gradient_are_ms_swifts(batch, loss_type, swift, values):
     """build_rerank_loss, given the LISTWISE_RERANKER_* values ms-swift read, on ms-swift's call
     (float32 scores [N, 1], int64 labels): the same loss (float32) and the same gradient w.r.t.
     the scores; where no group is kept, 0 in the graph with a gradient of zeros, as ms-swift's."""
-    from mmembed.losses.rerank import build_rerank_loss
+    from mmembed.tasks.reranker.losses import build_rerank_loss
 
     loss_fn = build_rerank_loss(loss_type, values=values)
     scores = torch.tensor(batch["scores"], dtype=getattr(torch, LOSSES["scores_dtype"]), requires_grad=True)
@@ -118,8 +118,8 @@ def test_collator_draws_ms_swifts_pairs_batch_after_batch(run, qwen_tokenizer, t
     over the recorded batches of rows gives ms-swift's pairs in ms-swift's order and its
     labels, batch after batch (one RandomState(42) drawn from across batches); each pair is
     identified, as the generator did, by decoding the ids the model is fed."""
-    from mmembed.encoding.rerank_inputs import RerankCollator
     from mmembed.encoding.templates import get_template
+    from mmembed.tasks.reranker.inputs import RerankCollator
 
     samples = read_rows(order_rows(), tmp_path)
     assert [(len(s.positives), len(s.negatives)) for s in samples] == \
@@ -171,9 +171,9 @@ def test_qwen3_reranker_pairs_are_ms_swifts_ids(qwen_tokenizer, tmp_path):
     """Every (query, document) pair of the recorded rows (no system; the row's system; a
     negative with its own system) has ms-swift's input ids and label; ms-swift's training
     batch of the first two rows holds the same rows (unpadded) and labels, as wide."""
-    from mmembed.encoding.rerank_inputs import RerankCollator
     from mmembed.encoding.templates import get_template
-    from mmembed.model.reranker import token_id
+    from mmembed.tasks.reranker.inputs import RerankCollator
+    from mmembed.tasks.reranker.model import token_id
 
     template = get_template("qwen3_reranker")
     assert template.default_system == QWEN3["default_system"]
@@ -206,8 +206,8 @@ def test_bert_pairs_are_the_tokenizers_text_pair_where_ms_swift_joins_with_sep(m
     texts with a literal ``[SEP]`` and gives no token type ids (the model then takes 0
     everywhere). The input ids are the same; only the token type ids of the document differ.
     A row with a system is an error in ms-swift; mmembed puts the instruction before the query."""
-    from mmembed.encoding.rerank_inputs import RerankCollator
     from mmembed.encoding.templates import get_template
+    from mmembed.tasks.reranker.inputs import RerankCollator
 
     template = get_template("bert_reranker")
     samples = read_rows([r["row"] for r in BERT["rows"]], tmp_path)
@@ -264,8 +264,8 @@ def test_two_training_steps_are_ms_swifts(name, tiny_model, minilm_no_dropout, t
     The classifier (bert) run is fed ms-swift's inputs: its pairs without token type ids.
     mmembed's own bert_reranker batch adds the tokenizer's token type ids (1 on the document,
     CrossEncoder's encoding), with which the loss differs (asserted): the documented difference."""
+    from mmembed.tasks.reranker.trainer import RerankTrainer
     from mmembed.training.arguments import parse_sft_args
-    from mmembed.training.rerank_trainer import RerankTrainer
     from mmembed.training.sft import run_sft
 
     run = FIRST_STEP[name]

@@ -163,6 +163,15 @@ SFT_ROWS = [
     row("--loss_kwargs", '{"temperature": -1}'),
     row("--loss_kwargs", '{"margin": 0.1}', "--loss_type", "cosine_similarity"),
     row("--mrl_dims", "x"),
+    # late interaction: a value the task refuses, or a flag without --task_type late_interaction
+    row("--late_interaction_dim", "0", "--task_type", "late_interaction"),
+    row("--late_interaction_dim", "64", names=("--late_interaction_dim", "--task_type late_interaction")),
+    row("--late_interaction_query_expansion", "pad", "--task_type", "late_interaction"),
+    row("--late_interaction_query_length", "0", "--task_type", "late_interaction"),
+    row("--late_interaction_attend_expansion", "true", "--late_interaction_query_expansion", "none",
+        "--task_type", "late_interaction", names=("--late_interaction_attend_expansion", "none")),
+    row("--late_interaction_skiplist", "commas", "--task_type", "late_interaction"),
+    row("--late_interaction_normalize_scores", "true", names=("--late_interaction_normalize_scores", "late_interaction")),
     row("--mrl_dims", '{"4096": 1.0}', names=("--mrl_dims", "4096")),
     row("--guide_model", "/nonexistent/guide", "--loss_type", "gist"),
     row("--guide_model", "{minilm}", names=("--guide_model", "infonce")),  # a guide for a loss that takes none

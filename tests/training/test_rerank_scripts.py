@@ -34,7 +34,7 @@ def _metrics(r):
 def test_the_cross_encoder_scripts_train_and_crossencoder_loads_the_result(tmp_path, script, nproc, deepspeed, extra):
     from sentence_transformers import CrossEncoder
 
-    from mmembed.model.rerank_scorer import Reranker
+    from mmembed.tasks.reranker.scorer import Reranker
     from mmembed.tools.export import export_checkpoint
 
     env = {"OUTPUT_DIR": str(tmp_path / "out"), "NPROC_PER_NODE": nproc}
@@ -55,7 +55,7 @@ def test_the_generative_script_trains_under_zero3_across_two_processes(tiny_mode
     last token, mmembed's score."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mmembed.model.rerank_scorer import Reranker
+    from mmembed.tasks.reranker.scorer import Reranker
 
     env = {"MODEL": tiny_model("qwen3"), "OUTPUT_DIR": str(tmp_path / "out"), "NPROC_PER_NODE": "2",
            "DEEPSPEED": "zero3"}
@@ -69,7 +69,7 @@ def test_the_generative_script_trains_under_zero3_across_two_processes(tiny_mode
     reranker = Reranker.from_pretrained(folder, device="cpu")
     expected = []
     for query, document in PAIRS:
-        text = reranker.template.render(__import__("mmembed.encoding.rerank_inputs", fromlist=["pair_item"]).pair_item(
+        text = reranker.template.render(__import__("mmembed.tasks.reranker.inputs", fromlist=["pair_item"]).pair_item(
             reranker.template, *(reranker._item(x) for x in (query, document))))
         with torch.no_grad():
             logits = model(**tok(text, return_tensors="pt", add_special_tokens=False)).logits[0, -1]

@@ -14,9 +14,9 @@ import pytest
 import torch
 from conftest import REPO
 
+from mmembed.tasks.reranker.trainer import build_rerank_trainer, model_inputs
 from mmembed.training.arguments import parse_sft_args
 from mmembed.training.preflight import check_settings
-from mmembed.training.rerank_trainer import build_rerank_trainer, model_inputs
 from mmembed.training.sft import run_sft
 
 WORDS = "the a cat dog runs sits on mat under tree red blue small large quickly slowly flute music plays".split()
@@ -118,7 +118,7 @@ def test_a_classifier_run_resumes_to_the_same_weights_and_crossencoder_scores_it
     from safetensors.torch import load_file
     from sentence_transformers import CrossEncoder
 
-    from mmembed.model.rerank_scorer import Reranker
+    from mmembed.tasks.reranker.scorer import Reranker
 
     common = ["--tuner_type", "full", "--loss_type", "listwise_reranker", "--max_steps", "4", "--save_steps", "2",
               "--val_dataset", data[1], "--eval_steps", "4", "--learning_rate", "1e-3"]
@@ -154,7 +154,7 @@ def test_a_generative_run_scores_with_the_yes_and_no_rows_of_its_lm_head(qwen3, 
     the pair's text, logit('yes') - logit('no'), are mmembed's scores."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mmembed.model.rerank_scorer import Reranker
+    from mmembed.tasks.reranker.scorer import Reranker
 
     out = run_sft(_args(qwen3, "generative_reranker", data, tmp_path / "gen", "--tuner_type", "full",
                         "--learning_rate", "1e-3"))
@@ -193,7 +193,7 @@ def test_a_vision_language_reranker_trains_on_image_rows_and_scores_them(tiny_mo
     reranker templates, the pairs carry the query's image (pixel values in the batch), and the
     checkpoint scores an image query against captions, finite, the same batch after batch
     (the scores against transformers' full logits: tests/model/test_reranker.py)."""
-    from mmembed.model.rerank_scorer import Reranker
+    from mmembed.tasks.reranker.scorer import Reranker
 
     mm = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "data", "mm")
     model = tiny_model("qwen3_vl")
@@ -230,7 +230,7 @@ def test_a_tiny_qwen3_vl_generative_reranker_learns_image_text_reranking(tiny_mo
     it other data orders stay at chance), the picture as the query (captions as the query and
     pictures as the documents stay at chance for 140 steps), the vision tower frozen (trained, the
     pictures' tokens collapse first)."""
-    from mmembed.model.rerank_scorer import Reranker
+    from mmembed.tasks.reranker.scorer import Reranker
 
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     import learn_multimodal

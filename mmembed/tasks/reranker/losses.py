@@ -1,6 +1,6 @@
 """Reranker losses: a score per (query, document) pair, learned from 1.0 / 0.0 labels.
 
-A reranker (:mod:`mmembed.model.reranker`) gives one score per pair, ``scores: [N]``; the
+A reranker (:mod:`mmembed.tasks.reranker.model`) gives one score per pair, ``scores: [N]``; the
 collator lays a batch out as ms-swift does, ``[pos, its negatives..., pos, its negatives...,
 ...]`` with ``labels`` 1.0 for a positive and 0.0 for a negative. Each loss is called as
 ``loss(scores, labels) -> scalar float32`` and computes in float32 whatever the scores' dtype.
@@ -35,10 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..encoding.layout import Layout
-from ..environment import Environment, read
-from ..errors import UsageError
-from .base import MIN_TEMPERATURE, MIN_TEMPERATURE_TEXT, SideNeeds
+from ...encoding.layout import Layout
+from ...environment import Environment, read
+from ...errors import UsageError
+from ...losses.base import MIN_TEMPERATURE, MIN_TEMPERATURE_TEXT, SideNeeds
 
 __all__ = [
     "RERANK_LOSSES", "RERANK_LOSS_CLASSES", "ListwiseRerankLoss", "PointwiseRerankLoss", "RerankLoss",

@@ -47,15 +47,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
-from ..data.sample import DataError, Item, Sample
-from .collator import StandInCollation
-from .inputs import InputBuilder, tokenizer_of
-from .instructions import Instructions
-from .layout import Layout
-from .templates import Template
+from ...data.sample import DataError, Item, Sample
+from ...encoding.collator import StandInCollation
+from ...encoding.inputs import InputBuilder, tokenizer_of
+from ...encoding.instructions import Instructions
+from ...encoding.layout import Layout
+from ...encoding.templates import Template
 
 if TYPE_CHECKING:  # the media loader is imported at the first row with media
-    from .media import MediaSettings
+    from ...encoding.media import MediaSettings
 
 __all__ = ["GROUP_IDS", "RerankCollator", "draw_pairs", "pair_instruction", "pair_item", "pair_texts", "pair_token_lengths"]
 
@@ -193,7 +193,7 @@ class RerankCollator(StandInCollation):
     def __post_init__(self):
         _require_reranker(self.template)
         if self.max_positive is None or self.max_negative is None:
-            from .. import environment
+            from ... import environment
 
             sampling = environment.read().rerank_sampling
             self.max_positive = sampling.max_positive if self.max_positive is None else self.max_positive

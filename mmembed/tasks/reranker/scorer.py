@@ -6,7 +6,7 @@ reranker of its own (a ``*ForSequenceClassification`` folder such as a CrossEnco
 Qwen3-Reranker's causal LM): its ``mmembed.json`` says the task, the template, the tokens and
 the length; without one, the task comes from the config's ``architectures`` and the template
 from its ``model_type``. Pairs are built and tokenized as in training
-(:class:`~mmembed.encoding.rerank_inputs.RerankCollator`, no draws), so a raw score here is the
+(:class:`~mmembed.tasks.reranker.inputs.RerankCollator`, no draws), so a raw score here is the
 score the trained model gives in training and in evaluation.
 
 Scores are reported as TEI, Cohere / Jina clients and sentence-transformers'
@@ -29,30 +29,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data.sample import Item, Sample
-from ..encoding.rerank_inputs import RerankCollator
-from ..encoding.templates import Template, get_template, template_from_config
-from ..errors import UsageError
-from .embedding import default_max_length, require_local_model
-from .io import read_mmembed_config
-from .reranker import RERANK_TASKS, RerankerModel, load_reranker
+from ...data.sample import Item, Sample
+from ...encoding.templates import Template, get_template, template_from_config
+from ...errors import UsageError
+from ...eval.ranking import probabilities, rank_order
+from ...model.embedding import default_max_length, require_local_model
+from ...model.io import read_mmembed_config
+from .inputs import RerankCollator
+from .model import RERANK_TASKS, RerankerModel, load_reranker
 
 __all__ = ["Reranker", "load_reranker_folder", "pair_batches", "probabilities", "rank_order", "reranker_task_of"]
-
-
-def probabilities(scores: Sequence[float] | np.ndarray) -> np.ndarray:
-    """``sigmoid(scores)`` as float32 (computed in float64 by ``torch.sigmoid``, which neither
-    overflows nor fails at either end: a raw score of -1000 gives 0.0, one of 1000 gives 1.0).
-    For a generative reranker's ``logit(yes) - logit(no)`` this is the probability of the
-    positive token against the negative one, ``softmax([logit(no), logit(yes)])[1]``."""
-    raw = torch.as_tensor(np.asarray(scores, dtype=np.float64))
-    return torch.sigmoid(raw).numpy().astype(np.float32)
-
-
-def rank_order(scores: Sequence[float] | np.ndarray, top_n: int | None = None) -> np.ndarray:
-    """The indices of ``scores`` (raw scores), highest first, ties in index order (a stable
-    sort), at most ``top_n`` (None: all)."""
-    return np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")[:top_n]
 
 
 def reranker_task_of(path: str, cfg: dict[str, Any] | None = None) -> str:
@@ -103,7 +89,7 @@ def load_reranker_folder(path: str, task_type: str | None = None, torch_dtype: s
     if cfg.get("template"):
         template = template_from_config(cfg["template"])
     else:
-        template = get_template(config_model_type=AutoConfig.from_pretrained(base).model_type, task=task)
+        template = get_template(config_model_type=AutoConfig.from_pretrained(base).model_type, task="reranker")
     if cfg.get("default_system") is not None:
         template = dataclasses.replace(template, default_system=cfg["default_system"])
     instruction = (cfg.get("instructions") or {}).get("query")
@@ -193,6 +179,11 @@ class Reranker:
                 lengths.extend(int(n) for n in batch["attention_mask"].sum(1).tolist())
         raw = np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
         return raw if raw_scores else probabilities(raw)
+
+    @staticmethod
+    def relevance(raw: np.ndarray) -> np.ndarray:
+        """The ``relevance_score`` of raw scores: :func:`~mmembed.eval.ranking.probabilities`."""
+        return probabilities(raw)
 
     def score(self, query: Any, documents: Sequence[Any], batch_size: int = 32,
               raw_scores: bool = False) -> np.ndarray:

@@ -20,7 +20,7 @@ Two kinds, as ms-swift's ``--task_type`` names them:
   vision-language model).
 
 These raw scores are what the losses train. To users (``mmembed rerank``, ``POST /v1/rerank``,
-:class:`~mmembed.model.rerank_scorer.Reranker`) a score is reported as ``sigmoid(score)`` unless
+:class:`~mmembed.tasks.reranker.scorer.Reranker`) a score is reported as ``sigmoid(score)`` unless
 raw scores are asked for: ``CrossEncoder.predict``'s default for a classifier, and for a
 generative reranker ``softmax([logit(no), logit(yes)])[1]``, Qwen3-Reranker's own score.
 """
@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..environment import read
-from ..errors import UsageError
-from .embedding import BackboneCheckpointing, refuse_custom_code, require_local_model
+from ...environment import read
+from ...errors import UsageError
+from ...model.embedding import BackboneCheckpointing, refuse_custom_code, require_local_model
 
 __all__ = ["RERANK_TASKS", "RerankerModel", "load_reranker", "token_id"]
 
@@ -95,6 +95,13 @@ class RerankerModel(BackboneCheckpointing, nn.Module):
     def _transformer(self) -> nn.Module:
         get = getattr(self.backbone, "get_base_model", None)  # a PEFT model wraps the transformer
         return get() if callable(get) else self.backbone
+
+    def save_head(self, folder: str, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """Nothing beside the backbone: a classifier's head is the backbone's own module (saved
+        with it, or with a LoRA adapter as PEFT's ``modules_to_save``); a generative one's is the LM head."""
+
+    def load_head(self, folder: str) -> None:
+        """Nothing to load beside the backbone (see :meth:`save_head`)."""
 
     def forward(self, **inputs: Any) -> dict[str, torch.Tensor]:
         for key in _NOT_INPUTS:

@@ -4,13 +4,13 @@ The same run as an embedding model's (the flags, the data reading and its checks
 samplers, checkpoints written whole, exact resume, preemption, DeepSpeed, the gradient
 cache), with three parts of its own:
 
-- the model, a :class:`~mmembed.model.reranker.RerankerModel` (a classification head over the
+- the model, a :class:`~mmembed.tasks.reranker.model.RerankerModel` (a classification head over the
   pair, or a causal LM's ``yes`` / ``no`` logits at the last position), under LoRA
   (PEFT's ``SEQ_CLS`` task for a classifier, so the new head trains and is saved whole;
   ``CAUSAL_LM`` for a generative one) or trained in full;
-- the batch, :class:`~mmembed.encoding.rerank_inputs.RerankCollator`'s scored pairs (ms-swift's
+- the batch, :class:`~mmembed.tasks.reranker.inputs.RerankCollator`'s scored pairs (ms-swift's
   draws of ``MAX_POSITIVE_SAMPLES`` positives and ``MAX_NEGATIVE_SAMPLES`` negatives);
-- the loss, a :class:`~mmembed.losses.rerank.RerankLoss` of the scores and the 1.0 / 0.0 labels,
+- the loss, a :class:`~mmembed.tasks.reranker.losses.RerankLoss` of the scores and the 1.0 / 0.0 labels,
   computed on each process's own pairs as in ms-swift (DDP and DeepSpeed average the gradients).
 
 With ``--gradcache_mini_batch_size N`` the pairs are scored in chunks of N without graph, the
@@ -35,26 +35,26 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..encoding.collator import raise_batch_error
-from ..encoding.inputs import split_rows
-from ..encoding.rerank_inputs import GROUP_IDS, RerankCollator
-from ..encoding.templates import template_config
-from ..eval.rerank import rerank_metrics
-from ..eval.rerank_beir import rerank_beir
-from ..losses.rerank import RerankLoss
-from ..model.io import save_tokenizer
-from ..model.rerank_scorer import pair_batches
-from ..model.reranker import RerankerModel, load_reranker
-from . import checkpoints
-from .arguments import SftArguments, UsageError
-from .device_flags import training_padding
-from .distributed import max_over_processes
-from .evaluation import logged_metric_name
-from .flag_checks import beir_pairs, has_accelerator
-from .gradcache import GradCache, deepspeed_chunk_backward
-from .model_assembly import Encoding, apply_lora, freeze_parts, lora_flags, parts_to_freeze
-from .run_folder import training_facts
-from .trainer import EmbeddingTrainer
+from ...encoding.collator import raise_batch_error
+from ...encoding.inputs import split_rows
+from ...encoding.templates import template_config
+from ...eval.rerank import rerank_metrics
+from ...eval.rerank_beir import rerank_beir
+from ...model.io import save_tokenizer
+from ...training import checkpoints
+from ...training.arguments import SftArguments, UsageError
+from ...training.device_flags import training_padding
+from ...training.distributed import max_over_processes
+from ...training.evaluation import logged_metric_name
+from ...training.flag_checks import beir_pairs, has_accelerator
+from ...training.gradcache import GradCache, deepspeed_chunk_backward
+from ...training.model_assembly import Encoding, apply_lora, freeze_parts, lora_flags, parts_to_freeze
+from ...training.run_folder import training_facts
+from ...training.trainer import EmbeddingTrainer
+from .inputs import GROUP_IDS, RerankCollator
+from .losses import RerankLoss
+from .model import RerankerModel, load_reranker
+from .scorer import pair_batches
 
 logger = logging.getLogger("mmembed")
 
@@ -71,7 +71,7 @@ def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
 class RerankTrainer(EmbeddingTrainer):
     """The Trainer for rerankers: :class:`EmbeddingTrainer`'s run (checkpoints, resume,
     samplers, preemption, guards) with the reranker's loss call, gradient cache, evaluation
-    and saved folder. ``loss``: a :class:`~mmembed.losses.rerank.RerankLoss`."""
+    and saved folder. ``loss``: a :class:`~mmembed.tasks.reranker.losses.RerankLoss`."""
 
     def __init__(self, *args, loss: RerankLoss, beir_tasks: list | None = None, first_stages: list | None = None,
                  **kwargs):
@@ -167,7 +167,7 @@ class RerankTrainer(EmbeddingTrainer):
     @torch.no_grad()
     def score_pairs(self, pairs, batch_size: int | None = None) -> np.ndarray:
         """The model's scores of ``(query, document)`` pairs (strings, or dicts as
-        :class:`~mmembed.model.rerank_scorer.Reranker` takes them), built as in training."""
+        :class:`~mmembed.tasks.reranker.scorer.Reranker` takes them), built as in training."""
         model = self.model_wrapped if self.is_deepspeed_enabled else self.model
         was_training = model.training
         model.eval()
@@ -226,7 +226,7 @@ class RerankTrainer(EmbeddingTrainer):
         """The reranker's folder: the backbone's own (an adapter, or a model transformers
         loads as ``AutoModelForSequenceClassification`` / the causal LM), the tokenizer or
         processor, ``mmembed.json`` (how to score with it) and the model card."""
-        from ..model.card import write_reranker_card
+        from ...model.card import write_reranker_card
 
         output_dir = output_dir or self.args.output_dir
         if not self.args.should_save:
@@ -245,7 +245,7 @@ class RerankTrainer(EmbeddingTrainer):
         with open(os.path.join(output_dir, CONFIG_NAME), "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2, ensure_ascii=False)
         write_reranker_card(output_dir, config, final_path=checkpoints.final_folder(output_dir))
-        from .saving import args_without_tokens
+        from ...training.saving import args_without_tokens
 
         torch.save(args_without_tokens(self.args), os.path.join(output_dir, "training_args.bin"))
 
@@ -297,10 +297,10 @@ def reranker_config(args: SftArguments, encoding: Encoding, model: RerankerModel
 def build_rerank_trainer(args: SftArguments, setup) -> RerankTrainer:
     """Everything a reranker run trains with (the reranker's counterpart of
     :func:`~mmembed.training.sft.build_trainer`), from the up-front checks' ``setup``."""
-    from ..encoding.instructions import Instructions
-    from .data_assembly import TrainingData, check_drop_last, read_once
-    from .model_assembly import init_deepspeed_comm
-    from .samplers import check_sampling
+    from ...encoding.instructions import Instructions
+    from ...training.data_assembly import TrainingData, check_drop_last, read_once
+    from ...training.model_assembly import init_deepspeed_comm
+    from ...training.samplers import check_sampling
 
     media, loss = setup.media, setup.loss
     encoding = Encoding.resolve(args, setup.template)
@@ -323,7 +323,7 @@ def build_rerank_trainer(args: SftArguments, setup) -> RerankTrainer:
     )
     beir_tasks = []
     for name, folder in beir_pairs(args.eval_beir):  # --eval_beir [name=]folder: the first stage's candidates reranked
-        from ..eval.beir import load_beir
+        from ...eval.beir import load_beir
 
         try:
             beir_tasks.append((name, load_beir(folder, args.eval_beir_split), None))
@@ -344,7 +344,7 @@ def build_rerank_trainer(args: SftArguments, setup) -> RerankTrainer:
         beir_tasks=beir_tasks,
         first_stages=first_stages,
     )
-    from .charts import HISTOGRAM_SAMPLES, TrainingCharts
+    from ...training.charts import HISTOGRAM_SAMPLES, TrainingCharts
 
     # the line charts of the logged series, and the eval pairs' scores before / after training
     trainer.add_callback(TrainingCharts(lambda: trainer.score_kinds(HISTOGRAM_SAMPLES), x_label="reranker score"))
@@ -358,8 +358,8 @@ def embedder_first_stages(path: str | None, beir_tasks: list) -> list:
         return [None] * len(beir_tasks)
     if not beir_tasks:
         raise UsageError("--eval_beir_first_stage names the first stage of --eval_beir, which is not given")
-    from ..eval.first_stage import dense_scorer
-    from ..model.embedder import Embedder
+    from ...eval.first_stage import dense_scorer
+    from ...model.embedder import Embedder
 
     embedder = Embedder.from_pretrained(path)
     stages = []

@@ -1,0 +1,47 @@
+"""``--task_type embedding`` (ms-swift's default): one L2-normalised vector per input, trained
+with the losses of :mod:`mmembed.losses` (``infonce`` by default). Its parts are the shared
+code itself: the embedding trainer (:func:`mmembed.training.sft.build_trainer`), the checks of
+:mod:`mmembed.training.preflight`, the export of :mod:`mmembed.tools.export`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import UsageError
+from ..task import Task
+
+
+class EmbeddingTask(Task):
+    name = "embedding"
+    summary = "one vector per input (ms-swift's --task_type embedding)"
+    embeds = True
+    quantizable = True
+
+    def check_flags(self, args: Any) -> None:
+        if getattr(args, "eval_beir_first_stage", None):
+            raise UsageError("--eval_beir_first_stage is a reranker's (the candidates it reorders); an embedding "
+                             "run's --eval_beir retrieves from the whole corpus itself")
+        super().check_flags(args)
+
+    def build_loss(self, args: Any, environment: Any) -> Any:
+        from ..training.model_assembly import make_loss
+
+        return make_loss(args)
+
+    def check_loss(self, args: Any, loss: Any, template: Any, config: Any) -> None:
+        from ..training.preflight import check_embedding_loss
+
+        check_embedding_loss(args, loss, template, config)
+
+    def build_trainer(self, args: Any, setup: Any) -> Any:
+        from ..training.sft import build_trainer
+
+        return build_trainer(args, setup)
+
+    def export(self, checkpoint: str, output_dir: str) -> str:
+        from ..tools.export import export_embedding
+
+        return export_embedding(checkpoint, output_dir)
+
+
+EMBEDDING = EmbeddingTask()

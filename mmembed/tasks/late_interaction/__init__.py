@@ -1,0 +1,193 @@
+"""``--task_type late_interaction`` (aliases ``colbert``, ``multi_vector``, ``colqwen``): a
+backbone's token states through a linear projection (``--late_interaction_dim``, 128) and L2
+normalisation, one vector per kept token, a query scored against a document by MaxSim. ColBERT
+from a text encoder (PyLate, sentence-transformers' ``MultiVectorEncoder``), ColQwen from a
+Qwen2-VL / Qwen2.5-VL / Qwen3-VL backbone, trained from the same rows as an embedding model.
+
+The run is the embedding run (:func:`mmembed.training.sft.build_trainer`: data, samplers,
+DeepSpeed, gradient cache, resume) with this task's model head
+(:class:`~mmembed.model.late_interaction.LateInteractionModel`), collator
+(:mod:`.inputs`), losses over MaxSim (``infonce`` is :class:`mmembed.losses.LateInteractionInfoNCELoss`
+here, every ``INFONCE_*`` as for one vector; colpali-engine's ``colbert_*`` losses) and saved
+folder (:mod:`.folder`); :mod:`.export` writes what sentence-transformers, PyLate and
+transformers load; :mod:`.scorer` scores with it (``mmembed rerank``, ``POST /v1/rerank``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any
+
+from ...errors import UsageError
+from ...losses.late_interaction import LATE_INTERACTION_LOSSES
+from ...task import Task
+from ...training.task_flags import refuse_flags
+from .settings import FLAGS, LateInteractionSettings, check_flags
+
+__all__ = ["LATE_INTERACTION", "LateInteractionTask"]
+
+#: ``--loss_type`` names and the loss each builds here (the embedding name of InfoNCE trains over MaxSim)
+_LOSSES = {"infonce": "late_interaction_infonce", **{name: name for name in LATE_INTERACTION_LOSSES}}
+
+#: single-vector flags a late-interaction run refuses (name, what it is)
+_SINGLE_VECTOR_ONLY = (
+    ("guide_model", "a GIST guide model"),
+    ("teacher_model", "a distillation teacher"),
+    ("teacher_scores_file", "a distillation teacher's scores"),
+    ("teacher_embeddings_file", "a distillation teacher's embeddings"),
+    ("mrl_dims", "Matryoshka widths"),
+    ("eval_sts", "held-out STS of single embeddings"),
+    ("pooling", "an embedding pooling (a late-interaction model keeps every token)"),
+    ("eval_beir_first_stage", "a reranker's first stage"),
+)
+
+_MULTI_VECTOR_TYPES = ("MultiVectorEncoder", "ColBERT")
+
+
+class LateInteractionTask(Task):
+    name = "late_interaction"
+    summary = "one vector per token, scored by MaxSim (ColBERT, ColQwen)"
+    own_losses = tuple(LATE_INTERACTION_LOSSES)
+    scores_pairs = True
+    embeds = True
+    own_flags = FLAGS
+    score_name = "MaxSim score"
+    token_vectors = True
+
+    def check_flags(self, args: Any) -> None:
+        if args.loss_type is None:
+            args.loss_type = self.default_loss
+        if args.loss_type not in _LOSSES:
+            raise UsageError(f"--task_type {self.name} trains with a loss over MaxSim scores ({', '.join(_LOSSES)}), "
+                             f"got --loss_type {args.loss_type}")
+        refuse_flags(args, self.name, _SINGLE_VECTOR_ONLY)
+        if getattr(args, "padding_free", None):
+            raise UsageError(f"--padding_free true packs rows into one sequence; --task_type {self.name} gives a vector "
+                             "per token of each padded row: leave --padding_free unset")
+        check_flags(args)
+
+    def recognises(self, path: str) -> bool:
+        try:
+            with open(os.path.join(path, "config_sentence_transformers.json"), encoding="utf-8") as f:
+                if json.load(f).get("model_type") in _MULTI_VECTOR_TYPES:
+                    return True
+        except (OSError, ValueError):
+            pass
+        return any(a == "ColQwen2ForRetrieval" for a in _architectures(path))
+
+    def check_model(self, args: Any, config: Any) -> None:
+        """A backbone whose transformers class gives scores rather than token states (a
+        classification or retrieval head saved whole) is refused; so is a checkpoint to train
+        on whose projection has another width than ``--late_interaction_dim``."""
+        heads = [a for a in getattr(config, "architectures", None) or []
+                 if a.endswith(("ForSequenceClassification", "ForTokenClassification", "ForRetrieval"))]
+        if heads:
+            raise UsageError(f"--model {args.model}: a {heads[0]} gives scores, not a transformer's token states; train "
+                             "from its base model (a late-interaction projection is added)")
+        for flag, folders in (("--resume_from_checkpoint", [args.resume_from_checkpoint]), ("--adapters", args.adapters)):
+            for folder in folders:
+                if not folder or not isinstance(folder, str) or not os.path.isdir(folder):
+                    continue
+                saved = _saved_dim(folder)
+                wanted = args.late_interaction_dim or LateInteractionSettings.dim
+                if saved is not None and saved != wanted:
+                    raise UsageError(f"{flag} {folder}: its late-interaction projection is {saved}-d, this run's "
+                                     f"--late_interaction_dim is {wanted}; pass --late_interaction_dim {saved}")
+
+    def check_dataset_entries(self, args: Any) -> None:
+        own = [e.name for e in args.dataset_entries if e.has_loss_settings]
+        if own:
+            raise UsageError(f"--dataset_config {args.dataset_config}: dataset(s) {', '.join(own)} have loss settings of "
+                             f"their own (loss_kwargs / infonce); --task_type {self.name} trains every dataset with "
+                             "the run's loss (INFONCE_*, --loss_kwargs)")
+
+    def build_loss(self, args: Any, environment: Any) -> Any:
+        from ...losses import build_loss
+
+        options = json.loads(args.loss_kwargs) if args.loss_kwargs else {}
+        options.setdefault("normalize_scores", bool(args.late_interaction_normalize_scores))
+        try:
+            return build_loss(_LOSSES[args.loss_type], **options)
+        except ValueError as e:
+            raise UsageError(f"--loss_type {args.loss_type}: {e}") from None
+
+    def check_loss(self, args: Any, loss: Any, template: Any, config: Any) -> None:
+        from ...training.flag_checks import check_side_flags
+        from ...training.preflight import check_lora_targets
+
+        check_side_flags(args, loss.side)
+        check_lora_targets(args, template, config)
+
+    def pooling(self, args: Any, template: Any) -> str:
+        return "tokens"
+
+    def build_trainer(self, args: Any, setup: Any) -> Any:
+        from ...training.sft import build_trainer
+
+        return build_trainer(args, setup)
+
+    def settings(self, args: Any, encoding: Any) -> LateInteractionSettings:
+        return LateInteractionSettings.resolve(args, encoding.template, encoding.processing)
+
+    def model_head(self, args: Any, encoding: Any) -> Any:
+        from ...model.late_interaction import LateInteractionModel, skiplist_token_ids
+
+        settings = self.settings(args, encoding)
+        tokenizer = getattr(encoding.processing, "tokenizer", None) or encoding.processing
+
+        def head(backbone, pooling=None, **options):
+            return LateInteractionModel(backbone, settings.dim, skiplist_ids=skiplist_token_ids(tokenizer, settings.skiplist),
+                                        **options)
+
+        return head
+
+    def collator_type(self) -> Any:
+        from .inputs import LateInteractionCollator
+
+        return LateInteractionCollator
+
+    def collator_options(self, args: Any, encoding: Any) -> dict[str, Any]:
+        return {"settings": self.settings(args, encoding)}
+
+    def saved_config(self, args: Any, encoding: Any, config: dict[str, Any]) -> dict[str, Any]:
+        from ...model.multivector_io import LATE_INTERACTION_KEY
+
+        return {**config, "task_type": self.name, "pooling": "tokens", "normalize": True,
+                LATE_INTERACTION_KEY: self.settings(args, encoding).record()}
+
+    def folder_writer(self) -> Any:
+        from .folder import write_late_interaction_folder
+
+        return write_late_interaction_folder
+
+    def export(self, checkpoint: str, output_dir: str) -> str:
+        from .export import export_late_interaction
+
+        return export_late_interaction(checkpoint, output_dir)
+
+    def load_scorer(self, path: str, device: str | None = None, torch_dtype: str | None = None) -> Any:
+        from .scorer import MultiVectorScorer
+
+        return MultiVectorScorer.from_pretrained(path, device=device, torch_dtype=torch_dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _architectures(path: str) -> tuple[str, ...]:
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            return tuple(str(a) for a in json.load(f).get("architectures") or [])
+    except (OSError, ValueError):
+        return ()
+
+
+def _saved_dim(folder: str) -> int | None:
+    try:
+        with open(os.path.join(folder, "mmembed.json"), encoding="utf-8") as f:
+            return int((json.load(f).get("late_interaction") or {}).get("dim")) or None
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+LATE_INTERACTION = LateInteractionTask()
