@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 from typing import Any
 
@@ -27,6 +28,8 @@ from ...training.task_flags import refuse_flags
 from .settings import FLAGS, LateInteractionSettings, check_flags
 
 __all__ = ["LATE_INTERACTION", "LateInteractionTask"]
+
+logger = logging.getLogger("mmembed")
 
 #: ``--loss_type`` names and the loss each builds here (the embedding name of InfoNCE trains over MaxSim)
 _LOSSES = {"infonce": "late_interaction_infonce", **{name: name for name in LATE_INTERACTION_LOSSES}}
@@ -86,6 +89,13 @@ class LateInteractionTask(Task):
         if heads:
             raise UsageError(f"--model {args.model}: a {heads[0]} gives scores, not a transformer's token states; train "
                              "from its base model (a late-interaction projection is added)")
+        from .start import folder_projection
+
+        start = folder_projection(args.model) if os.path.isdir(args.model) else None
+        if start is not None and args.late_interaction_dim is not None and start.shape[0] != args.late_interaction_dim:
+            raise UsageError(f"--model {args.model}: its late-interaction projection is {start.shape[0]}-d, this run's "
+                             f"--late_interaction_dim is {args.late_interaction_dim}; leave it unset to train the "
+                             "folder's projection")
         for flag, folders in (("--resume_from_checkpoint", [args.resume_from_checkpoint]), ("--adapters", args.adapters)):
             for folder in folders:
                 if not folder or not isinstance(folder, str) or not os.path.isdir(folder):
@@ -129,17 +139,41 @@ class LateInteractionTask(Task):
         return build_trainer(args, setup)
 
     def settings(self, args: Any, encoding: Any) -> LateInteractionSettings:
-        return LateInteractionSettings.resolve(args, encoding.template, encoding.processing)
+        """The run's settings: the flags, then what ``--model`` says when it is a late-interaction
+        model already (:mod:`.start`), then the anchors' defaults for the backbone."""
+        from types import SimpleNamespace
+
+        from .start import folder_defaults, folder_projection
+
+        flags = {name: getattr(args, name) for name in FLAGS}
+        folder = folder_defaults(args.model) if os.path.isdir(args.model) else {}
+        same_expansion = flags["late_interaction_query_expansion"] in (None, folder.get("late_interaction_query_expansion"))
+        for name, value in folder.items():
+            if flags[name] is None and (same_expansion or name in ("late_interaction_skiplist",
+                                                                   "late_interaction_normalize_scores")):
+                flags[name] = value
+        if flags["late_interaction_dim"] is None and os.path.isdir(args.model):
+            start = folder_projection(args.model)
+            flags["late_interaction_dim"] = None if start is None else int(start.shape[0])
+        return LateInteractionSettings.resolve(SimpleNamespace(model=args.model, **flags), encoding.template,
+                                               encoding.processing)
 
     def model_head(self, args: Any, encoding: Any) -> Any:
         from ...model.late_interaction import LateInteractionModel, skiplist_token_ids
+        from ...model.multivector_io import projection_from_weight
+        from .start import folder_projection
 
         settings = self.settings(args, encoding)
         tokenizer = getattr(encoding.processing, "tokenizer", None) or encoding.processing
+        start = folder_projection(args.model) if os.path.isdir(args.model) else None
 
         def head(backbone, pooling=None, **options):
+            projection = None
+            if start is not None:  # a late-interaction model already: its projection trains on
+                logger.info("--model %s: starting from its %d-d late-interaction projection", args.model, start.shape[0])
+                projection = projection_from_weight(start.float())
             return LateInteractionModel(backbone, settings.dim, skiplist_ids=skiplist_token_ids(tokenizer, settings.skiplist),
-                                        **options)
+                                        projection=projection, **options)
 
         return head
 

@@ -1,0 +1,95 @@
+"""What a late-interaction run starts from when ``--model`` is a late-interaction model already:
+an mmembed checkpoint or export (``late_interaction_projection.safetensors`` and its
+``mmembed.json`` settings), a sentence-transformers ``MultiVectorEncoder`` folder or a PyLate
+ColBERT folder (the ``Dense`` module's weight; the query expansion of ``sentence_bert_config.json``
+or PyLate's settings, the ``MultiVectorMask`` skiplist). Its projection is the run's starting
+projection (not a new random one), and its settings are the defaults of the flags not given.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from ...files import read_json_once
+from ...model.late_interaction import PROJECTION_FILE, PROJECTION_KEY, load_projection
+from .settings import saved_settings
+
+
+def _dense_folder(path: str) -> str | None:
+    try:
+        modules = read_json_once(os.path.join(path, "modules.json"))
+    except (OSError, ValueError):
+        return None
+    for entry in modules if isinstance(modules, list) else []:
+        if isinstance(entry, dict) and str(entry.get("type", "")).endswith(("Dense", "Dense.Dense")):
+            return os.path.join(path, entry.get("path", ""))
+    return None
+
+
+def folder_projection(path: str) -> torch.Tensor | None:
+    """The projection weight ``[dim, hidden]`` a model folder holds (mmembed's file, else the
+    ``Dense`` module of a sentence-transformers / PyLate folder), or None."""
+    if os.path.isfile(os.path.join(path, PROJECTION_FILE)):
+        return load_projection(path)
+    dense = _dense_folder(path)
+    if dense is None:
+        return None
+    weights = os.path.join(dense, "model.safetensors")
+    if os.path.isfile(weights):
+        from safetensors.torch import load_file
+
+        state = load_file(weights)
+    elif os.path.isfile(os.path.join(dense, "pytorch_model.bin")):
+        state = torch.load(os.path.join(dense, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+    else:
+        return None
+    weight = state.get(PROJECTION_KEY)
+    if weight is None or weight.ndim != 2 or any(k.endswith("bias") and v is not None for k, v in state.items()):
+        return None  # not a bias-free linear projection: not what a late-interaction head is
+    return weight
+
+
+def folder_defaults(path: str) -> dict[str, Any]:
+    """The ``--late_interaction_*`` values a model folder implies (only those it says)."""
+    saved = saved_settings(_mmembed_json(path))
+    if saved is not None:
+        return {"late_interaction_query_expansion": saved.expansion,
+                "late_interaction_query_length": saved.query_length,
+                "late_interaction_attend_expansion": saved.attend_expansion if saved.expansion == "mask" else None,
+                "late_interaction_skiplist": "punctuation" if saved.skiplist else "none",
+                "late_interaction_normalize_scores": saved.normalize_scores}
+    out: dict[str, Any] = {}
+    st = _json(os.path.join(path, "config_sentence_transformers.json"))
+    transformer = _json(os.path.join(path, "sentence_bert_config.json"))
+    expansion = transformer.get("query_expansion") if isinstance(transformer, dict) else None
+    if isinstance(expansion, dict) and expansion.get("strategy") == "fixed":
+        out.update(late_interaction_query_expansion="mask", late_interaction_query_length=int(expansion["length"]),
+                   late_interaction_attend_expansion=bool(expansion.get("attend", False)))
+    elif st.get("model_type") == "ColBERT" and st.get("do_query_expansion") and st.get("query_length"):  # PyLate
+        out.update(late_interaction_query_expansion="mask", late_interaction_query_length=int(st["query_length"]),
+                   late_interaction_attend_expansion=bool(st.get("attend_to_expansion_tokens", False)))
+    skiplist = st.get("skiplist_words") if st.get("model_type") == "ColBERT" else None
+    for entry in _json(os.path.join(path, "modules.json")) or []:
+        if isinstance(entry, dict) and str(entry.get("type", "")).endswith("MultiVectorMask"):
+            skiplist = _json(os.path.join(path, entry.get("path", ""), "config.json")).get("skiplist_words")
+    if skiplist is not None:
+        out["late_interaction_skiplist"] = "punctuation" if skiplist else "none"
+    if st.get("similarity_fn_name") == "meanmaxsim":
+        out["late_interaction_normalize_scores"] = True
+    return out
+
+
+def _json(path: str) -> Any:
+    try:
+        value = read_json_once(path)
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, (dict, list)) else {}
+
+
+def _mmembed_json(path: str) -> dict[str, Any] | None:
+    value = _json(os.path.join(path, "mmembed.json"))
+    return value if isinstance(value, dict) and value else None
