@@ -92,18 +92,26 @@ def run_sft(args: SftArguments, environment: Environment | None = None) -> dict[
     return metrics
 
 
+def run_data(args: SftArguments, setup: RunSetup | None = None) -> tuple[RunSetup, Encoding, TrainingData]:
+    """What every task's trainer starts from: the up-front checks' ``setup`` (made now when
+    None), the encoding, and the rows, read once per node and checked against the batch and the
+    samplers (``--dataloader_drop_last``, ``--multi_dataset_sampler``)."""
+    setup = check_settings(args) if setup is None else setup
+    encoding = Encoding.resolve(args, setup.template)
+    data = read_once(args, lambda reuse: TrainingData.load(args, encoding, setup.loss, setup.media, reuse))
+    check_drop_last(args, data)
+    check_sampling(args, data.train, getattr(data, "datasets", None))  # --multi_dataset_sampler against the data
+    return setup, encoding, data
+
+
 def build_trainer(args: SftArguments, setup: RunSetup | None = None) -> EmbeddingTrainer:
     """Everything ``mmembed sft`` trains with, checked before the model loads where it can be:
     the encoding, the data, the side models and held-out tasks, then the model. ``setup``:
     what the up-front checks read and built (the media settings every builder of the run
     loads media with, the model's config and template, the loss); None: checked now
     (:func:`~mmembed.training.preflight.check_settings`)."""
-    setup = check_settings(args) if setup is None else setup
+    setup, encoding, data = run_data(args, setup)
     media, loss = setup.media, setup.loss
-    encoding = Encoding.resolve(args, setup.template)
-    data = read_once(args, lambda reuse: TrainingData.load(args, encoding, loss, media, reuse))  # once per node (or run)
-    check_drop_last(args, data)
-    check_sampling(args, data.train, getattr(data, "datasets", None))  # --multi_dataset_sampler against the data
     eval_tasks = load_eval_tasks(args, encoding)
     side_models = SideModels.load(args, media)
     width = hidden_size(setup.config)

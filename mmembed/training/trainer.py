@@ -240,18 +240,25 @@ class EmbeddingTrainer(CheckpointSaving, Trainer):
         def loss_in_batch_order(outputs, lab):
             return loss_fn({"last_hidden_state": outputs["last_hidden_state"][restore], **side}, lab)
 
+        loss = self.gradcache_step(model, model, loss_in_batch_order, inputs, labels, scale)
+        self._count_dataset_loss(dataset, loss)
+        return loss.detach() * scale
+
+    def gradcache_step(self, model, forward, loss_fn, inputs, labels, scale: float):
+        """One cached step (:class:`~mmembed.training.gradcache.GradCache`) of ``forward`` (the
+        model, or a function of a chunk's inputs giving ``{"last_hidden_state": ...}``) under
+        ``loss_fn(outputs, labels)``, the loss scaled by ``scale`` before its backward, with the
+        process group's rules: under DeepSpeed every process runs as many chunk passes
+        (:func:`~mmembed.training.gradcache.deepspeed_chunk_backward`); under DDP only the last
+        chunk's backward communicates, so chunk counts may differ. Returns the loss (unscaled)."""
         if self.is_deepspeed_enabled:
-            # every process runs as many chunk passes (see deepspeed_chunk_backward)
             backward_fn, no_sync = deepspeed_chunk_backward(self.accelerator), None
             num_chunks_fn = functools.partial(max_over_processes, device=self.args.device)
         else:
-            # DDP communicates only in the last chunk's backward, so chunk counts may differ
             backward_fn, no_sync, num_chunks_fn = None, getattr(model, "no_sync", None), None
-        cache = GradCache(model, loss_in_batch_order, self.gradcache_mini_batch_size, split_fn=split_rows)
-        loss = cache.step(inputs, labels, loss_backward_fn=lambda value: (self._checked(value) * scale).backward(),
+        cache = GradCache(forward, loss_fn, self.gradcache_mini_batch_size, split_fn=split_rows)
+        return cache.step(inputs, labels, loss_backward_fn=lambda value: (self._checked(value) * scale).backward(),
                           backward_fn=backward_fn, no_sync=no_sync, num_chunks_fn=num_chunks_fn)
-        self._count_dataset_loss(dataset, loss)
-        return loss.detach() * scale
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """The Trainer's loop, with two of its steps left out where mmembed did them already:

@@ -328,3 +328,52 @@ def test_a_tiny_qwen2_vl_learns_image_text_retrieval_as_a_multi_vector_model(tmp
                                    run=lambda args, env: launch(args, env=env, timeout=900))
     assert result["before"]["recall@1"] < 2 * result["before"]["chance"]
     assert result["after"]["recall@1"] >= 3 * result["after"]["chance"], result
+
+
+def test_post_v1_rerank_serves_maxsim(trained):
+    """mmembed serve with a late-interaction checkpoint: POST /v1/rerank (and TEI's /rerank)
+    rank by MaxSim, relevance_score the scorer's MaxSim (raw_scores changes nothing)."""
+    import sys
+
+    sys.path.insert(0, os.path.join(REPO, "tests", "tools"))
+    from test_serve import ThreadServer, httpx  # the HTTP client the openai package is built on
+
+    from mmembed.task import task_of_folder
+    from mmembed.tools.serve import ServeConfig
+    from mmembed.tools.serve_rerank import create_rerank_app
+
+    _, whole = trained
+    folder = whole["last_checkpoint"]
+    task = task_of_folder(folder)
+    assert task.name == "late_interaction" and task.scores_pairs
+    scorer = task.load_scorer(folder, device="cpu")
+    query, docs = "A man is playing a flute.", ["Two dogs run in the snow.", "A man plays the flute."]
+    want = scorer.score(query, docs)
+    with ThreadServer(create_rerank_app(scorer, ServeConfig(model=folder, served_model_name="li"))) as s:
+        body = httpx.post(s.url + "/v1/rerank", json={"query": query, "documents": docs}, timeout=60).json()
+        raw = httpx.post(s.url + "/v1/rerank", json={"query": query, "documents": docs, "raw_scores": True},
+                         timeout=60).json()
+        tei = httpx.post(s.url + "/rerank", json={"query": query, "texts": docs}, timeout=60).json()
+    assert [r["index"] for r in body["results"]] == [1, 0]
+    np.testing.assert_allclose([r["relevance_score"] for r in body["results"]], want[[1, 0]], rtol=1e-5)
+    assert body["results"] == raw["results"] and [r["index"] for r in tei] == [1, 0]
+
+
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl"])
+def test_qwen2_5_vl_and_qwen3_vl_train_as_multi_vector_models_on_image_rows(tiny_model, tmp_path, kind):
+    """The tiny Qwen2.5-VL (gme-like) and Qwen3-VL (qwen3_vl_emb) on the bundled image rows, LoRA,
+    two steps, from two datasets with a query instruction: the checkpoint scores an image document."""
+    from mmembed.task import get_task
+
+    rows = os.path.join(MM, "gme_train.jsonl" if kind == "qwen2_5_vl" else "qwen3_vl_train.jsonl")
+    out = run_sft(parse_sft_args([
+        "--model", tiny_model(kind), "--task_type", "late_interaction", "--dataset", rows, f"{rows}#4",
+        "--query_system", "Find the picture.", "--output_dir", str(tmp_path / kind),
+        "--per_device_train_batch_size", "4", "--max_steps", "2", "--save_steps", "2", "--report_to", "none",
+        "--disable_tqdm", "true", "--dataloader_num_workers", "0", "--tuner_type", "lora", "--learning_rate", "1e-3",
+        "--max_length", "512"]))
+    assert np.isfinite(out["train_loss"])
+    scorer = get_task("late_interaction").load_scorer(out["last_checkpoint"], device="cpu")
+    assert scorer.template.query_system == "Find the picture."
+    image = {"text": "<image>", "images": [os.path.join(MM, "red_circle.png")]}
+    assert np.isfinite(scorer.score("a red circle", [image, "a blue square"])).all()

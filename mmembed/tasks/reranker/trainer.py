@@ -26,7 +26,6 @@ forwards on each, as ZeRO-3 requires), so no gather is needed.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -36,7 +35,6 @@ import numpy as np
 import torch
 
 from ...encoding.collator import raise_batch_error
-from ...encoding.inputs import split_rows
 from ...encoding.templates import template_config
 from ...eval.rerank import rerank_metrics
 from ...eval.rerank_beir import rerank_beir
@@ -44,10 +42,8 @@ from ...model.io import save_tokenizer
 from ...training import checkpoints
 from ...training.arguments import SftArguments, UsageError
 from ...training.device_flags import training_padding
-from ...training.distributed import max_over_processes
 from ...training.evaluation import logged_metric_name
 from ...training.flag_checks import beir_pairs, has_accelerator
-from ...training.gradcache import GradCache, deepspeed_chunk_backward
 from ...training.model_assembly import Encoding, apply_lora, freeze_parts, lora_flags, parts_to_freeze
 from ...training.run_folder import training_facts
 from ...training.trainer import EmbeddingTrainer
@@ -106,15 +102,7 @@ class RerankTrainer(EmbeddingTrainer):
         def loss_of_scores(outputs, lab):
             return self.loss(outputs["last_hidden_state"][:, 0], lab)
 
-        if self.is_deepspeed_enabled:
-            backward_fn, no_sync = deepspeed_chunk_backward(self.accelerator), None
-            num_chunks_fn = functools.partial(max_over_processes, device=self.args.device)
-        else:
-            backward_fn, no_sync, num_chunks_fn = None, getattr(model, "no_sync", None), None
-        cache = GradCache(scored, loss_of_scores, self.gradcache_mini_batch_size, split_fn=split_rows)
-        loss = cache.step(model_inputs(batch), labels,
-                          loss_backward_fn=lambda value: (self._checked(value) * scale).backward(),
-                          backward_fn=backward_fn, no_sync=no_sync, num_chunks_fn=num_chunks_fn)
+        loss = self.gradcache_step(model, scored, loss_of_scores, model_inputs(batch), labels, scale)
         return loss.detach() * scale
 
     # ---- the draws, resumed --------------------------------------------------------
@@ -298,15 +286,11 @@ def build_rerank_trainer(args: SftArguments, setup) -> RerankTrainer:
     """Everything a reranker run trains with (the reranker's counterpart of
     :func:`~mmembed.training.sft.build_trainer`), from the up-front checks' ``setup``."""
     from ...encoding.instructions import Instructions
-    from ...training.data_assembly import TrainingData, check_drop_last, read_once
     from ...training.model_assembly import init_deepspeed_comm
-    from ...training.samplers import check_sampling
+    from ...training.sft import run_data
 
+    setup, encoding, data = run_data(args, setup)
     media, loss = setup.media, setup.loss
-    encoding = Encoding.resolve(args, setup.template)
-    data = read_once(args, lambda reuse: TrainingData.load(args, encoding, loss, media, reuse))
-    check_drop_last(args, data)
-    check_sampling(args, data.train, getattr(data, "datasets", None))
     if args.deepspeed:
         init_deepspeed_comm()
     model = build_reranker(args, encoding)
