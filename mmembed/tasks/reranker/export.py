@@ -17,7 +17,7 @@ def export_reranker(checkpoint: str, output_dir: str) -> str:
     or a full checkpoint copied without its training state)."""
     import json
 
-    from ...model.card import write_reranker_card
+    from .card import write_reranker_card
     from .scorer import load_reranker_folder
 
     model, processing, template, info = load_reranker_folder(checkpoint, merge=True)

@@ -214,7 +214,7 @@ class RerankTrainer(EmbeddingTrainer):
         """The reranker's folder: the backbone's own (an adapter, or a model transformers
         loads as ``AutoModelForSequenceClassification`` / the causal LM), the tokenizer or
         processor, ``mmembed.json`` (how to score with it) and the model card."""
-        from ...model.card import write_reranker_card
+        from .card import write_reranker_card
 
         output_dir = output_dir or self.args.output_dir
         if not self.args.should_save:
