@@ -118,7 +118,8 @@ class LateInteractionModel(EmbeddingModel):
         """Token vectors ``[N, L, dim]`` (float32, unit norm where kept, exactly zero elsewhere).
 
         Args:
-            input_ids, attention_mask: ``[N, L]``, as collated (either padding side).
+            input_ids: ``[N, L]``, as collated (either padding side).
+            attention_mask: ``[N, L]``, the attended positions.
             token_mask: ``[N, L]`` the scored positions (default ``attention_mask``).
             apply_skiplist: ``[N]`` the rows whose skiplist tokens are dropped (documents).
             **inputs: the other backbone inputs (``token_type_ids``, ``pixel_values``,
