@@ -280,6 +280,11 @@ class Task:
         shared evaluation's, of the loss's layout)."""
         return None
 
+    def eval_encoder(self, args: Any, encoding: Any) -> Any:
+        """``encoder(model, processing, template, max_length, device)``: what embeds the
+        ``--eval_beir`` / ``--eval_sts`` tasks during training (None: an ``Embedder``)."""
+        return None
+
     def beir_metrics(self) -> list[str] | None:
         """The names of its ``--eval_beir`` metrics (None: the shared retrieval's)."""
         return None

@@ -149,7 +149,9 @@ def evaluate_beir(
 
     ``embedder_or_model_path``: a folder (loaded with ``Embedder.from_pretrained``) or any
     object with ``encode(texts, batch_size=...) -> [n, D]`` L2-normalized, such as an
-    already-loaded :class:`~mmembed.model.embedder.Embedder` (the trainer's evaluation hook).
+    already-loaded :class:`~mmembed.model.embedder.Embedder` (the trainer's evaluation hook);
+    or a multi-vector scorer with ``search_vectors(texts, "query" | "document", batch_size) ->
+    [n, L, D]`` and ``scores(queries, docs) -> [Q, C]`` (a late-interaction model, ranked by MaxSim).
     ``folder``: the BEIR folder, or a :class:`BeirData` already loaded (``split`` is then
     ignored), so that repeated evaluations read the files once.
 
@@ -173,10 +175,16 @@ def evaluate_beir(
 
         return [Item(text=prefix + t, system=system) for t in texts]
 
-    q_emb = np.asarray(embedder.encode(inputs(data.query_texts, query_prefix, query_system), batch_size=batch_size),
-                       dtype=np.float32)
-    d_emb = np.asarray(embedder.encode(inputs(data.doc_texts, doc_prefix, doc_system), batch_size=batch_size),
-                       dtype=np.float32)
+    score = None
+    if hasattr(embedder, "search_vectors"):  # a multi-vector model: [n, L, D] token vectors, its own similarity
+        q_emb = embedder.search_vectors(inputs(data.query_texts, query_prefix, query_system), "query", batch_size)
+        d_emb = embedder.search_vectors(inputs(data.doc_texts, doc_prefix, doc_system), "document", batch_size)
+        score = embedder.scores
+    else:
+        q_emb = np.asarray(embedder.encode(inputs(data.query_texts, query_prefix, query_system), batch_size=batch_size),
+                           dtype=np.float32)
+        d_emb = np.asarray(embedder.encode(inputs(data.doc_texts, doc_prefix, doc_system), batch_size=batch_size),
+                           dtype=np.float32)
     depth = max(*ks, cutoff)
     doc_pos = {d: i for i, d in enumerate(data.doc_ids)}
     missing = sum(1 for q in data.query_ids for d, g in data.qrels[q].items() if g > 0 and d not in doc_pos)
@@ -184,7 +192,7 @@ def evaluate_beir(
         logger.warning("%d relevant (query, document) pairs name documents missing from corpus.jsonl", missing)
 
     own = [(doc_pos[q],) if q in doc_pos else () for q in data.query_ids]  # a query is never its own answer
-    found = search(q_emb, d_emb, depth, exclude=own)
+    found = search(q_emb, d_emb, depth, exclude=own, score=score)
     rankings = [[data.doc_ids[i] for i in ranked] for ranked in found]
     out: dict[str, Any] = ranking_metrics(rankings, [data.qrels[q] for q in data.query_ids], ks, cutoff)
     out["num_queries"] = len(data.query_ids)

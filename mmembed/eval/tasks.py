@@ -26,11 +26,14 @@ class HeldOutTasks:
     # document) instructions each is embedded with
     beir_named: dict[str, Any] = field(default_factory=dict)
     instructions: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
+    # encoder(model, processing, template, max_length, device): what embeds for the tasks
+    # (None: an Embedder; a late-interaction model's task gives its MaxSim scorer)
+    encoder: Any = None
 
     @classmethod
     def load(cls, template: Template, max_length: int, beir: str | list | None = None, beir_split: str = "test",
              sts: str | None = None, instructions: dict[str, tuple[str | None, str | None]] | None = None,
-             ) -> HeldOutTasks:
+             encoder: Any = None) -> HeldOutTasks:
         """Read the files now. ``beir``: a folder, or ``(name, folder)`` pairs (name None: the
         unnamed folder, whose metrics are ``beir_*``; a named one's are ``beir_<name>_*``);
         ``instructions``: ``name -> (query instruction, document instruction)`` for named ones.
@@ -39,7 +42,7 @@ class HeldOutTasks:
             ValueError: a BEIR folder that cannot be used (the message names it).
             DataError: a bad STS row (file, line and field).
         """
-        tasks = cls(template, max_length, instructions=dict(instructions or {}))
+        tasks = cls(template, max_length, instructions=dict(instructions or {}), encoder=encoder)
         pairs = [(None, beir)] if isinstance(beir, str) else list(beir or [])
         if pairs:
             from .beir import load_beir
@@ -68,7 +71,8 @@ class HeldOutTasks:
         from .beir import evaluate_beir
         from .sts import evaluate_pairs
 
-        embedder = Embedder(model, processing, self.template, self.max_length, device=device)
+        make = self.encoder or (lambda m, p, t, n, d: Embedder(m, p, t, n, device=d))
+        embedder = make(model, processing, self.template, self.max_length, device)
         out: dict[str, float] = {}
         if self.beir is not None:
             out.update({f"beir_{k}": v for k, v in evaluate_beir(embedder, self.beir, batch_size=batch_size).items()})

@@ -411,7 +411,16 @@ def cmd_eval(argv: list[str], environment: Environment | None = None) -> int:
             beir = load_beir(a.beir, a.split)
         except ValueError as e:
             raise SpecError(str(e)) from None  # the user's data: exit status 1
-    embedder = Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype)
+    from ..task import task_of_folder
+
+    task = task_of_folder(a.model) if os.path.isdir(a.model) else None
+    if task is not None and task.token_vectors:  # a late-interaction model: BEIR by MaxSim
+        if a.sts:
+            raise UsageError(f"--sts scores pairs by the cosine of one vector each; {a.model} is a late-interaction "
+                             "model (a vector per token): evaluate it with --beir (ranked by MaxSim)")
+        embedder = task.load_scorer(a.model, torch_dtype=a.torch_dtype)
+    else:
+        embedder = Embedder.from_pretrained(a.model, torch_dtype=a.torch_dtype)
     results: dict[str, dict] = {}
     if a.sts:
         from ..eval.sts import evaluate_pairs_file

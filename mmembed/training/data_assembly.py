@@ -364,7 +364,8 @@ def load_eval_tasks(args: SftArguments, encoding: Encoding) -> HeldOutTasks | No
     instructions = {e.name: (e.query_system, e.document_system) for e in getattr(args, "dataset_entries", [])}
     try:
         return HeldOutTasks.load(encoding.template, encoding.max_length or 512, beir=beir_pairs(args.eval_beir),
-                                 beir_split=args.eval_beir_split, sts=args.eval_sts, instructions=instructions)
+                                 beir_split=args.eval_beir_split, sts=args.eval_sts, instructions=instructions,
+                                 encoder=get_task(args.task_type).eval_encoder(args, encoding))
     except ValueError as e:
         if isinstance(e, DataError):
             raise

@@ -377,3 +377,42 @@ def test_qwen2_5_vl_and_qwen3_vl_train_as_multi_vector_models_on_image_rows(tiny
     assert scorer.template.query_system == "Find the picture."
     image = {"text": "<image>", "images": [os.path.join(MM, "red_circle.png")]}
     assert np.isfinite(scorer.score("a red circle", [image, "a blue square"])).all()
+
+
+def _beir(folder, n=12, offset=60):
+    rows = _rows(n, offset)
+    os.makedirs(folder / "qrels", exist_ok=True)
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "text": r["response"]}) + "\n"
+                                                 for i, r in enumerate(rows)))
+    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": r["query"]}) + "\n"
+                                                  for i, r in enumerate(rows)))
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"q{i}\td{i}\t1\n" for i in range(n)))
+    return str(folder), rows
+
+
+def test_beir_retrieval_ranks_by_maxsim_in_training_and_in_mmembed_eval(trained, minilm_path, data, tmp_path, capsys):
+    """--eval_beir during a late-interaction run and `mmembed eval --beir` rank the corpus by
+    MaxSim; nDCG@10 equals the one written out from sentence-transformers' MultiVectorEncoder
+    similarity on the export (one relevant document each: 1 / log2(rank + 2))."""
+    from sentence_transformers import MultiVectorEncoder
+
+    from mmembed.tools.cli import main
+    from mmembed.tools.export import export_checkpoint
+
+    folder, rows = _beir(tmp_path / "beir")
+    out = run_sft(_args(minilm_path, data, tmp_path / "run", "--tuner_type", "full", "--eval_beir", folder,
+                        "--eval_strategy", "steps", "--eval_steps", "2"))
+    assert 0 < out["eval_beir_ndcg_at_10"] <= 1
+    assert main(["eval", "--model", out["last_checkpoint"], "--beir", folder, "--json", str(tmp_path / "m.json")]) == 0
+    ours = json.load(open(tmp_path / "m.json"))
+    assert ours["ndcg@10"] == pytest.approx(out["eval_beir_ndcg_at_10"], abs=1e-6)  # the same model, the same task
+    st = MultiVectorEncoder(export_checkpoint(out["last_checkpoint"], str(tmp_path / "st")), device="cpu")
+    sim = np.asarray(st.similarity(st.encode_query([r["query"] for r in rows]),
+                                   st.encode_document([r["response"] for r in rows])))
+    ranks = [int((sim[i] > sim[i, i]).sum()) for i in range(len(rows))]
+    ndcg = np.mean([1 / np.log2(r + 2) if r < 10 else 0.0 for r in ranks])
+    assert ours["ndcg@10"] == pytest.approx(ndcg, abs=1e-5)
+    capsys.readouterr()
+    assert main(["eval", "--model", out["last_checkpoint"], "--sts", data[1]]) == 2  # a usage error, one line
+    assert "--sts scores pairs by the cosine of one vector each" in capsys.readouterr().err

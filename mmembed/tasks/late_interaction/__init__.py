@@ -158,6 +158,16 @@ class LateInteractionTask(Task):
         return LateInteractionSettings.resolve(SimpleNamespace(model=args.model, **flags), encoding.template,
                                                encoding.processing)
 
+    def eval_encoder(self, args: Any, encoding: Any) -> Any:
+        from .scorer import MultiVectorScorer
+
+        settings = self.settings(args, encoding)
+
+        def encoder(model, processing, template, max_length, device):
+            return MultiVectorScorer(model, processing, template, max_length, settings, device=device)
+
+        return encoder
+
     def model_head(self, args: Any, encoding: Any) -> Any:
         from ...model.late_interaction import LateInteractionModel, skiplist_token_ids
         from ...model.multivector_io import projection_from_weight

@@ -21,7 +21,7 @@ import torch
 from ...data.sample import Item
 from ...encoding.buckets import pad_to_width
 from ...encoding.inputs import InputBuilder
-from ...losses.maxsim import maxsim_pairs
+from ...losses.maxsim import maxsim, maxsim_pairs, trim_tokens
 from ...model.embedder import as_item
 from ...model.late_interaction import LateInteractionModel, expand_query, expansion_token_id
 from ...model.token_pooling import pool_tokens
@@ -111,6 +111,19 @@ class MultiVectorScorer:
                 vectors = pool_tokens(vectors, pool_factor)
             out.append(vectors.numpy().astype(np.float32))
         return out
+
+    def search_vectors(self, inputs: Sequence[Any], input_type: str = "document", batch_size: int = 32) -> np.ndarray:
+        """The inputs' token matrices as one padded ``[n, L, dim]`` float32 array (absent tokens
+        zero), for :meth:`scores` (retrieval over a corpus: ``mmembed eval --beir``)."""
+        rows = [trim_tokens(m[None])[0] for m in self.token_matrices(inputs, input_type, batch_size)]
+        if not rows:
+            return np.zeros((0, 1, self.settings.dim), dtype=np.float32)
+        return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).numpy()
+
+    def scores(self, queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
+        """MaxSim of every query against every document (``[Q, C]``), as the model was trained."""
+        return maxsim(torch.from_numpy(np.ascontiguousarray(queries)), torch.from_numpy(np.ascontiguousarray(docs)),
+                      normalize=self.settings.normalize_scores).numpy()
 
     def score_pairs(self, pairs: Sequence[tuple[Any, Any]], batch_size: int = 32, lengths: list[int] | None = None,
                     raw_scores: bool = True) -> np.ndarray:
