@@ -21,6 +21,7 @@ from ..data.sample import Item
 from ..encoding import remote
 from ..encoding.inputs import InputBuilder, tokenizer_of
 from ..encoding.templates import SIDES, Template, get_template, template_from_config
+from ..errors import UsageError
 from .adapters import load_lora
 from .embedding import EmbeddingModel, default_max_length, load_backbone, require_local_model
 from .io import instructions_of, read_mmembed_config, read_sentence_transformers_prompts
@@ -86,6 +87,10 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
 
     require_local_model(path)
     cfg = read_mmembed_config(path) or {}
+    if head is None and cfg.get("pooling") == "tokens":  # a vector per token: no single embedding to give
+        raise UsageError(f"{path}: a late-interaction model (a vector per token, scored by MaxSim), not a "
+                         "single-vector embedder: mmembed embed writes its token matrices, mmembed rerank / eval "
+                         "--beir score with it (in Python: mmembed.task.get_task('late_interaction').load_scorer)")
     is_adapter = os.path.isfile(os.path.join(path, "adapter_config.json"))
     base = _base_model_of(path, cfg) if is_adapter else path
     if cfg.get("template"):

@@ -105,6 +105,11 @@ def test_the_run_evaluates_by_maxsim_and_saves_the_projection(trained):
     assert os.path.isfile(os.path.join(folder, "late_interaction_projection.safetensors"))
     assert not os.path.exists(os.path.join(folder, "modules.json"))  # no single-vector SentenceTransformer files
     assert {"eval_ndcg_at_10.png", "similarity_histogram.png"} <= set(os.listdir(root / "whole" / "charts"))
+    from mmembed import Embedder
+
+    with pytest.raises(UsageError, match=r"a late-interaction model \(a vector per token, scored by MaxSim\), not a "
+                                         r"single-vector embedder"):
+        Embedder.from_pretrained(folder)
 
 
 def test_a_resumed_run_ends_with_the_same_weights_and_projection(trained, minilm_path, data):
