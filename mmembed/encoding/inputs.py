@@ -24,6 +24,7 @@ A media file that cannot be read is a ``DataError`` naming the data file, line a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -150,6 +151,10 @@ class InputBuilder:
             from .media import MediaSettings
 
             self.media = MediaSettings.from_env()
+        if self.template.media_defaults and not getattr(self, "_defaults_applied", False):
+            # the family's own defaults (ms-swift's loader sets them) where the user set nothing
+            self.media = dataclasses.replace(self.media, budget=self.media.budget.with_defaults(self.template.media_defaults))
+            self._defaults_applied = True
         return self.media
 
     # ---- encoding -------------------------------------------------------------------

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import importlib.util
 import io
 import math
@@ -115,6 +116,10 @@ class MediaBudget:
     fps_min_frames: int = qvu.FPS_MIN_FRAMES
     fps_max_frames: int = qvu.FPS_MAX_FRAMES
     video_reader: str | None = None  # "decord" | "pyav" | None (decord when installed)
+    # the image token cap when max_pixels is None (a template's default; None: qwen-vl-utils')
+    image_max_tokens: int | None = None
+    # the variables the environment set (from_variables); None: every field as constructed
+    given: frozenset | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.video_reader is not None and self.video_reader not in VIDEO_READERS:
@@ -149,12 +154,31 @@ class MediaBudget:
             fps_min_frames=qvu.FPS_MIN_FRAMES if media.fps_min_frames is None else media.fps_min_frames,
             fps_max_frames=qvu.FPS_MAX_FRAMES if media.fps_max_frames is None else media.fps_max_frames,
             video_reader=media.video_reader,
+            given=frozenset(name for name in ("max_pixels", "fps", "fps_max_frames")
+                            if getattr(media, name) is not None),
         )
+
+    def with_defaults(self, defaults: dict[str, Any]) -> MediaBudget:
+        """This budget with a template's ``media_defaults`` (``image_max_tokens``, ``fps``,
+        ``fps_max_frames``) where the environment set nothing (a budget built directly, not
+        from the environment, is kept as it is)."""
+        if not defaults or self.given is None:
+            return self
+        changes: dict[str, Any] = {}
+        if "image_max_tokens" in defaults and "max_pixels" not in self.given:
+            changes["image_max_tokens"] = int(defaults["image_max_tokens"])
+        for name in ("fps", "fps_max_frames"):
+            if name in defaults and name not in self.given:
+                changes[name] = defaults[name]
+        return dataclasses.replace(self, **changes) if changes else self
 
     def image_tokens(self, factor: int) -> tuple[int, int]:
         """``(min, max)`` tokens of ``factor**2`` pixels for one image."""
         lo = qvu.IMAGE_MIN_TOKEN_NUM if self.min_pixels is None else self.min_pixels // factor**2
-        hi = qvu.IMAGE_MAX_TOKEN_NUM if self.max_pixels is None else self.max_pixels // factor**2
+        if self.max_pixels is None:
+            hi = qvu.IMAGE_MAX_TOKEN_NUM if self.image_max_tokens is None else self.image_max_tokens
+        else:
+            hi = self.max_pixels // factor**2
         if hi < max(lo, 1):
             raise ValueError(
                 f"MAX_PIXELS={self.max_pixels} allows {hi} token(s) of {factor}x{factor} pixels, fewer than "

@@ -27,6 +27,10 @@ A template is a declarative TOML file in ``templates/`` (shipped inside the whee
   loads: ``vit`` (the vision or audio tower), ``aligner`` (the projector into the LLM,
   inside or beside the tower) and ``llm``. ms-swift's ``--freeze_vit``, ``--freeze_aligner``
   and ``--freeze_llm`` and LoRA's ``all-linear`` act on these.
+- ``media_defaults``: the media budget the family's own loader sets when the user sets none
+  (ms-swift 4.6's, e.g. Qwen3-VL-Embedding's ``image_max_tokens = 1800`` tokens per image,
+  ``fps = 1``, ``fps_max_frames = 64``): each applies when its variable (``MAX_PIXELS``, ``FPS``,
+  ``FPS_MAX_FRAMES``) is unset.
 - ``adapter_prefix``: where the family's full class (the causal-LM or conditional-generation
   class ms-swift and PEFT users load) holds the ``AutoModel`` backbone, e.g. ``"model."``;
   LoRA adapters are written with the full class's module names. Empty: the bare model.
@@ -98,6 +102,7 @@ class Template:
     pair_format: str | None = None
     text_pair: bool = False
     default_instruction: str | None = None
+    media_defaults: dict[str, Any] = field(default_factory=dict)
 
     @property
     def reranker(self) -> bool:
@@ -222,6 +227,15 @@ def _from_fields(where: str, raw: dict[str, Any]) -> Template:
     if tower and not {"vit", "llm"} <= set(parts):
         raise ValueError(f"template '{where}': a template with a media tower names its [parts] vit and llm (aligner too if any)")
     raw["parts"] = {k: tuple(v) for k, v in parts.items()}
+    defaults = raw.get("media_defaults", {})
+    allowed = {"image_max_tokens": int, "fps": (int, float), "fps_max_frames": int}
+    if not isinstance(defaults, dict) or set(defaults) - set(allowed) or not all(
+            isinstance(v, allowed[k]) and not isinstance(v, bool) and v > 0 for k, v in defaults.items()):
+        raise ValueError(f"template '{where}': [media_defaults] takes positive numbers for "
+                         f"{', '.join(allowed)}, got {defaults!r}")
+    if defaults and not media:
+        raise ValueError(f"template '{where}': [media_defaults] without [media] placeholders")
+    raw["media_defaults"] = dict(defaults)
     _check_task(where, raw)
     return Template(**raw)
 

@@ -701,3 +701,41 @@ def test_media_batch_with_gradient_cache_equals_the_plain_step(tiny_model, media
     assert plain.keys() == cached.keys()
     for k in plain:
         torch.testing.assert_close(cached[k], plain[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+def test_qwen3_vl_templates_take_ms_swifts_media_defaults_unless_the_variables_are_set(tiny_model, tmp_path, monkeypatch):
+    """ms-swift 4.6's Qwen3-VL-Embedding loader sets IMAGE_MAX_TOKEN_NUM=1800, FPS=1 and
+    FPS_MAX_FRAMES=64 when the user sets none (1280 tokens for Qwen3-VL-Reranker): a large picture
+    is sized as qwen-vl-utils' smart_resize sizes it under 1800 tokens of 32 x 32 pixels, not its
+    16384-token default; MAX_PIXELS, FPS and FPS_MAX_FRAMES win when set; GME (ms-swift sets no
+    default for Qwen2-VL) keeps qwen-vl-utils' defaults."""
+    from PIL import Image
+    from qwen_vl_utils import vision_process as qvu
+
+    from mmembed.encoding.media import MediaSettings
+
+    for var in ("MAX_PIXELS", "MIN_PIXELS", "FPS", "FPS_MAX_FRAMES"):
+        monkeypatch.delenv(var, raising=False)
+    big = str(tmp_path / "big.png")
+    Image.new("RGB", (2000, 1500), "red").save(big)
+    item = Item("<image>", images=[big])
+    folder = tiny_model("qwen3_vl")
+    proc = processing(folder)
+    factor = proc.image_processor.patch_size * 2
+
+    def tokens(template_name, env=None):
+        builder = InputBuilder(get_template(template_name), proc, media=MediaSettings.from_env(env or {}))
+        return int(builder([item])["image_grid_thw"].prod()) // 4, builder.media_settings().budget
+
+    want = {}
+    for name, cap in (("qwen3_vl_emb", 1800), ("qwen3_vl_reranker", 1280)):
+        h, w = qvu.smart_resize(1500, 2000, factor=factor, min_pixels=qvu.IMAGE_MIN_TOKEN_NUM * factor**2,
+                                max_pixels=cap * factor**2)
+        want[name] = h * w // factor**2
+    got, budget = tokens("qwen3_vl_emb")
+    assert got == want["qwen3_vl_emb"] <= 1800 and (budget.fps, budget.fps_max_frames) == (1.0, 64)
+    assert tokens("qwen3_vl_reranker")[0] == want["qwen3_vl_reranker"] <= 1280
+    got, budget = tokens("qwen3_vl_emb", {"MAX_PIXELS": str(64 * factor**2), "FPS": "2", "FPS_MAX_FRAMES": "8"})
+    assert got <= 64 and (budget.fps, budget.fps_max_frames) == (2.0, 8)  # the user's variables win
+    gme = InputBuilder(get_template("qwen2_gme"), processing(tiny_model("qwen2_vl")), media=MediaSettings.from_env({}))
+    assert gme.media_settings().budget.image_tokens(28)[1] == qvu.IMAGE_MAX_TOKEN_NUM
