@@ -100,3 +100,17 @@ def reference_infonce(emb: torch.Tensor, labels, *, temperature: float = 0.1, **
     options of :func:`reference_rows`)."""
     losses = [-torch.log_softmax(row / temperature, 0)[target] for row, target in reference_rows(emb, labels, **options)]
     return torch.stack(losses).mean()
+
+
+def reference_maxsim(q, d, normalize: bool = False) -> float:
+    """MaxSim written out: the sum over ``q``'s nonzero token vectors of the best dot product
+    with ``d``'s nonzero ones (a document without any scores 0), divided by the query's number
+    of nonzero tokens with ``normalize``."""
+    total, n_q = 0.0, 0
+    for qi in q:
+        if not bool(qi.ne(0).any()):
+            continue
+        n_q += 1
+        dots = [float(qi @ dj) for dj in d if bool(dj.ne(0).any())]
+        total += max(dots) if dots else 0.0
+    return total / max(n_q, 1) if normalize else total

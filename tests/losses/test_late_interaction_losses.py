@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from reference_losses import reference_maxsim
 
 from mmembed.losses import (
     ColbertNegativeCELoss,
@@ -94,17 +95,6 @@ def test_colpali_defaults():
 
 # ---- written-out loops, with groups of different sizes ------------------------------------------
 
-def maxsim_ref(q, d, normalize=True):
-    total, n_q = 0.0, 0
-    for qi in q:
-        if not bool(qi.ne(0).any()):
-            continue
-        n_q += 1
-        dots = [float(qi @ dj) for dj in d if bool(dj.ne(0).any())]
-        total += max(dots) if dots else 0.0
-    return total / max(n_q, 1) if normalize else total
-
-
 def softplus(x):
     return math.log1p(math.exp(-abs(x))) + max(x, 0.0)
 
@@ -131,13 +121,13 @@ def loop_loss(kind, emb, labels, temperature, w=0.5, normalize=True):
         col += 1 + len(ns)
     total = 0.0
     for gi, (a, p, ns) in enumerate(groups):
-        sp = maxsim_ref(a, p, normalize)
-        positives = [maxsim_ref(a, p2, normalize) for _, p2, _ in groups]
+        sp = reference_maxsim(a, p, normalize)
+        positives = [reference_maxsim(a, p2, normalize) for _, p2, _ in groups]
         if kind == "pairwise":
-            others = [maxsim_ref(a, d, normalize) for k, d in enumerate(docs) if k != own[gi]]
+            others = [reference_maxsim(a, d, normalize) for k, d in enumerate(docs) if k != own[gi]]
             total += softplus((max(others) - sp) / temperature) if others else 0.0
             continue
-        explicit = sum(softplus((maxsim_ref(a, n, normalize) - sp) / temperature) for n in ns) / max(len(ns), 1)
+        explicit = sum(softplus((reference_maxsim(a, n, normalize) - sp) / temperature) for n in ns) / max(len(ns), 1)
         if kind == "negative_ce":
             z = [v / temperature for v in positives]
             in_batch = -(z[gi] - math.log(sum(math.exp(v) for v in z)))
@@ -194,7 +184,7 @@ def test_declarations():
     blocks = list(ColbertPairwiseCELoss().candidate_scores({"last_hidden_state": emb}, labels, block_rows=1))
     assert [b[1].tolist() for b in blocks] == [[0], [1]]
     a0, p0, p1 = emb[0], emb[1], emb[4]  # rows a0, p0, n0, a1, p1, n1_0, n1_1
-    assert float(blocks[0][0][0, 1]) == pytest.approx(maxsim_ref(a0, p1), abs=1e-12)
-    assert float(blocks[0][0][0, 0]) == pytest.approx(maxsim_ref(a0, p0), abs=1e-12)
+    assert float(blocks[0][0][0, 1]) == pytest.approx(reference_maxsim(a0, p1, True), abs=1e-12)
+    assert float(blocks[0][0][0, 0]) == pytest.approx(reference_maxsim(a0, p0, True), abs=1e-12)
     own = list(ColbertNegativeCELoss(in_batch_term_weight=0).candidate_scores({"last_hidden_state": emb}, labels))
     assert own[0][0].shape == (2, 3) and own[0][1].tolist() == [0, 0]

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from reference_losses import reference_maxsim
 from torch import nn
 
 from mmembed.losses import DOT, InfoNCELoss, LateInteractionInfoNCELoss, MaxSim, build_loss
@@ -32,20 +33,8 @@ def tokens(gen: torch.Generator, n: int, length: int, lengths=None, holes: bool 
     return x
 
 
-def brute_maxsim(q: torch.Tensor, d: torch.Tensor, normalize: bool = False) -> float:
-    """The definition, written out: sum over q's nonzero tokens of the max over d's nonzero tokens."""
-    total, n_q = 0.0, 0
-    for qi in q:
-        if not bool(qi.ne(0).any()):
-            continue
-        n_q += 1
-        dots = [float(qi @ dj) for dj in d if bool(dj.ne(0).any())]
-        total += max(dots) if dots else 0.0
-    return total / max(n_q, 1) if normalize else total
-
-
 def brute_matrix(q, d, normalize=False) -> torch.Tensor:
-    return torch.tensor([[brute_maxsim(a, b, normalize) for b in d] for a in q], dtype=torch.float64)
+    return torch.tensor([[reference_maxsim(a, b, normalize) for b in d] for a in q], dtype=torch.float64)
 
 
 # ---- MaxSim --------------------------------------------------------------------------------
@@ -180,7 +169,7 @@ def loop_infonce(emb, labels, *, temperature, use_batch=True, hard_negatives=Non
                  fake_neg_margin=0.1, include_qq=False, include_dd=False, normalize=False):
     """ms-swift's InfoNCE (DESIGN.md) with s = MaxSim, one anchor at a time."""
     def s(a, b):
-        return brute_maxsim(a, b, normalize)
+        return reference_maxsim(a, b, normalize)
 
     groups, i, li = [], 0, 0
     while i < emb.shape[0]:
