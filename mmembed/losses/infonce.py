@@ -74,6 +74,14 @@ def select_hard_negatives(counts: Tensor, hard_negatives: int, generator: torch.
     return torch.where(slot < cap, slot, sampled)
 
 
+def checked_similarity(similarity: Any) -> Similarity:
+    """``similarity`` when it is a :class:`~mmembed.losses.maxsim.Similarity`, else a ValueError."""
+    if not isinstance(similarity, Similarity):
+        raise ValueError(f"InfoNCE similarity must be a mmembed.losses.maxsim.Similarity (DOT, MaxSim(...)), "
+                         f"got {similarity!r}")
+    return similarity
+
+
 class InfoNCELoss(EmbeddingLoss):
     """Contrastive InfoNCE loss over groups of anchor, positive and hard negatives.
 
@@ -161,10 +169,7 @@ class InfoNCELoss(EmbeddingLoss):
         similarity: Similarity = DOT,
     ) -> None:
         super().__init__()
-        if not isinstance(similarity, Similarity):
-            raise ValueError(f"InfoNCE similarity must be a mmembed.losses.maxsim.Similarity (DOT, MaxSim(...)), "
-                             f"got {similarity!r}")
-        self.similarity = similarity
+        self.similarity = checked_similarity(similarity)
         if temperature is None:
             temperature = similarity.default_temperature(InfoNCEConfig.temperature)
         self.config = InfoNCEConfig(
@@ -193,10 +198,7 @@ class InfoNCELoss(EmbeddingLoss):
         temperature is the similarity's default (0.1 for the dot product, see the class).
         """
         generator = options.pop("generator", None)
-        similarity = options.pop("similarity", DOT)
-        if not isinstance(similarity, Similarity):
-            raise ValueError(f"InfoNCE similarity must be a mmembed.losses.maxsim.Similarity (DOT, MaxSim(...)), "
-                             f"got {similarity!r}")
+        similarity = checked_similarity(options.pop("similarity", DOT))
         if "temperature" not in options and similarity is not DOT:
             options["temperature"] = env_temperature(similarity.default_temperature(InfoNCEConfig.temperature))
         return cls.from_config(InfoNCEConfig.from_env(**options), generator=generator, similarity=similarity)

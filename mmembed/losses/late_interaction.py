@@ -53,7 +53,7 @@ from .base import (
     finite_number,
     in_group_scores,
 )
-from .config import InfoNCEConfig, env_temperature
+from .config import InfoNCEConfig
 from .infonce import InfoNCELoss, cat_docs, check_parts
 from .maxsim import DEFAULT_CHUNK, MaxSim
 from .parts import GroupParts
@@ -97,14 +97,10 @@ class LateInteractionInfoNCELoss(InfoNCELoss):
         """Settings from ``INFONCE_*`` with ``options`` winning (as ``infonce``), plus
         ``normalize_scores`` and ``chunk``; without ``temperature`` and with
         ``INFONCE_TEMPERATURE`` unset, MaxSim's default."""
-        generator = options.pop("generator", None)
         normalize = options.pop("normalize_scores", False)
         chunk = options.pop("chunk", DEFAULT_CHUNK)
-        similarity = MaxSim(normalize, chunk)
-        if "temperature" not in options:
-            options["temperature"] = env_temperature(similarity.default_temperature(InfoNCEConfig.temperature))
-        config = InfoNCEConfig.from_env(**options)
-        return cls(**asdict(config), normalize_scores=normalize, chunk=chunk, generator=generator)
+        built = InfoNCELoss.build(similarity=MaxSim(normalize, chunk), **options)
+        return cls(**asdict(built.config), normalize_scores=normalize, chunk=chunk, generator=built.generator)
 
 
 def _weight(owner: str, value: Any) -> float:
@@ -233,7 +229,8 @@ class ColbertPairwiseCELoss(_ColbertLoss):
 class _ExplicitNegativesLoss(_ColbertLoss):
     """The colpali-engine losses with explicit negatives: ``(1 - w) * explicit + w * in_batch``."""
 
-    def __init__(self, temperature: float, normalize_scores: bool, in_batch_term_weight: float, chunk: int) -> None:
+    def __init__(self, temperature: float = 0.02, normalize_scores: bool = True, in_batch_term_weight: float = 0.5,
+                 chunk: int = DEFAULT_CHUNK) -> None:
         super().__init__(temperature, normalize_scores, chunk)
         self.in_batch_term_weight = _weight(type(self).__name__, in_batch_term_weight)
 
@@ -297,10 +294,6 @@ class ColbertNegativeCELoss(_ExplicitNegativesLoss):
         chunk: MaxSim's bound on its transient product, in elements.
     """
 
-    def __init__(self, temperature: float = 0.02, normalize_scores: bool = True, in_batch_term_weight: float = 0.5,
-                 chunk: int = DEFAULT_CHUNK) -> None:
-        super().__init__(temperature, normalize_scores, in_batch_term_weight, chunk)
-
     def _in_batch(self, anchors, positives, rows):
         return self._in_batch_ce(anchors, positives, rows)
 
@@ -316,10 +309,6 @@ class ColbertPairwiseNegativeCELoss(_ExplicitNegativesLoss):
         in_batch_term_weight: ``w`` in ``[0, 1]``, colpali's default 0.5.
         chunk: MaxSim's bound on its transient product, in elements.
     """
-
-    def __init__(self, temperature: float = 0.02, normalize_scores: bool = True, in_batch_term_weight: float = 0.5,
-                 chunk: int = DEFAULT_CHUNK) -> None:
-        super().__init__(temperature, normalize_scores, in_batch_term_weight, chunk)
 
     def _in_batch(self, anchors, positives, rows):
         return self._hardest_pairwise(anchors, positives, rows)
