@@ -16,6 +16,7 @@ the reranker card (:mod:`mmembed.tasks.reranker.export`).
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from ..encoding.templates import template_config
 from ..files import folder_replaced_when_done
@@ -42,27 +43,31 @@ def export_checkpoint(checkpoint: str, output_dir: str | None = None, merge_lora
     return task_of_folder(checkpoint).export(checkpoint, output_dir)
 
 
+def exported_config(checkpoint: str, output_dir: str, **fields: Any) -> dict[str, Any]:
+    """The ``mmembed.json`` of ``checkpoint``'s export to ``output_dir``: the checkpoint's own,
+    with the model it was trained from kept (``trained_from``), the export as the base model of
+    full weights (``base_model``, ``tuner_type``), where it came from (``exported_from``), and
+    ``fields`` (what each task's export records anew)."""
+    cfg = dict(read_mmembed_config(checkpoint) or {})
+    cfg.setdefault("trained_from", cfg.get("base_model"))
+    cfg.update(fields, base_model=os.path.abspath(output_dir), tuner_type="full",
+               exported_from=os.path.abspath(checkpoint))
+    return cfg
+
+
 def export_embedding(checkpoint: str, output_dir: str) -> str:
     """:func:`export_checkpoint` of an embedding model's checkpoint (the embedding task's export)."""
     model, tokenizer, template, info = load_embedding_model(checkpoint, merge=True)
     with folder_replaced_when_done(output_dir) as tmp:
         model.backbone.save_pretrained(tmp, safe_serialization=True)
         save_tokenizer(tmp, tokenizer)
-        cfg = dict(read_mmembed_config(checkpoint) or {})
-        cfg.setdefault("trained_from", cfg.get("base_model"))
+        cfg = exported_config(checkpoint, output_dir, template=template_config(template),
+                              default_system=template.default_system, pooling=info["pooling"],
+                              max_length=info["max_length"])
         # QLoRA: the adapter was merged into the original full-precision weights (as ms-swift's
         # export does); the folder loads unquantized, and says how its adapter was trained
         if cfg.get("quantization"):
             cfg["trained_with_quantization"] = cfg.pop("quantization")
-        cfg.update(
-            template=template_config(template),
-            default_system=template.default_system,
-            pooling=info["pooling"],
-            max_length=info["max_length"],
-            base_model=os.path.abspath(output_dir),
-            tuner_type="full",
-            exported_from=os.path.abspath(checkpoint),
-        )
         write_saved_folder(tmp, cfg, hidden_size(model.backbone.config), final_path=os.path.abspath(output_dir),
                            tokenizer=tokenizer)
     return output_dir

@@ -16,11 +16,11 @@ libraries load with the same token vectors:
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from ...files import folder_replaced_when_done
-from ...model.io import read_mmembed_config, save_tokenizer, text_form
+from ...model.io import save_tokenizer, text_form
 from ...model.multivector_io import save_projection, write_colqwen2_folder, write_multivector_folder
+from ...tools.export import exported_config
 from .folder import load_late_interaction, write_late_interaction_folder
 
 COLQWEN2_TYPES = ("qwen2_vl", "qwen2_5_vl")
@@ -29,10 +29,7 @@ COLQWEN2_TYPES = ("qwen2_vl", "qwen2_5_vl")
 def export_late_interaction(checkpoint: str, output_dir: str) -> str:
     """Write the merged late-interaction model of ``checkpoint`` to ``output_dir`` (see the module)."""
     model, processing, template, info, settings = load_late_interaction(checkpoint, merge=True)
-    cfg: dict[str, Any] = dict(read_mmembed_config(checkpoint) or {})
-    cfg.setdefault("trained_from", cfg.get("base_model"))
-    cfg.update(base_model=os.path.abspath(output_dir), tuner_type="full", exported_from=os.path.abspath(checkpoint),
-               max_length=info["max_length"])
+    cfg = exported_config(checkpoint, output_dir, max_length=info["max_length"])
     tokenizer = getattr(processing, "tokenizer", None) or processing
     form = text_form(cfg)
     multivector = (not template.media and settings.expansion in ("mask", "none") and form is not None

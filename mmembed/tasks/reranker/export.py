@@ -9,7 +9,8 @@ import os
 
 from ...encoding.templates import template_config
 from ...files import folder_replaced_when_done
-from ...model.io import read_mmembed_config, save_tokenizer
+from ...model.io import save_tokenizer
+from ...tools.export import exported_config
 
 
 def export_reranker(checkpoint: str, output_dir: str) -> str:
@@ -24,18 +25,14 @@ def export_reranker(checkpoint: str, output_dir: str) -> str:
     with folder_replaced_when_done(output_dir) as tmp:
         model.backbone.save_pretrained(tmp, safe_serialization=True)
         save_tokenizer(tmp, processing)
-        cfg = dict(read_mmembed_config(checkpoint) or {})
-        cfg.setdefault("trained_from", cfg.get("base_model"))
-        cfg.update(
+        cfg = exported_config(
+            checkpoint, output_dir,
             task_type=info["task_type"],
             template=template_config(template),
             default_system=template.default_system,
             max_length=info["max_length"],
             tokens=info["tokens"],
             token_ids=list(model.token_ids) if model.kind == "generative" else None,
-            base_model=os.path.abspath(output_dir),
-            tuner_type="full",
-            exported_from=os.path.abspath(checkpoint),
         )
         with open(os.path.join(tmp, "mmembed.json"), "w", encoding="utf-8") as f:
             json.dump(cfg, f, indent=2, ensure_ascii=False)
