@@ -104,6 +104,15 @@ def run_data(args: SftArguments, setup: RunSetup | None = None) -> tuple[RunSetu
     return setup, encoding, data
 
 
+def run_collator_options(args: SftArguments, media) -> dict[str, Any]:
+    """What every task's collator takes from the run's flags: the side a row is cut on
+    (``--truncation_strategy``), bucketed widths (``--length_buckets``), the media settings,
+    ``--strict`` and the datasets' instructions (``--dataset_config``)."""
+    return {"truncation_side": "left" if args.truncation_strategy == "left" else "right",
+            "bucket": bool(args.length_buckets), "media": media, "strict": args.strict,
+            "instructions": Instructions.of(args.dataset_entries)}
+
+
 def build_trainer(args: SftArguments, setup: RunSetup | None = None) -> EmbeddingTrainer:
     """Everything ``mmembed sft`` trains with, checked before the model loads where it can be:
     the encoding, the data, the side models and held-out tasks, then the model. ``setup``:
@@ -124,16 +133,12 @@ def build_trainer(args: SftArguments, setup: RunSetup | None = None) -> Embeddin
     model = build_model(args, encoding.template, encoding.pooling, head=task.model_head(args, encoding))
     collator = task.collator_type()(
         training_padding(encoding.template, args.padding_side, has_accelerator()), encoding.processing, loss.layout, encoding.max_length,
-        truncation_side="left" if args.truncation_strategy == "left" else "right",
         truncate=args.truncation_strategy != "delete",
         guide=side_models.builders.get("guide"),
         teacher=side_models.builders.get("teacher"),
         teacher_signal=data.teacher_key,
-        bucket=bool(args.length_buckets),
-        media=media,
         with_dataset_ids=True,
-        strict=args.strict,
-        instructions=Instructions.of(args.dataset_entries),
+        **run_collator_options(args, media),
         **task.collator_options(args, encoding),
     )
     trainer = EmbeddingTrainer(

@@ -285,9 +285,8 @@ def reranker_config(args: SftArguments, encoding: Encoding, model: RerankerModel
 def build_rerank_trainer(args: SftArguments, setup) -> RerankTrainer:
     """Everything a reranker run trains with (the reranker's counterpart of
     :func:`~mmembed.training.sft.build_trainer`), from the up-front checks' ``setup``."""
-    from ...encoding.instructions import Instructions
     from ...training.model_assembly import init_deepspeed_comm
-    from ...training.sft import run_data
+    from ...training.sft import run_collator_options, run_data
 
     setup, encoding, data = run_data(args, setup)
     media, loss = setup.media, setup.loss
@@ -300,10 +299,8 @@ def build_rerank_trainer(args: SftArguments, setup) -> RerankTrainer:
                     "the draws are saved in each checkpoint and resumed exactly)", args.dataloader_num_workers)
     collator = RerankCollator(
         training_padding(encoding.template, args.padding_side, has_accelerator()), encoding.processing, encoding.max_length,
-        truncation_side="left" if args.truncation_strategy == "left" else "right",
         truncate=True,  # rows over --max_length are gone already under `delete`; a pair is cut document first
-        bucket=bool(args.length_buckets), media=media, strict=args.strict,
-        instructions=Instructions.of(args.dataset_entries),
+        **run_collator_options(args, media),
     )
     beir_tasks = []
     for name, folder in beir_pairs(args.eval_beir):  # --eval_beir [name=]folder: the first stage's candidates reranked
