@@ -74,7 +74,6 @@ import argparse
 import json
 import math
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -85,6 +84,9 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, "examples", "data", "stsb_train_hardneg.jsonl")
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+from learn_reranker import hold_out  # noqa: E402 - the same held-out rows as the reranker's benchmark
+
 METRICS = ("ndcg@10", "mrr@10", "recall@1")
 
 
@@ -92,12 +94,7 @@ def split_rows(eval_rows: int, seed: int):
     """(training rows, held-out task): the task is ``{"queries", "docs", "relevant", "exclude",
     "notes"}`` with queries and docs as distinct texts, ``relevant[i]`` / ``exclude[i]`` sets of
     doc indices."""
-    rows = [json.loads(line) for line in open(DATA, encoding="utf-8") if line.strip()]
-    rng = random.Random(seed)
-    with_neg = [i for i, r in enumerate(rows) if r.get("rejected_response")]
-    held = set(rng.sample(with_neg, eval_rows))
-    train = [r for i, r in enumerate(rows) if i not in held]
-    held_rows = [rows[i] for i in sorted(held)]
+    train, held_rows, _ = hold_out(eval_rows, seed)
     docs = sorted({t for r in held_rows for t in [r["response"], *r["rejected_response"]]})
     doc_id = {t: i for i, t in enumerate(docs)}
     queries = sorted({r["query"] for r in held_rows})

@@ -61,14 +61,20 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, "examples", "data", "stsb_train_hardneg.jsonl")
 
 
-def split_rows(eval_rows: int, extra: int, seed: int):
-    """(training rows, eval candidates [(query, [docs], positive index)])."""
+def hold_out(eval_rows: int, seed: int) -> tuple[list[dict], list[dict], random.Random]:
+    """The bundled rows split: (training rows, ``eval_rows`` held-out rows with a negative, in
+    file order, drawn with ``seed``), and the random source, to draw on from where it stands
+    (benchmarks/learn_late_interaction.py holds out the same way)."""
     rows = [json.loads(line) for line in open(DATA, encoding="utf-8") if line.strip()]
     rng = random.Random(seed)
     with_neg = [i for i, r in enumerate(rows) if r.get("rejected_response")]
     held = set(rng.sample(with_neg, eval_rows))
-    train = [r for i, r in enumerate(rows) if i not in held]
-    held_rows = [rows[i] for i in sorted(held)]
+    return [r for i, r in enumerate(rows) if i not in held], [rows[i] for i in sorted(held)], rng
+
+
+def split_rows(eval_rows: int, extra: int, seed: int):
+    """(training rows, eval candidates [(query, [docs], positive index)])."""
+    train, held_rows, rng = hold_out(eval_rows, seed)
     cands = []
     for k, r in enumerate(held_rows):
         others = rng.sample([j for j in range(len(held_rows)) if j != k], extra)
