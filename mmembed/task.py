@@ -20,12 +20,12 @@ vector per token, scored by MaxSim: ColBERT, ColQwen).
 from __future__ import annotations
 
 import importlib
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
 
 from .errors import UsageError
+from .files import read_json_once
 
 #: every task's object, by its ``--task_type`` name (the one place task names are defined)
 _TASKS = {
@@ -82,13 +82,27 @@ def task_of_loss(loss_type: str | None) -> Task | None:
     return None
 
 
+def folder_json(path: str, name: str) -> Any:
+    """A model folder's small JSON file ``name`` (read once per process:
+    :func:`~mmembed.files.read_json_once`); ``{}`` when it is missing or does not parse."""
+    try:
+        return read_json_once(os.path.join(path, name))
+    except (OSError, ValueError):
+        return {}
+
+
+def folder_architectures(path: str) -> list[str]:
+    """The ``architectures`` of a model folder's ``config.json`` (``[]``: none, or no config)."""
+    config = folder_json(path, "config.json")
+    return [str(a) for a in (config.get("architectures") if isinstance(config, dict) else None) or []]
+
+
 def saved_task_type(path: str) -> str | None:
     """The ``task_type`` a saved model's ``mmembed.json`` records (None: no such file or field)."""
     file = os.path.join(path, "mmembed.json")
     if not os.path.isfile(file):
         return None
-    with open(file, encoding="utf-8") as f:
-        return json.load(f).get("task_type")
+    return read_json_once(file).get("task_type")
 
 
 def task_of_folder(path: str, given: str | None = None, flag: str = "--task_type") -> Task:
@@ -206,11 +220,9 @@ class Task:
 
     def unrecognised_reason(self, path: str) -> str:
         """Why no task took the folder (its config's ``architectures``)."""
-        try:
-            with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-                return f"config.json's architectures {json.load(f).get('architectures') or []}"
-        except (OSError, ValueError):
+        if not os.path.isfile(os.path.join(path, "config.json")):
             return "no config.json"
+        return f"config.json's architectures {folder_architectures(path)}"
 
     @property
     def article(self) -> str:

@@ -15,7 +15,6 @@ transformers load; :mod:`.scorer` scores with it (``mmembed rerank``, ``POST /v1
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -23,7 +22,7 @@ from typing import Any
 
 from ...errors import UsageError
 from ...losses.late_interaction import LATE_INTERACTION_LOSSES
-from ...task import Task
+from ...task import Task, folder_architectures, folder_json
 from ...training.task_flags import refuse_flags
 from .settings import FLAGS, LateInteractionSettings, check_flags
 
@@ -72,13 +71,10 @@ class LateInteractionTask(Task):
         check_flags(args)
 
     def recognises(self, path: str) -> bool:
-        try:
-            with open(os.path.join(path, "config_sentence_transformers.json"), encoding="utf-8") as f:
-                if json.load(f).get("model_type") in _MULTI_VECTOR_TYPES:
-                    return True
-        except (OSError, ValueError):
-            pass
-        return any(a == "ColQwen2ForRetrieval" for a in _architectures(path))
+        st = folder_json(path, "config_sentence_transformers.json")
+        if isinstance(st, dict) and st.get("model_type") in _MULTI_VECTOR_TYPES:
+            return True
+        return "ColQwen2ForRetrieval" in folder_architectures(path)
 
     def check_model(self, args: Any, config: Any) -> None:
         """A backbone whose transformers class gives scores rather than token states (a
@@ -217,20 +213,11 @@ class LateInteractionTask(Task):
         return MultiVectorScorer.from_pretrained(path, device=device, torch_dtype=torch_dtype)
 
 
-@functools.lru_cache(maxsize=64)
-def _architectures(path: str) -> tuple[str, ...]:
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            return tuple(str(a) for a in json.load(f).get("architectures") or [])
-    except (OSError, ValueError):
-        return ()
-
-
 def _saved_dim(folder: str) -> int | None:
+    saved = folder_json(folder, "mmembed.json")
     try:
-        with open(os.path.join(folder, "mmembed.json"), encoding="utf-8") as f:
-            return int((json.load(f).get("late_interaction") or {}).get("dim")) or None
-    except (OSError, ValueError, TypeError):
+        return int((saved.get("late_interaction") or {}).get("dim")) or None
+    except (AttributeError, ValueError, TypeError):
         return None
 
 

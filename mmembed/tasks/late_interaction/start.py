@@ -15,6 +15,7 @@ import torch
 
 from ...files import read_json_once
 from ...model.late_interaction import PROJECTION_FILE, PROJECTION_KEY, load_projection
+from ...task import folder_json
 from .settings import saved_settings
 
 
@@ -83,10 +84,7 @@ def folder_defaults(path: str) -> dict[str, Any]:
 
 
 def _json(path: str) -> Any:
-    try:
-        value = read_json_once(path)
-    except (OSError, ValueError):
-        return {}
+    value = folder_json(os.path.dirname(path), os.path.basename(path))
     return value if isinstance(value, (dict, list)) else {}
 
 

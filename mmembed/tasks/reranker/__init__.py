@@ -11,24 +11,14 @@ teacher score with) and :mod:`.export`.
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 from ...errors import UsageError
-from ...task import Task
+from ...task import Task, folder_architectures
 from ...training.task_flags import EMBEDDING_ONLY, refuse_flags
 from .losses import RERANK_LOSS_CLASSES, RERANK_LOSSES, is_rerank_loss, rerank_task_of
 
 __all__ = ["GENERATIVE_RERANKER", "RERANKER", "RerankerTask"]
-
-
-def _architectures(path: str) -> list[str]:
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            return [str(a) for a in json.load(f).get("architectures") or []]
-    except (OSError, ValueError):
-        return []
 
 
 class RerankerTask(Task):
@@ -71,10 +61,10 @@ class RerankerTask(Task):
 
     def recognises(self, path: str) -> bool:
         # a cross-encoder says what it is; a causal LM may as well be an embedding model (Qwen3-Embedding)
-        return self.name == "reranker" and any(a.endswith(self.head_suffixes) for a in _architectures(path))
+        return self.name == "reranker" and any(a.endswith(self.head_suffixes) for a in folder_architectures(path))
 
     def may_score(self, path: str) -> bool:
-        return any(a.endswith(self.head_suffixes) for a in _architectures(path))
+        return any(a.endswith(self.head_suffixes) for a in folder_architectures(path))
 
     def check_model(self, args: Any, config: Any) -> None:
         """A folder whose classification head has more than one label (an NLI classifier, a
