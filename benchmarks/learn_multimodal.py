@@ -102,7 +102,6 @@ def evaluate_late_interaction(model_dir: str, test: list[tuple[str, str]], seed:
     base folder, scored with a seeded random projection)."""
     import torch
 
-    from mmembed.losses.maxsim import maxsim
     from mmembed.task import get_task
 
     task = get_task("late_interaction")
@@ -128,10 +127,9 @@ def evaluate_late_interaction(model_dir: str, test: list[tuple[str, str]], seed:
         model = LateInteractionModel(backbone, settings.dim, tower=template.tower)
         scorer = MultiVectorScorer(model, processing, template, 512, settings, device="cpu")
     captions = sorted({c for _, c in test})
-    queries = scorer.token_matrices(captions, "query")
-    docs = scorer.token_matrices([{"text": "<image>", "images": [p]} for p, _ in test], "document")
-    pad = lambda rows: torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)  # noqa: E731 - absent tokens are zero
-    scores = maxsim(pad(queries), pad(docs), normalize=scorer.settings.normalize_scores).T.numpy()  # [pictures, captions]
+    queries = scorer.search_vectors(captions, "query")
+    docs = scorer.search_vectors([{"text": "<image>", "images": [p]} for p, _ in test], "document")
+    scores = scorer.scores(queries, docs).T  # [pictures, captions]
     target = np.array([captions.index(c) for _, c in test])
     rank = (scores > scores[np.arange(len(test)), target][:, None]).sum(1)  # 0 = first
     return {"recall@1": float((rank == 0).mean()), "mrr": float((1.0 / (rank + 1)).mean()),

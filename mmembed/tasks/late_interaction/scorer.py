@@ -21,10 +21,11 @@ import torch
 from ...data.sample import Item
 from ...encoding.buckets import pad_to_width
 from ...encoding.inputs import InputBuilder
-from ...losses.maxsim import maxsim, maxsim_pairs, trim_tokens
+from ...losses.maxsim import MaxSim, maxsim_pairs, trim_tokens
 from ...model.embedder import as_item
 from ...model.late_interaction import LateInteractionModel, expand_query, expansion_token_id
 from ...model.token_pooling import pool_tokens
+from ...training.evaluation import numpy_scores
 from .folder import load_late_interaction
 from .settings import LateInteractionSettings
 
@@ -121,9 +122,9 @@ class MultiVectorScorer:
         return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).numpy()
 
     def scores(self, queries: np.ndarray, docs: np.ndarray) -> np.ndarray:
-        """MaxSim of every query against every document (``[Q, C]``), as the model was trained."""
-        return maxsim(torch.from_numpy(np.ascontiguousarray(queries)), torch.from_numpy(np.ascontiguousarray(docs)),
-                      normalize=self.settings.normalize_scores).numpy()
+        """MaxSim of every query against every document (``[Q, C]``), as the model was trained
+        (the evaluation's scoring of a loss's similarity on numpy rows)."""
+        return numpy_scores(MaxSim(self.settings.normalize_scores))(queries, docs)
 
     def score_pairs(self, pairs: Sequence[tuple[Any, Any]], batch_size: int = 32, lengths: list[int] | None = None,
                     raw_scores: bool = True) -> np.ndarray:
