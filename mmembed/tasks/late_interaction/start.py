@@ -30,23 +30,45 @@ def _dense_folder(path: str) -> str | None:
     return None
 
 
+def _projection_file(path: str) -> str | None:
+    """The file that holds a model folder's projection: mmembed's, else its ``Dense`` module's."""
+    if os.path.isfile(os.path.join(path, PROJECTION_FILE)):
+        return os.path.join(path, PROJECTION_FILE)
+    dense = _dense_folder(path)
+    for name in ("model.safetensors", "pytorch_model.bin") if dense is not None else ():
+        if os.path.isfile(os.path.join(dense, name)):
+            return os.path.join(dense, name)
+    return None
+
+
+_PROJECTIONS: dict[tuple[str, int, int], torch.Tensor | None] = {}
+
+
 def folder_projection(path: str) -> torch.Tensor | None:
     """The projection weight ``[dim, hidden]`` a model folder holds (mmembed's file, else the
-    ``Dense`` module of a sentence-transformers / PyLate folder), or None."""
-    if os.path.isfile(os.path.join(path, PROJECTION_FILE)):
-        return load_projection(path)
-    dense = _dense_folder(path)
-    if dense is None:
+    ``Dense`` module of a sentence-transformers / PyLate folder), or None. Read once per process
+    while the file stays the same (the run's checks, its settings and its model each ask); each
+    call gets its own copy."""
+    file = _projection_file(path)
+    if file is None:
         return None
-    weights = os.path.join(dense, "model.safetensors")
-    if os.path.isfile(weights):
+    stat = os.stat(file)
+    key = (os.path.abspath(file), stat.st_mtime_ns, stat.st_size)
+    if key not in _PROJECTIONS:
+        _PROJECTIONS[key] = _read_projection(file)
+    weight = _PROJECTIONS[key]
+    return None if weight is None else weight.clone()
+
+
+def _read_projection(file: str) -> torch.Tensor | None:
+    if os.path.basename(file) == PROJECTION_FILE:
+        return load_projection(os.path.dirname(file))
+    if file.endswith(".safetensors"):
         from safetensors.torch import load_file
 
-        state = load_file(weights)
-    elif os.path.isfile(os.path.join(dense, "pytorch_model.bin")):
-        state = torch.load(os.path.join(dense, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+        state = load_file(file)
     else:
-        return None
+        state = torch.load(file, map_location="cpu", weights_only=True)
     weight = state.get(PROJECTION_KEY)
     if weight is None or weight.ndim != 2 or any(k.endswith("bias") and v is not None for k, v in state.items()):
         return None  # not a bias-free linear projection: not what a late-interaction head is
