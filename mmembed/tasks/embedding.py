@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import UsageError
 from ..task import Task
 
 
@@ -18,9 +17,9 @@ class EmbeddingTask(Task):
     quantizable = True
 
     def check_flags(self, args: Any) -> None:
-        if getattr(args, "eval_beir_first_stage", None):
-            raise UsageError("--eval_beir_first_stage is a reranker's (the candidates it reorders); an embedding "
-                             "run's --eval_beir retrieves from the whole corpus itself")
+        from ..training.task_flags import refuse_beir_first_stage
+
+        refuse_beir_first_stage(args, "an embedding")
         super().check_flags(args)
 
     def build_loss(self, args: Any, environment: Any) -> Any:

@@ -43,6 +43,14 @@ def check_task(args: Any) -> None:
     task.check_flags(args)
 
 
+def refuse_beir_first_stage(args: Any, run: str) -> None:
+    """``--eval_beir_first_stage`` names the candidates a reranker reorders: a usage error for a
+    ``run`` (``an embedding``, ``a late-interaction``) that retrieves from the whole corpus."""
+    if getattr(args, "eval_beir_first_stage", None):
+        raise UsageError(f"--eval_beir_first_stage is a reranker's (the candidates it reorders); {run} run's "
+                         "--eval_beir retrieves from the whole corpus itself")
+
+
 def refuse_flags(args: Any, task: str, flags: Sequence[tuple[str, str]]) -> None:
     """A usage error for the first of ``flags`` (name, what it is) that is set: ``--task_type
     task`` does not take it."""

@@ -57,6 +57,8 @@ def test_the_task_and_its_flags_are_checked_before_anything_loads(minilm_path, d
         (["--late_interaction_query_expansion", "augment", "--late_interaction_attend_expansion", "true"],
          r"--late_interaction_attend_expansion is for the mask expansion"),
         (["--late_interaction_dim", "0"], r"--late_interaction_dim must be an integer >= 1"),
+        (["--eval_beir_first_stage", minilm_path], r"--eval_beir_first_stage is a reranker's \(the candidates it "
+                                                   r"reorders\); a late-interaction run's --eval_beir retrieves"),
         (["--task_type", "late_interactions"], r"--task_type must be one of embedding, reranker"),
     ]
     for extra, message in cases:

@@ -23,7 +23,7 @@ from typing import Any
 from ...errors import UsageError
 from ...losses.late_interaction import LATE_INTERACTION_LOSSES
 from ...task import Task, folder_architectures, folder_json
-from ...training.task_flags import refuse_flags
+from ...training.task_flags import refuse_beir_first_stage, refuse_flags
 from .settings import FLAGS, LateInteractionSettings, check_flags
 
 __all__ = ["LATE_INTERACTION", "LateInteractionTask"]
@@ -42,7 +42,6 @@ _SINGLE_VECTOR_ONLY = (
     ("mrl_dims", "Matryoshka widths"),
     ("eval_sts", "held-out STS of single embeddings"),
     ("pooling", "an embedding pooling (a late-interaction model keeps every token)"),
-    ("eval_beir_first_stage", "a reranker's first stage"),
 )
 
 _MULTI_VECTOR_TYPES = ("MultiVectorEncoder", "ColBERT")
@@ -65,6 +64,7 @@ class LateInteractionTask(Task):
             raise UsageError(f"--task_type {self.name} trains with a loss over MaxSim scores ({', '.join(_LOSSES)}), "
                              f"got --loss_type {args.loss_type}")
         refuse_flags(args, self.name, _SINGLE_VECTOR_ONLY)
+        refuse_beir_first_stage(args, "a late-interaction")
         if getattr(args, "padding_free", None):
             raise UsageError(f"--padding_free true packs rows into one sequence; --task_type {self.name} gives a vector "
                              "per token of each padded row: leave --padding_free unset")
