@@ -19,7 +19,7 @@ from torch import nn
 from ..encoding.templates import POOLINGS
 from ..errors import UsageError
 from ..files import read_json_once
-from .packing import PACKED_MULTIPLE, attention_inputs, bucket_width, is_causal, pack, pool_packed
+from .packing import PACKED_MULTIPLE, attention_inputs, bucket_width, is_causal, pack, pool_packed, rope_positions
 
 # per-token inputs that can be cut to a chunk's width; anything else (pixels, grids) keeps
 # the batch in one call
@@ -137,7 +137,7 @@ class EmbeddingModel(BackboneCheckpointing, nn.Module):
         inputs.pop("media_counts", None)  # bookkeeping of the collator (which media belong to which row)
         inputs, zero = self._run_media_towers(inputs)
         text_only = set(inputs) <= TOKEN_INPUTS
-        if text_only and self.padding_free:  # one call, so ZeRO-3's gathers stay in step too
+        if self.padding_free and (text_only or self.tower == "vision"):  # one call: ZeRO-3's gathers stay in step
             emb = self._embed_packed(input_ids, attention_mask, inputs)
         elif text_only and not self._zero3():  # text only: rows can be regrouped and padding cut
             chunks = max(1, min(self.length_chunks, input_ids.shape[0] // 8))  # at least 8 rows a chunk
@@ -217,15 +217,21 @@ class EmbeddingModel(BackboneCheckpointing, nn.Module):
         return pool(hidden, attention_mask, self.pooling)
 
     def _embed_packed(self, input_ids, attention_mask, inputs) -> torch.Tensor:
-        """The batch's real tokens as one sequence, each row attending to itself only."""
-        packed = pack(input_ids, attention_mask, inputs, multiple_of=PACKED_MULTIPLE if self.bucket else 1)
+        """The batch's real tokens as one sequence, each row attending to itself only (a media
+        batch: its image features and grids as they are, the rotary positions per row)."""
+        per_token = {k: v for k, v in inputs.items() if torch.is_tensor(v) and v.shape[:2] == input_ids.shape}
+        rest = {k: v for k, v in inputs.items() if k not in per_token}
+        packed = pack(input_ids, attention_mask, per_token, multiple_of=PACKED_MULTIPLE if self.bucket else 1)
         base = self._base()
         if not hasattr(self, "_is_causal"):
             self._is_causal = is_causal(base)
+        positions = packed.position_ids
+        if self.tower == "vision":
+            positions = rope_positions(base, input_ids, attention_mask, inputs, packed)
         dtype = next((p.dtype for p in base.parameters() if p.is_floating_point()), torch.float32)
         attention = attention_inputs(packed, base.config._attn_implementation, self._is_causal, dtype)
-        out = self.backbone(input_ids=packed.input_ids, position_ids=packed.position_ids, return_dict=True,
-                            **packed.extra, **attention)
+        out = self.backbone(input_ids=packed.input_ids, position_ids=positions, return_dict=True,
+                            **packed.extra, **rest, **attention)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         return pool_packed(hidden[0], packed, self.pooling)
 

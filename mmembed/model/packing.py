@@ -20,12 +20,22 @@ left-padded decoder row starts later, which rotary positions do not see).
 Only families whose positions are plain ``0..len-1`` and whose encoder takes
 ``position_ids`` are packed (:data:`PACKABLE_MODEL_TYPES`); others keep padded batches.
 
+**Media rows** (Qwen2-VL / GME, Qwen2.5-VL, Qwen3-VL: :data:`MROPE_MODEL_TYPES`). The vision
+tower already takes a batch's images as one sequence of patches (no padding there); what is
+padded is the language model's sequence of text and image tokens. It is packed the same way,
+and its multimodal rotary positions (M-RoPE: temporal, height and width ids that place each
+image token by its grid) are the model's own, computed on the padded batch by its
+``compute_3d_position_ids`` and read at each row's real tokens (:func:`rope_positions`); the
+text positions (0, 1, ... per row) go first, as transformers' ``[4, 1, T]`` layout for packed
+rows wants. The image features go in row order, as the padded batch's image tokens come.
+
 **Buckets** (:mod:`mmembed.encoding.buckets`): with ``bucket`` the packed sequence is widened
 to a multiple of :data:`PACKED_MULTIPLE`, and length chunks to a bucketed width.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -35,7 +45,9 @@ from ..encoding.buckets import bucket_width, pad_to_width  # noqa: F401  (re-exp
 
 #: model types whose text encoder is packed: absolute (BERT) or rotary (Qwen2 / Qwen3)
 #: positions counted from 0 in each row, ``position_ids`` taken by the forward
-PACKABLE_MODEL_TYPES = frozenset({"bert", "qwen2", "qwen3"})
+#: multimodal families packed with the model's own 3D rotary positions (:func:`rope_positions`)
+MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl"})
+PACKABLE_MODEL_TYPES = frozenset({"bert", "qwen2", "qwen3"}) | MROPE_MODEL_TYPES
 #: attention implementations for which packing saves work (others compute a dense mask)
 VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
 #: the packed sequence is widened to a multiple of this (FlexAttention's block size), with a
@@ -97,6 +109,24 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, extra: dict[str,
     return Packed(input_ids=ids.unsqueeze(0), position_ids=positions.unsqueeze(0), segments=segments,
                   cu_seqlens=cu, max_length=max(seg_lengths) if seg_lengths else 0, rows=n, tokens=total,
                   extra={k: v.unsqueeze(0) for k, v in packed_extra.items()})
+
+
+def rope_positions(base: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   inputs: dict, packed: Packed) -> torch.Tensor:
+    """``[4, 1, T]`` position ids of a packed multimodal batch: the text positions (0, 1, ...
+    per row, transformers' sign of packed rows), then the model's 3D rotary positions of the
+    padded batch (``compute_3d_position_ids`` over ``input_ids`` / ``attention_mask`` and the
+    grids in ``inputs``) at each row's real tokens; a batch without media gets the text
+    positions on all three."""
+    compute = base.compute_3d_position_ids
+    given = {"input_ids": input_ids, "attention_mask": attention_mask}
+    names = [n for n in inspect.signature(compute).parameters if n not in ("self", "args", "kwargs")]
+    rope = compute(**{n: given.get(n, inputs.get(n)) for n in names})
+    text = packed.position_ids
+    spatial = text.expand(3, -1, -1).clone()
+    if rope is not None:
+        spatial[:, 0, : packed.tokens] = rope[:, attention_mask.bool()].to(spatial.dtype)
+    return torch.cat([text.unsqueeze(0), spatial])
 
 
 def attention_inputs(packed: Packed, implementation: str, causal: bool, dtype: torch.dtype) -> dict:

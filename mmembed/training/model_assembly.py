@@ -211,18 +211,18 @@ def part_learning_rates(model: EmbeddingModel, template: Template, args: SftArgu
 
 
 def use_padding_free(args: SftArguments, config, template: Template) -> bool:
-    """Whether text batches are packed (``--padding_free``; see mmembed.model.packing).
+    """Whether batches are packed (``--padding_free``; see mmembed.model.packing).
 
-    By default they are where packing saves work: a text model of a family whose positions
-    restart per row (bert, qwen2, qwen3) under FlashAttention or FlexAttention. SDPA and
-    eager would compute the packed attention as a dense mask, slower than the padded batch,
-    so ``--padding_free true`` with them (as ms-swift's example scripts pass it) keeps padded
-    batches and says so. A multimodal model's batches stay padded (its rotary positions come
-    from the media grid)."""
+    By default they are where packing saves work: a model of a family whose positions restart
+    per row (bert, qwen2, qwen3; the Qwen vision-language families with their 3D rotary
+    positions per row) under FlashAttention or FlexAttention. SDPA and eager would compute the
+    packed attention as a dense mask, slower than the padded batch, so ``--padding_free true``
+    with them (as ms-swift's example scripts pass it) keeps padded batches and says so. An
+    audio model's batches stay padded (its encoder's features are merged per padded row)."""
     implementation = config._attn_implementation
     reasons = []
-    if template.tower is not None:
-        reasons.append(f"the {template.name} template's media rows")
+    if template.tower == "audio":
+        reasons.append(f"the {template.name} template's audio rows")
     if config.model_type not in PACKABLE_MODEL_TYPES:
         reasons.append(f"model type {config.model_type} (packed: {', '.join(sorted(PACKABLE_MODEL_TYPES))})")
     if implementation not in VARLEN_ATTENTION:

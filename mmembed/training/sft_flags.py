@@ -83,7 +83,7 @@ class SftFlags(TrainingArguments):
     max_pixels: int | None = field(default=None, metadata={"help": "image pixel budget, as the MAX_PIXELS variable"})
     sequence_parallel_size: int = field(default=1, metadata={"help": "must be 1 (sequence parallelism is not offered)"})
     use_chat_template: bool = field(default=True, metadata={"help": "accepted for ms-swift scripts; the template decides the rendering"})
-    padding_free: bool | None = field(default=None, metadata={"help": "text batches packed into one sequence of real tokens (default: on with --attn_impl flash_attn / flex_attention for bert, qwen2, qwen3)"})
+    padding_free: bool | None = field(default=None, metadata={"help": "batches packed into one sequence of real tokens (default: on with --attn_impl flash_attn / flex_attention for bert, qwen2, qwen3, and the image / video rows of qwen2_vl (GME), qwen2_5_vl, qwen3_vl)"})
     length_buckets: bool | None = field(default=None, metadata={"help": "pad text batches to a bounded set of widths (default: on a GPU, off on a CPU)"})
     # data
     dataset: list[str] = field(default_factory=list, metadata={"help": "data files / folders, path#N samples N rows"})

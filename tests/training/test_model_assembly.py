@@ -180,7 +180,11 @@ def test_vit_and_aligner_learning_rates_go_to_the_trainable_parameters_of_their_
     ("qwen2", "flash_attention_3", None, True),
     ("qwen3", "sdpa", None, False),           # a dense mask would be slower than padding
     ("xlm-roberta", "flash_attention_2", None, False),  # positions start past the padding index
-    ("qwen2_vl", "flash_attention_2", "vision", False),  # rotary positions from the media grid
+    ("qwen2_vl", "flash_attention_2", "vision", True),  # GME: 3D rotary positions per row
+    ("qwen2_5_vl", "flash_attention_3", "vision", True),
+    ("qwen3_vl", "flash_attention_2", "vision", True),
+    ("qwen3_vl", "sdpa", "vision", False),
+    ("qwen2_audio", "flash_attention_2", "audio", False),  # audio features merged per padded row
 ])
 def test_padding_free_by_default_where_it_saves_work(model_type, implementation, tower, want):
     template = types.SimpleNamespace(tower=tower, name="t")
