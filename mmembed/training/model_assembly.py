@@ -240,19 +240,21 @@ ATTENTION_DROPOUT_FIELDS = ("attention_probs_dropout_prob", "attention_dropout")
 
 
 def check_attention_dropout(config) -> None:
-    """FlexAttention in transformers has no attention dropout and refuses a training forward
-    whose module has one (``flex_attention does not support dropout``), which would stop the
-    run at its first step: say so before the run, naming the config field."""
-    if config._attn_implementation != "flex_attention":
+    """FlexAttention in transformers, and the variable-length kernel of ``--attn_impl varlen``,
+    have no attention dropout (transformers refuses a training forward under FlexAttention
+    whose module has one), which would stop the run at its first step: say so before the run,
+    naming the config field."""
+    if config._attn_implementation not in ("flex_attention", "varlen"):
         return
+    name = {"flex_attention": "FlexAttention", "varlen": "the varlen kernel"}[config._attn_implementation]
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     for cfg in (config, text) if text is not config else (config,):
         for field in ATTENTION_DROPOUT_FIELDS:
             p = getattr(cfg, field, 0.0) or 0.0
             if p > 0:
                 raise UsageError(
-                    f"--attn_impl flex_attention: the model's config.json sets {field} = {p:g}, and FlexAttention "
-                    "trains without attention dropout; use --attn_impl sdpa (or flash_attn), or a copy of the model "
+                    f"--attn_impl {config._attn_implementation}: the model's config.json sets {field} = {p:g}, and "
+                    f"{name} trains without attention dropout; use --attn_impl sdpa (or flash_attn), or a copy of the model "
                     f"whose config.json sets {field} to 0")
 
 

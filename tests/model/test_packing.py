@@ -25,6 +25,7 @@ from mmembed.model.packing import (
     pad_to_width,
     pool_packed,
 )
+from mmembed.model.varlen_attention import register as register_varlen
 
 TEXTS = [
     "a man is playing a guitar on the stage tonight",
@@ -54,6 +55,7 @@ def varlen_reference_attention(module, query, key, value, attention_mask, scalin
 
 
 AttentionInterface.register("varlen_reference", varlen_reference_attention)
+register_varlen()  # mmembed's --attn_impl varlen (on the CPU: one SDPA call per span)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +95,7 @@ def grads(model) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("family", ["bert", "qwen3", "qwen2"])
-@pytest.mark.parametrize("implementation", ["sdpa", "eager", "varlen_reference"])
+@pytest.mark.parametrize("implementation", ["sdpa", "eager", "varlen_reference", "varlen"])
 @pytest.mark.parametrize("bucket", [False, True])
 def test_packed_batch_gives_the_padded_embeddings_and_gradients(models, family, implementation, bucket):
     folder, pooling, side = models[family]

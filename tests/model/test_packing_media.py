@@ -111,7 +111,7 @@ def test_rows_differ_in_length(batches):
 @pytest.mark.parametrize("kind", sorted(FAMILIES))
 @pytest.mark.parametrize("implementation,bucket", [("eager", False), ("sdpa", True),
                                                    ("varlen_media_reference", False),
-                                                   ("varlen_media_reference", True)])
+                                                   ("varlen_media_reference", True), ("varlen", False)])
 def test_packed_media_rows_give_the_padded_embeddings_and_gradients(batches, kind, implementation, bucket):
     folder, pooling, batch = batches[kind]
     ref, _ = embed(folder, pooling, batch, "eager", False)

@@ -224,14 +224,15 @@ def test_the_loss_is_the_one_the_flags_name_with_its_options():
     (lambda p: __import__("transformers").Qwen3Config(attention_dropout=p), "attention_dropout"),
     (lambda p: __import__("transformers").Qwen2VLConfig(text_config={"attention_dropout": p}), "attention_dropout"),
 ])
-def test_flex_attention_with_attention_dropout_is_refused_before_the_run(make, field):
+@pytest.mark.parametrize("implementation", ["flex_attention", "varlen"])
+def test_attention_without_dropout_refuses_a_model_with_it_before_the_run(make, field, implementation):
     config = make(0.1)
-    config._attn_implementation = "flex_attention"
-    with pytest.raises(UsageError, match=f"flex_attention: the model's config.json sets {field} = 0.1"):
+    config._attn_implementation = implementation
+    with pytest.raises(UsageError, match=f"{implementation}: the model's config.json sets {field} = 0.1"):
         check_attention_dropout(config)
     config = make(0.0)
-    config._attn_implementation = "flex_attention"
-    check_attention_dropout(config)  # no dropout: FlexAttention trains
+    config._attn_implementation = implementation
+    check_attention_dropout(config)  # no dropout: it trains
     config = make(0.1)
     config._attn_implementation = "sdpa"
     check_attention_dropout(config)  # other attention implementations apply the dropout

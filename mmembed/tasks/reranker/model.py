@@ -38,6 +38,7 @@ from torch import nn
 from ...environment import read
 from ...errors import UsageError
 from ...model.embedding import BackboneCheckpointing, refuse_custom_code, require_local_model
+from ...model.varlen_attention import transformers_name
 
 __all__ = ["RERANK_TASKS", "RerankerModel", "load_reranker", "token_id"]
 
@@ -194,7 +195,7 @@ def load_reranker(path: str, task_type: str, torch_dtype: str | torch.dtype | No
     elif torch_dtype != "auto":
         kwargs["dtype"] = getattr(torch, torch_dtype)
     if attn_impl:
-        kwargs["attn_implementation"] = {"flash_attn": "flash_attention_2"}.get(attn_impl, attn_impl)
+        kwargs["attn_implementation"] = transformers_name(attn_impl)
     config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     if RERANK_TASKS[task_type] == "classifier":
         return _load_classifier(path, config, kwargs, tokenizer, head_from_adapter)

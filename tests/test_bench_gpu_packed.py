@@ -1,0 +1,20 @@
+"""benchmarks/bench_gpu.py's packed GME run (``packed-varlen``: ``--attn_impl varlen --padding_free
+true``) on the CPU: the dry run trains the tiny Qwen2-VL on its picture rows padded and packed,
+and checks (check_same_work) that both take the same first batch and give the same first loss."""
+
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_dry_run_packed_gme_gives_the_padded_first_loss(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "bench_gpu.py"), "--dry_run", "--parts", "gme",
+                           "--gme_batches", "4", "--work_dir", str(tmp_path)],
+                          capture_output=True, text=True, env=dict(os.environ, MMEMBED_SWIFT_PYTHON=""), timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [x for x in proc.stdout.splitlines() if x.startswith("GME tiny Qwen2-VL")]
+    assert [r.split()[3] for r in rows] == ["mmembed", "mmembed"] and "packed-varlen" in rows[1], rows
+    agree = [x for x in proc.stdout.splitlines() if "packed-varlen: the same first batch as padded" in x]
+    assert agree and "agree" in agree[0], proc.stdout[-3000:]
