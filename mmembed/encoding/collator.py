@@ -155,9 +155,9 @@ class StandInCollation:
     def _collate(self, samples: Sequence[Sample]) -> dict[str, Any]:
         raise NotImplementedError
 
-    def __call__(self, samples: Sequence[Sample]) -> dict[str, Any]:
+    def __call__(self, samples: Sequence[Sample] | Sequence[list[Sample]]) -> dict[str, Any]:
         try:
-            return self.collate(samples)
+            return self.collate(rows_of(samples))
         except DataError as e:
             if torch.utils.data.get_worker_info() is None:
                 raise
@@ -296,10 +296,20 @@ def teacher_tensor(samples: Sequence[Sample], key: str) -> torch.Tensor | None:
     return out
 
 
-def token_lengths(samples: Sequence[Sample], builder: InputBuilder, layout: Layout) -> list[int]:
+def rows_of(batch: Sequence) -> Sequence[Sample]:
+    """A batch of packs (``--packing``: lists of rows, :mod:`mmembed.training.sample_packs`) as the
+    rows they hold, in order; a batch of rows as it is."""
+    if batch and isinstance(batch[0], list):
+        return [row for pack in batch for row in pack]
+    return batch
+
+
+def token_lengths(samples: Sequence[Sample], builder: InputBuilder, layout: Layout,
+                  total_within: int | None = None) -> list[int]:
     """The longest encoded row of each sample, media expanded (what ``--truncation_strategy delete``
     checks): every row of the samples measured in one ``builder.lengths`` call (one tokenizer
-    call for their text; media counted as the builder's ``check_media`` says)."""
+    call for their text; media counted as the builder's ``check_media`` says). ``total_within``:
+    the sum of the sample's rows instead, each counted to at most that many tokens (``--packing``)."""
     flat: list[Item] = []
     owner: list[int] = []
     origins: list[tuple[str, int, str]] | None = [] if builder.multimodal else None  # only media rows name theirs
@@ -311,6 +321,8 @@ def token_lengths(samples: Sequence[Sample], builder: InputBuilder, layout: Layo
         owner.extend([i] * len(its))
     lengths = [0] * len(samples)
     for i, n in zip(owner, builder.lengths(flat, origins) if flat else []):
-        if n > lengths[i]:
+        if total_within is not None:
+            lengths[i] += min(n, total_within)
+        elif n > lengths[i]:
             lengths[i] = n
     return lengths

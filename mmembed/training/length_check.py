@@ -94,11 +94,49 @@ def length_filter(encoding: Encoding, media: MediaSettings | None, check_media: 
     return keep
 
 
-def measured_lengths(samples: list[Sample], builder: InputBuilder, layout: Layout, task: Task | None = None) -> list[int]:
+def measured_lengths(samples: list[Sample], builder: InputBuilder, layout: Layout, task: Task | None = None,
+                     total_within: int | None = None) -> list[int]:
     """The longest model input of each sample, as ``task`` (None: embedding) measures it
     (:meth:`~mmembed.task.Task.input_lengths`): an embedding model's longest item, a reranker's
-    longest (query, document) pair."""
-    return (task or get_task(None)).input_lengths(samples, builder, layout)
+    longest (query, document) pair. ``total_within``: the sum of its inputs instead, each
+    counted to at most that many tokens (``--packing``)."""
+    return (task or get_task(None)).input_lengths(samples, builder, layout, total_within=total_within)
+
+
+def row_token_totals(args: SftArguments, encoding: Encoding, media: MediaSettings | None, layout: Layout, task: Task,
+                     rows) -> list[int]:
+    """Each training row's tokens, all its inputs together (``--packing``'s lengths), as the model
+    sees them: media expanded (``--check_media``), an input cut to ``--max_length`` where rows
+    are truncated. ``rows``: an :class:`~mmembed.data.dataset.EmbeddingDataset`. Measured a batch
+    of rows at a time and cached by ``datasets`` with the rows."""
+    import datasets
+
+    ds = rows.dataset
+    builder = length_builder(encoding, media, args.check_media)
+    own = Instructions.of(getattr(args, "dataset_entries", None) or []).templates(encoding.template)
+    builders = {d: length_builder(dataclasses.replace(encoding, template=t), media, args.check_media)
+                for d, t in own.items()}
+    within = encoding.max_length if args.truncation_strategy != "delete" else 10 ** 12
+
+    def measure(batch: dict[str, list]) -> dict[str, list]:
+        ids = batch.get(DATASET_ID) or [None] * len(batch["sample"])
+        out = [0] * len(ids)
+        groups: dict[int | None, list[int]] = {}
+        for i, d in enumerate(ids):
+            groups.setdefault(d if d in builders else None, []).append(i)
+        for d, at in groups.items():
+            samples = [Sample.from_json(batch["sample"][i]) for i in at]
+            for i, n in zip(at, measured_lengths(samples, builders.get(d, builder), layout, task, total_within=within)):
+                out[i] = n
+        return {"n_total": out}
+
+    num_proc = check_processes(args.dataset_num_proc, len(ds))
+    measured = ds.map(measure, batched=True, num_proc=num_proc if num_proc > 1 else None,
+                      features=datasets.Features({"n_total": datasets.Value("int64")}), remove_columns=ds.column_names,
+                      desc="packing (row lengths)", load_from_cache_file=True,
+                      new_fingerprint=length_check_fingerprint(ds, builder, layout, True, builders)
+                      + f"-total-{within}-{task.name}")
+    return measured[:]["n_total"]  # the column at once (a `datasets` 5 column reads row by row)
 
 
 def length_builder(encoding: Encoding, media: MediaSettings | None = None, check_media: str = "header") -> InputBuilder:

@@ -42,6 +42,7 @@ from .preemption import preempted
 from .preflight import RunSetup, check_settings
 from .quant_flags import quantization
 from .run_folder import prepare_output_dir, resume_checkpoint, resume_weights_only, training_facts
+from .sample_packs import pack_training_rows
 from .samplers import check_sampling
 from .trainer import EmbeddingTrainer
 
@@ -98,7 +99,14 @@ def run_data(args: SftArguments, setup: RunSetup | None = None) -> tuple[RunSetu
     samplers (``--dataloader_drop_last``, ``--multi_dataset_sampler``)."""
     setup = check_settings(args) if setup is None else setup
     encoding = Encoding.resolve(args, setup.template)
-    data = read_once(args, lambda reuse: TrainingData.load(args, encoding, setup.loss, setup.media, reuse))
+    def read(reuse: bool) -> TrainingData:
+        data = TrainingData.load(args, encoding, setup.loss, setup.media, reuse)
+        if args.packing:  # ms-swift's packs of rows (mmembed.training.sample_packs), measured once per node too
+            data.train = pack_training_rows(args, encoding, setup.media, setup.loss.layout, get_task(args.task_type),
+                                            data.train)
+        return data
+
+    data = read_once(args, read)
     check_drop_last(args, data)
     check_sampling(args, data.train, getattr(data, "datasets", None))  # --multi_dataset_sampler against the data
     return setup, encoding, data

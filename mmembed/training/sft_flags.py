@@ -83,6 +83,10 @@ class SftFlags(TrainingArguments):
     max_pixels: int | None = field(default=None, metadata={"help": "image pixel budget, as the MAX_PIXELS variable"})
     sequence_parallel_size: int = field(default=1, metadata={"help": "must be 1 (sequence parallelism is not offered)"})
     use_chat_template: bool = field(default=True, metadata={"help": "accepted for ms-swift scripts; the template decides the rendering"})
+    packing: bool = field(default=False, metadata={"help": "ms-swift's packing: whole rows grouped into packs of at most --packing_length tokens (all their inputs counted); a micro-batch is --per_device_train_batch_size packs"})
+    packing_length: int | None = field(default=None, metadata={"help": "--packing: the tokens of a pack (default: --max_length)"})
+    packing_strategy: str = field(default="binpack", metadata={"help": "--packing: binpack (best fit, the longest rows first) | sequential (in the rows' order, a new pack when the next row overflows)"})
+    packing_num_proc: int = field(default=1, metadata={"help": "--packing: the rows' lengths split into this many contiguous shares packed apart (ms-swift's)"})
     padding_free: bool | None = field(default=None, metadata={"help": "batches packed into one sequence of real tokens (default: on with --attn_impl flash_attn / flex_attention for bert, qwen2, qwen3, and the image / video rows of qwen2_vl (GME), qwen2_5_vl, qwen3_vl)"})
     length_buckets: bool | None = field(default=None, metadata={"help": "pad text batches to a bounded set of widths (default: on a GPU, off on a CPU)"})
     # data

@@ -3,7 +3,7 @@ line saying why they change nothing here, or refused with what to use instead.
 
 Every other ms-swift flag is a field of :class:`~mmembed.training.arguments.SftArguments`
 and works (``tests/fixtures/swift_sft_flags.json`` lists them all; the tests check that each
-lands in exactly one of the three). A refused flag given its ms-swift default (``--packing
+lands in exactly one of the three). A refused flag given its ms-swift default (``--use_ray
 false``) is accepted like a no-effect one, so copied scripts that spell defaults out run.
 """
 
@@ -53,7 +53,6 @@ NO_EFFECT: dict[str, str] = {
         "galore_optim_per_parameter", "galore_with_embedding", "galore_quantization", "galore_proj_quant",
         "galore_proj_bits", "galore_proj_group_size", "galore_cos_threshold", "galore_gamma_proj", "galore_queue_size")},
     "lisa_step_interval": "only with --lisa_activated_layers, which is refused",
-    **{f: "only with --packing, which is refused" for f in ("packing_length", "packing_num_proc", "packing_strategy")},
     **{f: "only with --use_ray, which is refused" for f in ("device_groups", "ray_exp_name")},
     "hqq_axis": "only with --quant_method hqq; mmembed quantizes with bitsandbytes (--quant_method bnb)",
     **{f: "only with --eval_use_evalscope, which is refused" for f in ("eval_dataset_args", "eval_limit",
@@ -97,8 +96,6 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
     **{f: ("use --freeze_vit / --freeze_aligner / --freeze_llm (full training) or --target_modules (LoRA)", _EMPTY + ("0", "0.0"))
        for f in ("freeze_parameters", "freeze_parameters_regex", "freeze_parameters_ratio", "trainable_parameters",
                  "trainable_parameters_regex")},
-    "packing": ("packing is for language-model sequences; embedding rows are embedded whole "
-                "(--length_chunks cuts padding instead)", _FALSE),
     "use_ray": ("Ray is not supported; launch with NPROC_PER_NODE / torchrun", _FALSE),
     "optimizer": ("ms-swift's optimizer plugins are not available; use --optim (any transformers optimizer)", _EMPTY),
     "callbacks": ("ms-swift's callback plugins are not available; from Python, add a transformers "

@@ -92,10 +92,10 @@ class RerankerTask(Task):
     def pooling(self, args: Any, template: Any) -> str:
         return args.pooling or template.pooling
 
-    def input_lengths(self, samples: list, builder: Any, layout: Any) -> list[int]:
+    def input_lengths(self, samples: list, builder: Any, layout: Any, total_within: int | None = None) -> list[int]:
         from .inputs import pair_token_lengths
 
-        return pair_token_lengths(samples, builder)
+        return pair_token_lengths(samples, builder, total_within)
 
     def build_trainer(self, args: Any, setup: Any) -> Any:
         from .trainer import build_rerank_trainer

@@ -109,11 +109,12 @@ def pair_texts(template: Template, query: Item, document: Item) -> tuple[str] | 
     return (template.render(pair_item(template, query, document)),)
 
 
-def pair_token_lengths(samples: Sequence[Sample], builder: InputBuilder) -> list[int]:
+def pair_token_lengths(samples: Sequence[Sample], builder: InputBuilder, total_within: int | None = None) -> list[int]:
     """The longest pair of each sample as the model sees it (the query with each of its
     positives and negatives, the pair's instruction and media included): what
     ``--truncation_strategy delete`` checks for a reranker. ``builder``: the reranker
-    template's, not truncating."""
+    template's, not truncating. ``total_within``: the sum of the sample's pairs instead, each
+    counted to at most that many tokens (``--packing``)."""
     template = builder.template
     flat: list[tuple[Item, Item]] = []
     owner: list[int] = []
@@ -134,7 +135,7 @@ def pair_token_lengths(samples: Sequence[Sample], builder: InputBuilder) -> list
         origins = [(samples[i].source, samples[i].line, "query + document") for i in owner] if builder.multimodal else None
         measured = builder.lengths(items, origins)
     for i, n in zip(owner, measured):
-        lengths[i] = max(lengths[i], n)
+        lengths[i] = lengths[i] + min(n, total_within) if total_within is not None else max(lengths[i], n)
     return lengths
 
 
