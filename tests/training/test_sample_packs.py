@@ -176,3 +176,31 @@ def test_a_reranker_trains_on_packs(minilm_path, tmp_path):
 def test_what_cannot_go_with_packing_is_refused(minilm_path, tmp_path, flags, message):
     with pytest.raises(UsageError, match=message):
         parse(minilm_path, "d.jsonl", tmp_path, *flags)
+
+
+def test_a_packed_run_resumes_exactly(minilm_path, tmp_path):
+    """The packs are the same in the resumed run (the same lengths), so it trains on the packs the
+    uninterrupted run trained on from that step: the same final weights."""
+    import glob
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from mmembed.training.sft import run_sft
+
+    data = write_jsonl(tmp_path / "rows.jsonl", ROWS)
+    whole = tmp_path / "whole"
+    flags = ["--max_length", "64", "--max_steps", "4", "--save_steps", "2", "--gradient_accumulation_steps", "1"]
+    args = parse(minilm_path, data, tmp_path, *flags)
+    args.output_dir = str(whole)
+    run_sft(args)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(whole / "checkpoint-2", resumed / "checkpoint-2")
+    args = parse(minilm_path, data, tmp_path, *flags, "--resume_from_checkpoint", str(resumed / "checkpoint-2"))
+    args.output_dir = str(resumed)
+    run_sft(args)
+    (a,), (b,) = (glob.glob(str(d / "checkpoint-4" / "*.safetensors")) for d in (whole, resumed))
+    want, got = load_file(a), load_file(b)
+    assert want.keys() == got.keys()
+    for k in want:
+        assert torch.equal(want[k], got[k]), k
