@@ -19,7 +19,7 @@ from torch import nn
 from ..encoding.templates import POOLINGS
 from ..errors import UsageError
 from ..files import read_json_once
-from .packing import PACKED_MULTIPLE, attention_inputs, bucket_width, is_causal, pack, pool_packed, rope_positions
+from .packing import PACKED_MULTIPLE, bucket_width, is_causal, packed_forward, pool_packed
 from .varlen_attention import transformers_name
 
 # per-token inputs that can be cut to a chunk's width; anything else (pixels, grids) keeps
@@ -220,21 +220,12 @@ class EmbeddingModel(BackboneCheckpointing, nn.Module):
     def _embed_packed(self, input_ids, attention_mask, inputs) -> torch.Tensor:
         """The batch's real tokens as one sequence, each row attending to itself only (a media
         batch: its image features and grids as they are, the rotary positions per row)."""
-        per_token = {k: v for k, v in inputs.items() if torch.is_tensor(v) and v.shape[:2] == input_ids.shape}
-        rest = {k: v for k, v in inputs.items() if k not in per_token}
-        packed = pack(input_ids, attention_mask, per_token, multiple_of=PACKED_MULTIPLE if self.bucket else 1)
         base = self._base()
         if not hasattr(self, "_is_causal"):
             self._is_causal = is_causal(base)
-        positions = packed.position_ids
-        if self.tower == "vision":
-            positions = rope_positions(base, input_ids, attention_mask, inputs, packed)
-        dtype = next((p.dtype for p in base.parameters() if p.is_floating_point()), torch.float32)
-        attention = attention_inputs(packed, base.config._attn_implementation, self._is_causal, dtype)
-        out = self.backbone(input_ids=packed.input_ids, position_ids=positions, return_dict=True,
-                            **packed.extra, **rest, **attention)
-        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        return pool_packed(hidden[0], packed, self.pooling)
+        hidden, packed = packed_forward(self.backbone, base, input_ids, attention_mask, inputs,
+                                        multiple_of=PACKED_MULTIPLE if self.bucket else 1, causal=self._is_causal)
+        return pool_packed(hidden, packed, self.pooling)
 
     def _embed_by_length(self, input_ids, attention_mask, inputs, chunks: int) -> torch.Tensor:
         """Rows sorted by length, in ``chunks`` calls, each cut to its own longest row (or

@@ -159,6 +159,31 @@ def attention_inputs(packed: Packed, implementation: str, causal: bool, dtype: t
             "max_length_q": packed.max_length, "max_length_k": packed.max_length}
 
 
+def packed_forward(model: torch.nn.Module, base: torch.nn.Module, input_ids: torch.Tensor,
+                   attention_mask: torch.Tensor, inputs: dict, multiple_of: int = 1,
+                   causal: bool | None = None) -> tuple[torch.Tensor, Packed]:
+    """``model`` (what is called: the backbone, maybe PEFT-wrapped; ``base``: the transformer it
+    runs, whose config and rotary positions are read) on the padded batch packed into one
+    sequence: its token states ``[T, D]`` and the :class:`Packed` layout. Per-token inputs
+    (shaped as ``input_ids``) are packed too; the others (media and their grids, a media
+    tower's outputs) go as they are. A multimodal family (one with ``compute_3d_position_ids``)
+    gets its 3D rotary positions per row (:func:`rope_positions`). ``causal``: whether the
+    attention is causal (None: read from ``base``'s attention modules)."""
+    per_token = {k: v for k, v in inputs.items() if torch.is_tensor(v) and v.shape[:2] == input_ids.shape}
+    rest = {k: v for k, v in inputs.items() if k not in per_token}
+    packed = pack(input_ids, attention_mask, per_token, multiple_of=multiple_of)
+    positions = packed.position_ids
+    if hasattr(base, "compute_3d_position_ids"):
+        positions = rope_positions(base, input_ids, attention_mask, inputs, packed)
+    dtype = next((p.dtype for p in base.parameters() if p.is_floating_point()), torch.float32)
+    causal = is_causal(base) if causal is None else causal
+    attention = attention_inputs(packed, base.config._attn_implementation, causal, dtype)
+    out = model(input_ids=packed.input_ids, position_ids=positions, return_dict=True, **packed.extra, **rest,
+                **attention)
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    return hidden[0], packed
+
+
 def pool_packed(hidden: torch.Tensor, packed: Packed, mode: str) -> torch.Tensor:
     """Pool packed token states ``[T, D]`` into ``[N, D]``, one vector per row, as
     :func:`mmembed.model.embedding.pool` pools the padded batch."""

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from conftest import DATA, write_jsonl
 from transformers import AttentionInterface
 
-import mmembed.model.embedding as embedding_module
+import mmembed.model.packing as packing_module
 from mmembed.model.embedding import EmbeddingModel, load_backbone
 
 MM = os.path.join(DATA, "mm")
@@ -135,7 +135,7 @@ def test_text_positions_alone_would_be_wrong(batches, monkeypatch):
         text = packed.position_ids
         return torch.cat([text.unsqueeze(0), text.expand(3, -1, -1)])
 
-    monkeypatch.setattr(embedding_module, "rope_positions", text_only)
+    monkeypatch.setattr(packing_module, "rope_positions", text_only)
     emb, _ = embed(folder, pooling, batch, "eager", True)
     image_rows = batch["mm_token_type_ids"].ne(0).any(1)
     assert (emb - ref)[image_rows].abs().max() > 1e-4  # 50x the tolerance the tests above hold

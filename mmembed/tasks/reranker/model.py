@@ -38,6 +38,7 @@ from torch import nn
 from ...environment import read
 from ...errors import UsageError
 from ...model.embedding import BackboneCheckpointing, refuse_custom_code, require_local_model
+from ...model.packing import is_causal, packed_forward
 from ...model.varlen_attention import transformers_name
 
 __all__ = ["RERANK_TASKS", "RerankerModel", "load_reranker", "token_id"]
@@ -78,7 +79,7 @@ class RerankerModel(BackboneCheckpointing, nn.Module):
     """
 
     def __init__(self, backbone: nn.Module, kind: str, token_ids: tuple[int, int] | None = None,
-                 tokens: tuple[str, str] | None = None):
+                 tokens: tuple[str, str] | None = None, padding_free: bool = False):
         super().__init__()
         if kind not in ("classifier", "generative"):
             raise ValueError(f"reranker kind must be classifier or generative, got {kind!r}")
@@ -88,6 +89,19 @@ class RerankerModel(BackboneCheckpointing, nn.Module):
         self.kind = kind
         self.token_ids = tuple(int(i) for i in token_ids) if token_ids is not None else None
         self.tokens = tuple(tokens) if tokens is not None else None
+        self.padding_free = padding_free
+
+    def packable(self) -> str | None:
+        """Why this reranker's batches cannot be packed (``--padding_free``), or None when they
+        can: a generative reranker (each row's last token), or a classifier whose head scores the
+        last token of a causal model (``score``: Qwen, Llama, ... sequence classifiers); an
+        encoder's classifier pools inside the encoder (BERT's pooler), over the padded row."""
+        if self.kind == "generative":
+            return None
+        transformer = self._transformer()
+        if getattr(transformer, "score", None) is None or not is_causal(transformer.base_model):
+            return f"{type(transformer).__name__} pools each row inside the model (no last-token score head)"
+        return None
 
     @property
     def config(self):
@@ -107,6 +121,8 @@ class RerankerModel(BackboneCheckpointing, nn.Module):
     def forward(self, **inputs: Any) -> dict[str, torch.Tensor]:
         for key in _NOT_INPUTS:
             inputs.pop(key, None)
+        if self.padding_free:
+            return {"scores": self._packed_scores(inputs)}
         if self.kind == "classifier":
             logits = self.backbone(**inputs, return_dict=True).logits
             return {"scores": logits.reshape(logits.shape[0], -1)[:, 0].float()}
@@ -118,6 +134,19 @@ class RerankerModel(BackboneCheckpointing, nn.Module):
         hidden = out.last_hidden_state
         last = hidden[torch.arange(hidden.shape[0], device=hidden.device), last_positions(attention_mask).to(hidden.device)]
         return {"scores": self.pair_logits(last)}
+
+    def _packed_scores(self, inputs: dict[str, Any]) -> torch.Tensor:
+        """The batch's pairs packed into one sequence (:func:`~mmembed.model.packing.packed_forward`),
+        each scored at its last token: the same scores as the padded batch."""
+        input_ids, attention_mask = inputs.pop("input_ids"), inputs.pop("attention_mask")
+        transformer = self._transformer()
+        base = transformer.base_model  # the language model without its head (LoRA layers sit inside it)
+        hidden, packed = packed_forward(base, base, input_ids, attention_mask, inputs)
+        last = hidden[packed.cu_seqlens[1 : packed.rows + 1].long() - 1]
+        if self.kind == "generative":
+            return self.pair_logits(last)
+        logits = transformer.score(last)
+        return logits.reshape(logits.shape[0], -1)[:, 0].float()
 
     def pair_logits(self, last: torch.Tensor) -> torch.Tensor:
         """``logit(positive) - logit(negative)`` of last hidden states ``[N, D]``, in float32:

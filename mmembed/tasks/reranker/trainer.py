@@ -44,7 +44,15 @@ from ...training.arguments import SftArguments, UsageError
 from ...training.device_flags import training_padding
 from ...training.evaluation import logged_metric_name
 from ...training.flag_checks import beir_pairs, has_accelerator
-from ...training.model_assembly import Encoding, apply_lora, freeze_parts, lora_flags, parts_to_freeze
+from ...training.model_assembly import (
+    Encoding,
+    apply_lora,
+    check_attention_dropout,
+    freeze_parts,
+    lora_flags,
+    parts_to_freeze,
+    use_padding_free,
+)
 from ...training.run_folder import training_facts
 from ...training.trainer import EmbeddingTrainer
 from .inputs import GROUP_IDS, RerankCollator
@@ -257,6 +265,13 @@ def build_reranker(args: SftArguments, encoding: Encoding) -> RerankerModel:
             raise UsageError(f"{lora_flags(args)}: {e}") from None
     elif freeze_parts(model.backbone, encoding.template, parts_to_freeze(args)):
         logger.info("full training with frozen parts: %s", ", ".join(sorted(parts_to_freeze(args))))
+    if use_padding_free(args, model.config, encoding.template):
+        reason = model.packable()
+        if reason is None:
+            check_attention_dropout(model.config)  # the packed attention has none (varlen, FlexAttention)
+            model.padding_free = True
+        elif args.padding_free:
+            logger.warning("--padding_free true: batches stay padded because %s", reason)
     return model
 
 
