@@ -531,6 +531,56 @@ def batch_digest(batch) -> dict:
             "digest": hashlib.sha1(repr((rows, sorted(grids))).encode()).hexdigest()[:12]}
 
 
+@contextlib.contextmanager
+def saved_for_backward(model):
+    """What one step keeps for its backward pass, measured on any device: every tensor autograd
+    saves during the step (torch.autograd.graph.saved_tensors_hooks), counted once per storage,
+    the model's parameters left out; and the parameters, trainable and all, in MiB. Tensors saved
+    inside gradient checkpointing's regions go to its own hooks (it keeps only the region's
+    inputs), so what is counted is what is held. The activations' share of the peak, the same
+    on a CPU and a GPU for the same batch: ``dict`` filled when the step ends."""
+    import torch
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, meta)
+            return t
+        ptr = storage.data_ptr()
+        if ptr not in params:
+            seen[ptr] = storage.nbytes()
+        return t
+
+    out: dict = {}
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield out
+    mib = 2 ** 20
+    out.update(activations_mb=sum(seen.values()) / mib, tensors=len(seen),
+               params_mb=sum(p.numel() * p.element_size() for p in model.parameters()) / mib,
+               trainable_mb=sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / mib)
+
+
+def print_saved(runs: list) -> None:
+    """Each run's activations at its first step (:func:`saved_for_backward`), beside the same run
+    and batch of s-t, ms-swift and mmembed's plain (padded) run."""
+    measured = [r for r in runs if r.get("saved")]
+    if not measured:
+        return
+    print("\nkept for backward at the first step (activations; parameters left out), MiB:")
+    for r in measured:
+        key = (r["model"], r["batch"], r["kind"])
+        others = {side_name(o): o["saved"]["activations_mb"] for o in measured
+                  if (o["model"], o["batch"], o["kind"]) == key and o is not r and not o.get("gradcache")
+                  and (o["side"] != "mmembed" or not o.get("variant"))}
+        s = r["saved"]
+        ratios = ", ".join(f"{v and s['activations_mb'] / v:.2f}x {name}" for name, v in others.items() if v)
+        print(f"  {r['label']} batch {r['batch']} {side_name(r)}: {s['activations_mb']:.1f} in {s['tensors']} tensors "
+              f"(parameters {s['params_mb']:.0f}, trainable {s['trainable_mb']:.1f})" + (f"; {ratios}" if ratios else ""))
+
+
 def _is_oom(e: BaseException) -> bool:
     import torch
 
@@ -544,7 +594,7 @@ def child(spec: dict) -> dict:
 
     cuda = spec["device"] == "cuda"
     rec: dict = {"t": [], "wait": [], "stats": [], "trainer": None, "max_padded": 0, "profilers": [],
-                 "first_loss": None, "first_batch": None}
+                 "first_loss": None, "first_batch": None, "saved": None}
     profile = bool(spec.get("profile"))
     if profile:
         from profile_step import ProfiledStep, step_profiler
@@ -574,7 +624,11 @@ def child(spec: dict) -> dict:
         step = self.training_step  # the first step's loss, on the first batch (the same-work check)
 
         def training_step(*a, **k):
-            loss = step(*a, **k)
+            if rec["saved"] is None:  # the first step: what autograd keeps for backward (the activations)
+                with saved_for_backward(self.model) as rec["saved"]:
+                    loss = step(*a, **k)
+            else:
+                loss = step(*a, **k)
             if rec["first_loss"] is None:
                 rec["first_loss"] = float(loss.detach().float().item())
             return loss
@@ -623,6 +677,7 @@ def child(spec: dict) -> dict:
         "workers": trainer.args.dataloader_num_workers if trainer else None,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         "max_padded": rec["max_padded"], "first_loss": rec["first_loss"], "first_batch": rec["first_batch"],
+        "saved": rec["saved"],
     }
     if profile:
         result["profile"] = next((x for x in (p.summary() for p in rec["profilers"]) if x), None)
@@ -1176,6 +1231,7 @@ def print_table(res: dict, peak_given: float | None) -> None:
               f"L {v['text_layers']}, {'causal' if v['causal'] else 'bidirectional'}{extra}")
     print_targets(rows, s, dry)
     print_first_losses(runs)
+    print_saved(runs)
 
 
 def first_loss_pairs(runs: list) -> list:

@@ -18,3 +18,24 @@ def test_dry_run_packed_gme_gives_the_padded_first_loss(tmp_path):
     assert [r.split()[3] for r in rows] == ["mmembed", "mmembed"] and "packed-varlen" in rows[1], rows
     agree = [x for x in proc.stdout.splitlines() if "packed-varlen: the same first batch as padded" in x]
     assert agree and "agree" in agree[0], proc.stdout[-3000:]
+
+
+def test_saved_for_backward_counts_what_autograd_keeps_once_per_storage():
+    """The bench's activation measure, against a step whose saved tensors are known: a matmul keeps
+    its input (for the weight's gradient) and the weight (a parameter: left out), relu keeps its
+    output, and a view of the input saved again is the same storage (counted once)."""
+    import sys
+
+    import torch
+
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from bench_gpu import saved_for_backward
+
+    model = torch.nn.Linear(8, 16, bias=False)
+    x = torch.randn(4, 8)
+    with saved_for_backward(model) as saved:
+        h = x @ model.weight.t()
+        y = h.relu() * x[:, :1].expand(4, 16)  # mul keeps both factors: relu's output again, and a view of x
+        y.sum().backward()
+    assert saved["activations_mb"] * 2 ** 20 == x.numel() * 4 + 4 * 16 * 4
+    assert saved["params_mb"] * 2 ** 20 == 8 * 16 * 4 == saved["trainable_mb"] * 2 ** 20
