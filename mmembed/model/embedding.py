@@ -20,7 +20,7 @@ from ..encoding.templates import POOLINGS
 from ..errors import UsageError
 from ..files import read_json_once
 from .packing import PACKED_MULTIPLE, bucket_width, is_causal, packed_forward, pool_packed
-from .varlen_attention import transformers_name
+from .varlen_attention import transformers_name, use_for_towers
 
 # per-token inputs that can be cut to a chunk's width; anything else (pixels, grids) keeps
 # the batch in one call
@@ -461,6 +461,7 @@ def load_backbone(path: str, torch_dtype: str | None = None, attn_impl: str | No
     for what, keys in (("missing (randomly initialized)", info.get("missing_keys", [])), ("unexpected (ignored)", unexpected)):
         if keys:
             logging.getLogger("mmembed").warning("%s: %d weights %s: %s", path, len(keys), what, ", ".join(sorted(keys)[:10]))
+    use_for_towers(model)  # --attn_impl varlen: a vision tower's pictures in one call per layer
     return model
 
 

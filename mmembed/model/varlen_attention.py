@@ -27,6 +27,10 @@ import torch.nn.functional as F
 
 #: the name ``--attn_impl`` and transformers' ``attn_implementation`` know it by
 NAME = "varlen"
+#: the same function under the name a vision tower's config gets (:func:`use_for_towers`): with
+#: "flash" in its name, transformers sends a Qwen-VL tower's pictures to attention as one call
+#: with their spans (``cu_seqlens``), not as one call per picture
+TOWER_NAME = "varlen_flash"
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -45,7 +49,20 @@ def register() -> None:
 
     if NAME not in ALL_MASK_ATTENTION_FUNCTIONS.valid_keys():
         AttentionInterface.register(NAME, varlen_attention)
+        AttentionInterface.register(TOWER_NAME, varlen_attention)
         AttentionMaskInterface.register(NAME, varlen_mask)
+
+
+def use_for_towers(model) -> None:
+    """A model loaded with ``attn_implementation="varlen"``: its vision tower (``vision_config``)
+    attends over all of a batch's pictures in one call per layer, by their spans (the kernel on
+    a GPU; one SDPA call per picture elsewhere, as before). transformers does so for a name with
+    "flash" in it, which it would try to load as a FlashAttention kernel if the model were loaded
+    under it, so the tower's config is renamed once loaded (the name is not saved with it)."""
+    vision = getattr(getattr(model, "config", None), "vision_config", None)
+    if vision is not None and getattr(vision, "_attn_implementation", None) == NAME:
+        register()
+        vision._attn_implementation = TOWER_NAME
 
 
 def varlen_mask(*args, **kwargs):

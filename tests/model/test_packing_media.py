@@ -141,3 +141,36 @@ def test_text_positions_alone_would_be_wrong(batches, monkeypatch):
     assert (emb - ref)[image_rows].abs().max() > 1e-4  # 50x the tolerance the tests above hold
     torch.testing.assert_close(emb[~image_rows], ref[~image_rows], atol=2e-6, rtol=1e-4)  # text rows: 1D is right
 
+
+
+@pytest.mark.parametrize("kind", sorted(FAMILIES))
+def test_under_varlen_the_tower_takes_the_pictures_in_one_call_per_layer(batches, kind, monkeypatch):
+    """--attn_impl varlen renames the loaded tower's attention so that transformers hands it all
+    the batch's pictures at once with their spans (one kernel call per layer on a GPU); the
+    language model's packed call comes with the rows' spans, causal. Embeddings as padded SDPA."""
+    import mmembed.model.varlen_attention as varlen
+
+    folder, pooling, batch = batches[kind]
+    calls = []
+    real = varlen.spans_attention
+
+    def spy(q, k, v, cu, longest, scaling, causal):
+        calls.append((causal, len(cu) - 1, q.shape[0]))
+        return real(q, k, v, cu, longest, scaling, causal)
+
+    monkeypatch.setattr(varlen, "spans_attention", spy)
+    ref, _ = embed(folder, pooling, batch, "sdpa", False)
+    calls.clear()
+    emb, _ = embed(folder, pooling, batch, "varlen", True)
+    torch.testing.assert_close(emb, ref, atol=2e-6, rtol=1e-4)
+    config = load_backbone(folder, attn_impl="varlen").config
+    tower = [c for c in calls if not c[0]]
+    language = [c for c in calls if c[0]]
+    patches = int(batch["image_grid_thw"].prod(1).sum())
+    videos = int(batch["video_grid_thw"].prod(1).sum())
+    assert config.vision_config._attn_implementation == varlen.TOWER_NAME
+    assert len(tower) == config.vision_config.depth  # one call per tower layer
+    assert all(t[2] == patches + videos for t in tower)  # every picture's and frame's patches at once
+    assert all(t[1] >= len(batch["image_grid_thw"]) + len(batch["video_grid_thw"]) for t in tower)
+    assert len(language) == config.get_text_config().num_hidden_layers
+    assert all(n == batch["input_ids"].shape[0] for _, n, _ in language)  # one span per row

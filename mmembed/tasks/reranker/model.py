@@ -39,7 +39,7 @@ from ...environment import read
 from ...errors import UsageError
 from ...model.embedding import BackboneCheckpointing, refuse_custom_code, require_local_model
 from ...model.packing import is_causal, packed_forward
-from ...model.varlen_attention import transformers_name
+from ...model.varlen_attention import transformers_name, use_for_towers
 
 __all__ = ["RERANK_TASKS", "RerankerModel", "load_reranker", "token_id"]
 
@@ -259,6 +259,7 @@ def _load_generative(path: str, config: Any, kwargs: dict[str, Any], tokenizer: 
     auto = transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
     model, info = _quietly(auto.from_pretrained, path, **kwargs)
     _report(path, info.get("missing_keys", []), info.get("unexpected_keys", []))
+    use_for_towers(model)  # --attn_impl varlen: a vision tower's pictures in one call per layer
     variables = read().reranker
     tokens = (positive_token if positive_token is not None else variables.get(POSITIVE_TOKEN_VAR) or DEFAULT_TOKENS[0],
               negative_token if negative_token is not None else variables.get(NEGATIVE_TOKEN_VAR) or DEFAULT_TOKENS[1])
