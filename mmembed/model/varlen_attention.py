@@ -22,8 +22,13 @@ dropout; a model whose config asks for it is refused before the run
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
+
+logger = logging.getLogger("mmembed")
+_warned: list[bool] = []  # the slow path on a GPU, said once per process
 
 #: the name ``--attn_impl`` and transformers' ``attn_implementation`` know it by
 NAME = "varlen"
@@ -113,6 +118,11 @@ def spans_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch
         cu = cu.to(torch.int32)
         return varlen_attn(q, k, v, cu, cu, longest, longest, scale=scaling,
                            window_size=(-1, 0) if causal else (-1, -1))
+    if q.is_cuda and not _warned:
+        _warned.append(True)
+        logger.warning("--attn_impl %s: %s queries of head size %d on the GPU, which PyTorch's varlen kernel does not "
+                       "take (float16 / bfloat16, a multiple of 8 up to 256): each packed row is one SDPA call (the "
+                       "same attention, slower); train with --bf16 true", NAME, q.dtype, q.shape[-1])
     outs = []
     for a, b in zip(cu.tolist(), cu[1:].tolist()):
         span = [x[a:b].transpose(0, 1) for x in (q, k, v)]  # [H, n, D]
