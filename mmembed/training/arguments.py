@@ -35,6 +35,7 @@ from .flag_checks import (
     check_json_config,
     check_loss_args,
     check_names,
+    check_packing,
     check_report_to,
     check_streaming,
     check_swift_flags,
@@ -44,7 +45,6 @@ from .flag_checks import (
     naming_the_flag,
 )
 from .quant_flags import check_quantization
-from .sample_packs import check_packing_flags
 from .sft_flags import RENAMED_CHECKPOINTING, SftFlags
 from .task_flags import check_task
 
@@ -74,7 +74,7 @@ class SftArguments(SftFlags):
             self.lora_alpha = int(self.lora_alpha)
         check_names(self)
         check_streaming(self)
-        check_packing_flags(self)
+        check_packing(self)
         check_loss_args(self)
         check_swift_flags(self)
         check_quantization(self)

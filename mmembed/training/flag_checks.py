@@ -28,6 +28,8 @@ TRUNCATION_STRATEGIES = ("delete", "left", "right")
 # ms-swift's --attn_impl names (flash_attn: FlashAttention 2) and transformers' own
 # and mmembed's varlen (PyTorch's own FlashAttention kernel for packed batches: model/varlen_attention.py)
 ATTN_IMPLS = ("sdpa", "eager", "flash_attn", "flash_attention_2", "flash_attention_3", "flex_attention", "varlen")
+# --packing_strategy values (ms-swift's; mmembed.training.sample_packs)
+PACKING_STRATEGIES = ("binpack", "sequential")
 # torch.compile's modes (--torch_compile_mode)
 TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # PEFT's init_lora_weights besides true/false ("pissa_niter_N" too)
@@ -173,6 +175,28 @@ def check_streaming(args: SftFlags) -> None:
         logging.getLogger("mmembed").info("--streaming true: --split_dataset_ratio %s set to 0 (use --val_dataset)",
                                           args.split_dataset_ratio)
         args.split_dataset_ratio = 0.0
+
+
+def check_packing(args: SftFlags) -> None:
+    """``--packing`` (mmembed.training.sample_packs): its settings' values, and what cannot go with it."""
+    if args.packing_length is not None and args.packing_length < 1:
+        raise UsageError(f"--packing_length must be a positive number of tokens, got {args.packing_length}")
+    if args.packing_strategy not in PACKING_STRATEGIES:
+        raise UsageError(f"--packing_strategy must be one of {', '.join(PACKING_STRATEGIES)}, got {args.packing_strategy!r}")
+    if args.packing_num_proc < 1:
+        raise UsageError(f"--packing_num_proc must be >= 1, got {args.packing_num_proc}")
+    if not args.packing:
+        return
+    if args.streaming:
+        raise UsageError("--packing true packs the rows by their lengths, measured before training; --streaming true "
+                         "reads them as training consumes them: leave out one of the two")
+    if args.interleave_prob is not None:
+        raise UsageError("--packing true packs the rows of the datasets concatenated; --interleave_prob draws each "
+                         "row from a dataset by chance: leave out one of the two")
+    if str(args.multi_dataset_sampler) != "mixed" or str(args.batch_sampler) != "default":
+        raise UsageError("--packing true draws packs of rows in ms-swift's order; --multi_dataset_sampler "
+                         f"{args.multi_dataset_sampler} / --batch_sampler {args.batch_sampler} draw rows one by one: use "
+                         "--multi_dataset_sampler mixed --batch_sampler default with it")
 
 
 def check_names(args: SftFlags) -> None:

@@ -33,11 +33,10 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
+from .flag_checks import PACKING_STRATEGIES
 
 logger = logging.getLogger("mmembed")
 
-#: ``--packing_strategy`` values (ms-swift's)
-PACKING_STRATEGIES = ("binpack", "sequential")
 #: rows packed per group (ms-swift's PackingDataset.PACKING_BATCH_SIZE)
 PACK_GROUP = 1000
 
@@ -103,26 +102,6 @@ class PackedRows(torch.utils.data.Dataset):
     @property
     def dataset_ids(self) -> np.ndarray:  # a pack is one item of one dataset for the samplers
         return np.zeros(len(self.packs), dtype=np.int64)
-
-
-def check_packing_flags(args) -> None:
-    """What ``--packing true`` needs, before anything loads."""
-    if not getattr(args, "packing", False):
-        return
-    if args.streaming:
-        raise UsageError("--packing true packs the rows by their lengths, measured before training; --streaming true "
-                         "reads them as training consumes them: leave out one of the two")
-    if args.packing_length is not None and args.packing_length < 1:
-        raise UsageError(f"--packing_length must be a positive number of tokens, got {args.packing_length}")
-    if args.packing_strategy not in PACKING_STRATEGIES:
-        raise UsageError(f"--packing_strategy must be one of {', '.join(PACKING_STRATEGIES)}, got {args.packing_strategy!r}")
-    if args.interleave_prob is not None:
-        raise UsageError("--packing true packs the rows of the datasets concatenated; --interleave_prob draws each "
-                         "row from a dataset by chance: leave out one of the two")
-    if str(args.multi_dataset_sampler) != "mixed" or str(args.batch_sampler) != "default":
-        raise UsageError("--packing true draws packs of rows in ms-swift's order; --multi_dataset_sampler "
-                         f"{args.multi_dataset_sampler} / --batch_sampler {args.batch_sampler} draw rows one by one: use "
-                         "--multi_dataset_sampler mixed --batch_sampler default with it")
 
 
 def pack_training_rows(args, encoding, media, layout, task, rows):

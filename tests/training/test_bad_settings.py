@@ -147,6 +147,11 @@ SFT_ROWS = [
     row("--multi_dataset_sampler", "proportional", "--per_device_train_batch_size", "16",
         names=("--multi_dataset_sampler proportional", "8 training row(s)", "global batch of 16 rows")),
     row("--batch_sampler", "unique"),
+    # --packing (ms-swift's packs of rows)
+    row("--packing", "true", "--streaming", "true", "--max_steps", "2", names=("--packing true", "--streaming true")),
+    row("--packing_length", "0"),
+    row("--packing_strategy", "best"),
+    row("--packing_num_proc", "0"),
     row("--check_media", "pixels"),
     row("--download_mode", "sometimes"),
     row("--interleave_prob", "1", "1", names=("--interleave_prob", "2 probabilities for 1 dataset")),
