@@ -173,7 +173,9 @@ class LateInteractionTask(Task):
         tokenizer = getattr(encoding.processing, "tokenizer", None) or encoding.processing
         start = folder_projection(args.model) if os.path.isdir(args.model) else None
 
-        def head(backbone, pooling=None, **options):
+        def head(backbone, pooling=None, padding_free=False, **options):
+            # padding_free: on by default under a varlen attention for the one-vector tasks; the
+            # output here is per token of each padded row (an explicit --padding_free true is refused)
             projection = None
             if start is not None:  # a late-interaction model already: its projection trains on
                 logger.info("--model %s: starting from its %d-d late-interaction projection", args.model, start.shape[0])
