@@ -350,7 +350,8 @@ def check_drop_last(args: SftArguments, data: TrainingData) -> None:
         return
     batch = args.per_device_train_batch_size * args.world_size
     if len(data.train) < batch:
-        raise UsageError(f"--dataloader_drop_last true with {len(data.train)} training row(s), fewer than one batch "
+        what = "pack(s) of training rows (--packing)" if getattr(args, "packing", False) else "training row(s)"
+        raise UsageError(f"--dataloader_drop_last true with {len(data.train)} {what}, fewer than one batch "
                          f"({batch} = --per_device_train_batch_size {args.per_device_train_batch_size} x "
                          f"{args.world_size} process(es)): every batch would be dropped and nothing trained; "
                          "leave out --dataloader_drop_last or lower --per_device_train_batch_size")
