@@ -60,6 +60,8 @@ SFT_ROWS = [
     # 8 rows, fewer than one batch of 16: read, then refused before the model loads
     row("--dataloader_drop_last", "true", "--per_device_train_batch_size", "16",
         names=("--dataloader_drop_last", "8 training row(s)", "16")),
+    row("--dataloader_drop_last", "true", "--packing", "true", "--packing_length", "64", "--per_device_train_batch_size",
+        "16", names=("--dataloader_drop_last", "pack(s) of training rows (--packing)", "16")),
     row("--seed", "-1"),
     row("--data_seed", "-1"),
     # optimizer and schedule
