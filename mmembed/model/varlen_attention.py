@@ -22,6 +22,7 @@ dropout; a model whose config asks for it is refused before the run
 
 from __future__ import annotations
 
+import inspect
 import logging
 
 import torch
@@ -29,6 +30,18 @@ import torch.nn.functional as F
 
 logger = logging.getLogger("mmembed")
 _warned: list[bool] = []  # the slow path on a GPU, said once per process
+
+
+def _kernel_takes_grouped_heads() -> bool:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # torch before 2.10: no kernel (packed calls run as SDPA per row)
+        return False
+    return "enable_gqa" in inspect.signature(varlen_attn).parameters
+
+
+#: whether this torch's varlen kernel takes fewer key / value heads than query heads
+KERNEL_GQA = _kernel_takes_grouped_heads()
 
 #: the name ``--attn_impl`` and transformers' ``attn_implementation`` know it by
 NAME = "varlen"
@@ -96,8 +109,6 @@ def varlen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         raise ValueError(f"--attn_impl {NAME}: the variable-length kernel has no attention dropout")
     causal = bool(getattr(module, "is_causal", False))
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, heads, D]
-    if k.shape[1] != q.shape[1]:  # grouped-query attention: each key / value head serves a group
-        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
     longest = int(kwargs.get("max_length_q") or int((cu[1:] - cu[:-1]).max()))
     out = spans_attention(q, k, v, cu, longest, scaling, causal)
     return out.unsqueeze(0), None
@@ -111,13 +122,20 @@ def uses_kernel(q: torch.Tensor) -> bool:
 
 def spans_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, longest: int,
                     scaling: float | None, causal: bool) -> torch.Tensor:
-    """Attention of ``q`` ``[T, H, D]`` within each span ``cu[i]:cu[i+1]``: ``[T, H, D]``."""
+    """Attention of ``q`` ``[T, H, D]`` within each span ``cu[i]:cu[i+1]``: ``[T, H, D]``. ``k`` /
+    ``v`` may have fewer heads (grouped-query attention: each serves ``H / H_kv`` query heads)."""
+    grouped = k.shape[1] != q.shape[1]
     if uses_kernel(q):
         from torch.nn.attention.varlen import varlen_attn
 
         cu = cu.to(torch.int32)
+        options = {}
+        if grouped and KERNEL_GQA:  # the kernel reads the shared heads (torch 2.14 does; 2.11 does not): no copies
+            options["enable_gqa"] = True
+        elif grouped:
+            k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
         return varlen_attn(q, k, v, cu, cu, longest, longest, scale=scaling,
-                           window_size=(-1, 0) if causal else (-1, -1))
+                           window_size=(-1, 0) if causal else (-1, -1), **options)
     if q.is_cuda and not _warned:
         _warned.append(True)
         logger.warning("--attn_impl %s: %s queries of head size %d on the GPU, which PyTorch's varlen kernel does not "
@@ -126,5 +144,6 @@ def spans_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch
     outs = []
     for a, b in zip(cu.tolist(), cu[1:].tolist()):
         span = [x[a:b].transpose(0, 1) for x in (q, k, v)]  # [H, n, D]
-        outs.append(F.scaled_dot_product_attention(*span, is_causal=causal, scale=scaling).transpose(0, 1))
+        outs.append(F.scaled_dot_product_attention(*span, is_causal=causal, scale=scaling,
+                                                   enable_gqa=grouped).transpose(0, 1))
     return torch.cat(outs)
