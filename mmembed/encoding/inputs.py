@@ -109,7 +109,7 @@ class InputBuilder:
         self.padding_side = template.padding_side
         self.truncation_side = "left" if truncation_side == "left" else "right"
         self.bucket = bucket
-        self.media = media
+        self.media = self._with_template_defaults(media)
         if check_media not in ("header", "full"):
             raise ValueError(f"check_media must be 'header' or 'full', got {check_media!r}")
         self.check_media = check_media
@@ -150,12 +150,15 @@ class InputBuilder:
         if self.media is None:
             from .media import MediaSettings
 
-            self.media = MediaSettings.from_env()
-        if self.template.media_defaults and not getattr(self, "_defaults_applied", False):
-            # the family's own defaults (ms-swift's loader sets them) where the user set nothing
-            self.media = dataclasses.replace(self.media, budget=self.media.budget.with_defaults(self.template.media_defaults))
-            self._defaults_applied = True
+            self.media = self._with_template_defaults(MediaSettings.from_env())
         return self.media
+
+    def _with_template_defaults(self, media: MediaSettings | None) -> MediaSettings | None:
+        """``media`` with the template's ``media_defaults`` (the family's own loader sets them, as
+        ms-swift's) where the environment set nothing."""
+        if media is None or not self.template.media_defaults:
+            return media
+        return dataclasses.replace(media, budget=media.budget.with_defaults(self.template.media_defaults))
 
     # ---- encoding -------------------------------------------------------------------
     def __call__(self, items: Sequence[Item], origins: Sequence[Origin] | None = None) -> dict[str, torch.Tensor]:
