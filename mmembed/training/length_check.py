@@ -61,11 +61,7 @@ def check_lengths(args: SftArguments, encoding: Encoding, loss: EmbeddingLoss, m
     if not (args.truncation_strategy == "delete" or encoding.template.media):
         return train, val
     truncate = args.truncation_strategy != "delete"
-    builder = length_builder(encoding, media, args.check_media)
-    # the datasets with instructions of their own (--dataset_config) measure with their template
-    own = Instructions.of(getattr(args, "dataset_entries", None) or []).templates(encoding.template)
-    builders = {d: length_builder(dataclasses.replace(encoding, template=t), media, args.check_media)
-                for d, t in own.items()}
+    builder, builders = run_length_builders(args, encoding, media)
     checked = []
     for what, ds in (("train", train), ("val", val)):
         if ds is not None:
@@ -112,31 +108,51 @@ def row_token_totals(args: SftArguments, encoding: Encoding, media: MediaSetting
     import datasets
 
     ds = rows.dataset
-    builder = length_builder(encoding, media, args.check_media)
-    own = Instructions.of(getattr(args, "dataset_entries", None) or []).templates(encoding.template)
-    builders = {d: length_builder(dataclasses.replace(encoding, template=t), media, args.check_media)
-                for d, t in own.items()}
+    builder, builders = run_length_builders(args, encoding, media)
     within = encoding.max_length if args.truncation_strategy != "delete" else 10 ** 12
 
-    def measure(batch: dict[str, list]) -> dict[str, list]:
-        ids = batch.get(DATASET_ID) or [None] * len(batch["sample"])
-        out = [0] * len(ids)
-        groups: dict[int | None, list[int]] = {}
-        for i, d in enumerate(ids):
-            groups.setdefault(d if d in builders else None, []).append(i)
-        for d, at in groups.items():
-            samples = [Sample.from_json(batch["sample"][i]) for i in at]
-            for i, n in zip(at, measured_lengths(samples, builders.get(d, builder), layout, task, total_within=within)):
-                out[i] = n
-        return {"n_total": out}
+    def measure_rows(rows: list[str], builder: InputBuilder) -> dict[str, list]:
+        samples = [Sample.from_json(s) for s in rows]
+        return {"n_total": measured_lengths(samples, builder, layout, task, total_within=within)}
 
     num_proc = check_processes(args.dataset_num_proc, len(ds))
-    measured = ds.map(measure, batched=True, num_proc=num_proc if num_proc > 1 else None,
+    measured = ds.map(lambda batch: by_dataset(batch, builder, builders, measure_rows), batched=True,
+                      num_proc=num_proc if num_proc > 1 else None,
                       features=datasets.Features({"n_total": datasets.Value("int64")}), remove_columns=ds.column_names,
                       desc="packing (row lengths)", load_from_cache_file=True,
                       new_fingerprint=length_check_fingerprint(ds, builder, layout, True, builders)
                       + f"-total-{within}-{task.name}")
     return measured[:]["n_total"]  # the column at once (a `datasets` 5 column reads row by row)
+
+
+def run_length_builders(args: SftArguments, encoding: Encoding,
+                        media: MediaSettings | None) -> tuple[InputBuilder, dict[int, InputBuilder]]:
+    """The run's measuring builder (:func:`length_builder`) and, by dataset index, those of the
+    ``--dataset_config`` datasets with instructions of their own (measured with their template)."""
+    builder = length_builder(encoding, media, args.check_media)
+    own = Instructions.of(getattr(args, "dataset_entries", None) or []).templates(encoding.template)
+    return builder, {d: length_builder(dataclasses.replace(encoding, template=t), media, args.check_media)
+                     for d, t in own.items()}
+
+
+def by_dataset(batch: dict[str, list], builder: InputBuilder, builders: dict[int, InputBuilder],
+               measure_rows) -> dict[str, list]:
+    """``measure_rows(rows, builder) -> {column: values}`` over a batch of stored rows, each row
+    with its dataset's builder (``builders``, by the ``dataset_id`` column; else ``builder``),
+    the columns put back in the batch's row order."""
+    if not builders or DATASET_ID not in batch:
+        return measure_rows(batch["sample"], builder)
+    groups: dict[int | None, list[int]] = {}
+    for i, d in enumerate(batch[DATASET_ID]):
+        groups.setdefault(d if d in builders else None, []).append(i)
+    out: dict[str, list] = {}
+    for d, rows in groups.items():
+        got = measure_rows([batch["sample"][i] for i in rows], builders.get(d, builder))
+        for k, v in got.items():
+            column = out.setdefault(k, [None] * len(batch["sample"]))
+            for i, x in zip(rows, v):
+                column[i] = x
+    return out
 
 
 def length_builder(encoding: Encoding, media: MediaSettings | None = None, check_media: str = "header") -> InputBuilder:
@@ -222,18 +238,7 @@ def drop_overlong(ds, builder: InputBuilder, layout: Layout, max_length: int, nu
         batches[0] += 1
         if batches[0] % 4 == 0:  # the cache pages read so far leave this process's resident set
             release_mapped(mapped)
-        if not builders or DATASET_ID not in batch:
-            return measure_rows(batch["sample"], builder)
-        groups: dict[int | None, list[int]] = {}
-        for i, d in enumerate(batch[DATASET_ID]):
-            groups.setdefault(d if d in builders else None, []).append(i)
-        out = {"n_tokens": [0] * len(batch["sample"]), "load_error": [""] * len(batch["sample"])}
-        for d, rows in groups.items():
-            got = measure_rows([batch["sample"][i] for i in rows], builders.get(d, builder))
-            for k, v in got.items():
-                for i, x in zip(rows, v):
-                    out[k][i] = x
-        return out
+        return by_dataset(batch, builder, builders, measure_rows)
 
     import datasets
 
