@@ -99,10 +99,6 @@ class PackedRows(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> list:
         return [self.rows[i] for i in self.packs[int(index)]]
 
-    @property
-    def dataset_ids(self) -> np.ndarray:  # a pack is one item of one dataset for the samplers
-        return np.zeros(len(self.packs), dtype=np.int64)
-
 
 def pack_training_rows(args, encoding, media, layout, task, rows):
     """``rows`` (the training rows) grouped into ``--packing_length`` packs: a :class:`PackedRows`."""
