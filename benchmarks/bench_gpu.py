@@ -125,6 +125,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import asdict, dataclass
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -531,18 +532,38 @@ def batch_digest(batch) -> dict:
             "digest": hashlib.sha1(repr((rows, sorted(grids))).encode()).hexdigest()[:12]}
 
 
+def run_key(r: dict) -> tuple:
+    """The work a run did: its model, batch and part (the sides and variants of one work share it)."""
+    return r["model"], r["batch"], r["kind"]
+
+
+def is_plain_mmembed(r: dict) -> bool:
+    """mmembed's own run of a work: not a variant, not with a gradient cache."""
+    return r["side"] == "mmembed" and not r.get("variant") and not r.get("gradcache")
+
+
 @contextlib.contextmanager
 def saved_for_backward(model):
-    """What one step keeps for its backward pass, measured on any device: every tensor autograd
-    saves during the step (torch.autograd.graph.saved_tensors_hooks), counted once per storage,
-    the model's parameters left out; and the parameters, trainable and all, in MiB. Tensors saved
-    inside gradient checkpointing's regions go to its own hooks (it keeps only the region's
-    inputs), so what is counted is what is held. The activations' share of the peak, the same
-    on a CPU and a GPU for the same batch: ``dict`` filled when the step ends."""
+    """What one step keeps for its backward pass, measured on any device: the most bytes that
+    tensors saved by autograd (torch.autograd.graph.saved_tensors_hooks) held at once during the
+    step, a storage counted once however many of its views are saved, the model's parameters
+    left out; and the parameters, trainable and all, in MiB. Tensors saved inside gradient
+    checkpointing's regions go to its own hooks (it keeps only the region's inputs), so what is
+    counted is what is held. The activations' share of the peak, the same on a CPU and a GPU for
+    the same batch: ``dict`` filled when the step ends."""
     import torch
 
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
+    live: dict[int, list[int]] = {}  # storage address -> [saved tensors alive on it, its bytes]
+    held = {"now": 0, "peak": 0, "storages": 0}
+    refs: list[weakref.ref] = []
+
+    def released(ptr: int) -> None:
+        entry = live[ptr]
+        entry[0] -= 1
+        if entry[0] == 0:
+            held["now"] -= entry[1]
+            del live[ptr]
 
     def pack(t):
         try:
@@ -550,15 +571,23 @@ def saved_for_backward(model):
         except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, meta)
             return t
         ptr = storage.data_ptr()
-        if ptr not in params:
-            seen[ptr] = storage.nbytes()
+        if ptr in params:
+            return t
+        entry = live.get(ptr)
+        if entry is None:
+            entry = live[ptr] = [0, storage.nbytes()]
+            held["now"] += entry[1]
+            held["storages"] += 1
+            held["peak"] = max(held["peak"], held["now"])
+        entry[0] += 1
+        refs.append(weakref.ref(t, lambda _, ptr=ptr: released(ptr)))
         return t
 
     out: dict = {}
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         yield out
     mib = 2 ** 20
-    out.update(activations_mb=sum(seen.values()) / mib, tensors=len(seen),
+    out.update(activations_mb=held["peak"] / mib, tensors=held["storages"],
                params_mb=sum(p.numel() * p.element_size() for p in model.parameters()) / mib,
                trainable_mb=sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / mib)
 
@@ -571,13 +600,11 @@ def print_saved(runs: list) -> None:
         return
     print("\nkept for backward at the first step (activations; parameters left out), MiB:")
     for r in measured:
-        key = (r["model"], r["batch"], r["kind"])
         others = {side_name(o): o["saved"]["activations_mb"] for o in measured
-                  if (o["model"], o["batch"], o["kind"]) == key and o is not r and not o.get("gradcache")
-                  and (o["side"] != "mmembed" or not o.get("variant"))}
+                  if run_key(o) == run_key(r) and o is not r and (o["side"] != "mmembed" or is_plain_mmembed(o))}
         s = r["saved"]
-        ratios = ", ".join(f"{v and s['activations_mb'] / v:.2f}x {name}" for name, v in others.items() if v)
-        print(f"  {r['label']} batch {r['batch']} {side_name(r)}: {s['activations_mb']:.1f} in {s['tensors']} tensors "
+        ratios = ", ".join(f"{s['activations_mb'] / v:.2f}x {name}" for name, v in others.items() if v)
+        print(f"  {r['label']} batch {r['batch']} {side_name(r)}: {s['activations_mb']:.1f} at most, {s['tensors']} storages saved "
               f"(parameters {s['params_mb']:.0f}, trainable {s['trainable_mb']:.1f})" + (f"; {ratios}" if ratios else ""))
 
 
@@ -1172,11 +1199,11 @@ def print_table(res: dict, peak_given: float | None) -> None:
     swift: dict = {}
     for r in runs:  # ms-swift's runs come after mmembed's: find them first
         if r["side"] == "swift":
-            swift[(r["model"], r["batch"], r["kind"])] = (derived(r, meta["shapes"], peak), r)
+            swift[run_key(r)] = (derived(r, meta["shapes"], peak), r)
     rows = []
     for r in runs:
         d = derived(r, meta["shapes"], peak)
-        key = (r["model"], r["batch"], r["kind"])
+        key = run_key(r)
         side = side_name(r)
         if r["side"] == "st":
             base[key] = (d, r)
@@ -1236,9 +1263,8 @@ def print_table(res: dict, peak_given: float | None) -> None:
 
 def first_loss_pairs(runs: list) -> list:
     """(mmembed's run, the other side's run) at the same model, batch and part, for every other side."""
-    mm = {(r["model"], r["batch"], r["kind"]): r for r in runs
-          if r["side"] == "mmembed" and not r.get("variant") and not r.get("gradcache")}
-    return [(mm[k], r) for r in runs for k in [(r["model"], r["batch"], r["kind"])] if r["side"] != "mmembed" and k in mm]
+    mm = {run_key(r): r for r in runs if is_plain_mmembed(r)}
+    return [(mm[run_key(r)], r) for r in runs if r["side"] != "mmembed" and run_key(r) in mm]
 
 
 def print_first_losses(runs: list) -> list:
@@ -1281,10 +1307,9 @@ def check_same_work(runs: list) -> None:
             problems.append(f"{m['label']} batch {m['batch']}: the first batches differ ({mb} vs {ob})")
         elif abs(m["first_loss"] - o["first_loss"]) > FIRST_LOSS_TOL:
             problems.append(f"{m['label']} batch {m['batch']}: first loss {m['first_loss']} vs {o['first_loss']}")
-    plain = {(r["model"], r["batch"], r["kind"]): r for r in runs
-             if r["side"] == "mmembed" and not r.get("variant") and not r.get("gradcache") and not r.get("error")}
+    plain = {run_key(r): r for r in runs if is_plain_mmembed(r) and not r.get("error")}
     for r in runs:  # packed batches: the same batch and, to float rounding, the same loss as padded ones
-        m = plain.get((r["model"], r["batch"], r["kind"]))
+        m = plain.get(run_key(r))
         if r["side"] != "mmembed" or not r.get("variant", "").startswith("packed") or m is None:
             continue
         if r.get("error"):

@@ -39,3 +39,24 @@ def test_saved_for_backward_counts_what_autograd_keeps_once_per_storage():
         y.sum().backward()
     assert saved["activations_mb"] * 2 ** 20 == x.numel() * 4 + 4 * 16 * 4
     assert saved["params_mb"] * 2 ** 20 == 8 * 16 * 4 == saved["trainable_mb"] * 2 ** 20
+
+
+def test_saved_for_backward_is_the_most_held_at_once():
+    """Two graphs one after the other, the first's saved tensors freed by its backward before the
+    second saves its own: the most held at once is one graph's, whatever addresses the allocator
+    hands out; both storages are counted as saved."""
+    import sys
+
+    import torch
+
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    from bench_gpu import saved_for_backward
+
+    model = torch.nn.Linear(256, 256, bias=False)
+    with saved_for_backward(model) as saved:
+        for _ in range(2):
+            h = torch.randn(64, 256) @ model.weight.t()  # keeps its input (64 x 256 floats), not the weight
+            h.sum().backward()
+            del h
+    assert saved["activations_mb"] * 2 ** 20 == 64 * 256 * 4
+    assert saved["tensors"] == 2
