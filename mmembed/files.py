@@ -165,9 +165,31 @@ class HashingWriter:
         self.close()
 
 
-# ---- reading a model folder's small JSON files once -----------------------------------------------
+# ---- reading a model folder's small files once ---------------------------------------------------
 
-_JSON_READ: dict[tuple[str, int, int], object] = {}
+_READ: dict[tuple[str, str, int, int], object] = {}
+
+
+def read_once(path: str, read, kind: str) -> object:
+    """``read(path)``, called once per process for ``kind`` as long as the file stays the same
+    (its size and modification time); later calls give the object read then (the caller copies
+    it when it hands it on).
+
+    Raises:
+        OSError: ``path`` cannot be stat'ed; and what ``read`` raises (nothing is kept then).
+    """
+    stat = os.stat(path)
+    key = (kind, os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _READ:
+        _READ[key] = read(path)
+    return _READ[key]
+
+
+def _load_json(path: str) -> object:
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def read_json_once(path: str) -> object:
@@ -180,11 +202,5 @@ def read_json_once(path: str) -> object:
         OSError, ValueError: as ``open`` and ``json.load`` do (nothing is kept then).
     """
     import copy
-    import json
 
-    stat = os.stat(path)
-    key = (os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
-    if key not in _JSON_READ:
-        with open(path, encoding="utf-8") as f:
-            _JSON_READ[key] = json.load(f)
-    return copy.deepcopy(_JSON_READ[key])
+    return copy.deepcopy(read_once(path, _load_json, "json"))

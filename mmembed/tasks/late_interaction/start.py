@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ...files import read_json_once
+from ...files import read_json_once, read_once
 from ...model.late_interaction import PROJECTION_FILE, PROJECTION_KEY, load_projection
 from ...task import folder_json
 from .settings import saved_settings
@@ -41,22 +41,13 @@ def _projection_file(path: str) -> str | None:
     return None
 
 
-_PROJECTIONS: dict[tuple[str, int, int], torch.Tensor | None] = {}
-
-
 def folder_projection(path: str) -> torch.Tensor | None:
     """The projection weight ``[dim, hidden]`` a model folder holds (mmembed's file, else the
     ``Dense`` module of a sentence-transformers / PyLate folder), or None. Read once per process
     while the file stays the same (the run's checks, its settings and its model each ask); each
     call gets its own copy."""
     file = _projection_file(path)
-    if file is None:
-        return None
-    stat = os.stat(file)
-    key = (os.path.abspath(file), stat.st_mtime_ns, stat.st_size)
-    if key not in _PROJECTIONS:
-        _PROJECTIONS[key] = _read_projection(file)
-    weight = _PROJECTIONS[key]
+    weight = None if file is None else read_once(file, _read_projection, "projection")
     return None if weight is None else weight.clone()
 
 
