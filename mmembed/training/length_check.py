@@ -17,6 +17,7 @@ decode is found before training too. The result is cached by ``datasets`` under
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -120,8 +121,9 @@ def row_token_totals(args: SftArguments, encoding: Encoding, media: MediaSetting
                       num_proc=num_proc if num_proc > 1 else None,
                       features=datasets.Features({"n_total": datasets.Value("int64")}), remove_columns=ds.column_names,
                       desc="packing (row lengths)", load_from_cache_file=True,
-                      new_fingerprint=length_check_fingerprint(ds, builder, layout, True, builders)
-                      + f"-total-{within}-{task.name}")
+                      new_fingerprint=hashlib.sha256(  # datasets takes 64 characters at most
+                          f"{length_check_fingerprint(ds, builder, layout, True, builders)}-total-{within}-{task.name}"
+                          .encode()).hexdigest()[:32])
     return measured[:]["n_total"]  # the column at once (a `datasets` 5 column reads row by row)
 
 

@@ -152,15 +152,19 @@ def test_training_draws_whole_packs_in_ms_swifts_order(minilm_path, tmp_path):
     assert np.isfinite(losses)
 
 
-def test_a_reranker_trains_on_packs(minilm_path, tmp_path):
+@pytest.mark.parametrize("task", ["reranker", "generative_reranker"])
+def test_a_reranker_trains_on_packs(minilm_path, tiny_model, tmp_path, task):
+    """A classifier (MiniLM) and a generative reranker (the tiny Qwen3, its pairs also packed into
+    one sequence under --attn_impl varlen) train on packs of rows."""
     from mmembed.training.arguments import parse_sft_args
     from mmembed.training.sft import run_sft
 
+    model = ["--model", minilm_path] if task == "reranker" else ["--model", tiny_model("qwen3"), "--attn_impl", "varlen"]
     data = write_jsonl(tmp_path / "rows.jsonl", [r for r in ROWS if r["rejected_response"]])
-    args = parse_sft_args(["--model", minilm_path, "--task_type", "reranker", "--dataset", data, "--output_dir",
+    args = parse_sft_args([*model, "--task_type", task, "--dataset", data, "--output_dir",
                            str(tmp_path / "out"), "--report_to", "none", "--dataloader_num_workers", "0",
-                           "--per_device_train_batch_size", "1", "--packing", "true", "--packing_length", "100",
-                           "--max_steps", "2", "--max_length", "64"])
+                           "--per_device_train_batch_size", "1", "--packing", "true", "--packing_length", "200",
+                           "--max_steps", "2", "--max_length", "128"])
     result = run_sft(args)
     assert result["last_checkpoint"] and np.isfinite(result["train_loss"])
 
