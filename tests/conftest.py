@@ -162,6 +162,8 @@ LONGEST_FIRST = [
     "model/test_tiny_models.py", "training/test_methods_sft.py", "training/test_charts.py",
     "training/test_sft_e2e.py", "eval/test_beir_eval.py", "data/test_bad_data.py", "encoding/test_remote_media.py",
     "training/test_bad_settings.py", "data/test_teacher_data.py", "model/test_io.py",
+    # bench_gpu's dry runs: the three sides on the tiny Qwen3 and Qwen3-VL (~1 min), packed GME (~35 s)
+    "test_bench_gpu_st.py", "test_bench_gpu_packed.py",
     # the reranker files, alone on one thread (2026-11-26): 97-124 s, 47, 39, 38, 37 s; test_rerank_cli
     # before test_serve_rerank's and test_mine_teacher's turn on a worker makes their checkpoint
     # (reranker_checkpoints) ready for them; test_hub.py (one sft step from the loopback hub): 55-60 s
