@@ -639,6 +639,16 @@ def draws_dropout(model) -> bool:
                for name, m in model.named_modules())
 
 
+def print_memory(runs: list) -> None:
+    """--profile_memory: each run's profiled step at its memory peak, by kind, beside the other sides."""
+    from memory_step import render
+
+    lines = render(runs, run_key, side_name)
+    if lines:
+        print("\nmemory at the profiled step's peak, MiB, by kind (tensors' bytes; --profile_memory):")
+        print("\n".join(lines))
+
+
 def _is_oom(e: BaseException) -> bool:
     import torch
 
@@ -651,10 +661,10 @@ def child(spec: dict) -> dict:
     import transformers
 
     cuda = spec["device"] == "cuda"
-    rec: dict = {"t": [], "wait": [], "stats": [], "trainer": None, "max_padded": 0, "profilers": [],
+    rec: dict = {"t": [], "wait": [], "stats": [], "trainer": None, "max_padded": 0, "profilers": [], "memory": [],
                  "first_loss": None, "first_batch": None, "saved": None}
-    profile = bool(spec.get("profile"))
-    if profile:
+    profile, memory = bool(spec.get("profile")), bool(spec.get("profile_memory"))
+    if profile or memory:
         from profile_step import ProfiledStep, step_profiler
 
     class Clock(transformers.TrainerCallback):
@@ -677,6 +687,9 @@ def child(spec: dict) -> dict:
         if profile:  # --profile: the first step after warmup (before Clock: see step_profiler)
             rec["profilers"].append(step_profiler(self, spec["warmup"], cuda, trace=spec.get("profile_trace")))
             self.add_callback(rec["profilers"][-1])
+        if memory:  # --profile_memory: the next step's memory (the one after --profile's, if any)
+            rec["memory"].append(step_profiler(self, spec["warmup"] + int(profile), cuda, memory=True))
+            self.add_callback(rec["memory"][-1])
         self.add_callback(Clock())
         rec["trainer"] = self
         step = self.training_step  # the first step's loss, on the first batch (the same-work check)
@@ -696,7 +709,7 @@ def child(spec: dict) -> dict:
     @functools.wraps(base_batches)
     def get_batch_samples(self, *a, **k):
         t0 = time.perf_counter()
-        with ProfiledStep.data() if profile else contextlib.nullcontext():
+        with ProfiledStep.data() if profile or memory else contextlib.nullcontext():
             out = base_batches(self, *a, **k)
         rec["wait"].append(time.perf_counter() - t0)
         if rec["first_batch"] is None and out[0]:
@@ -726,7 +739,7 @@ def child(spec: dict) -> dict:
         error = "out of memory: " + str(e).splitlines()[0][:160]
     steps = [b - a for a, b in zip(rec["t"], rec["t"][1:])]
     warmup = spec["warmup"]
-    timed = slice(warmup + int(profile), len(steps))  # a profiled step is slowed by the profiler: not timed
+    timed = slice(warmup + int(profile) + int(memory), len(steps))  # profiled steps are slowed: not timed
     stats = {k: sum(s.get(k, 0) for s in rec["stats"][timed]) for k in
              ("rows", "tokens", "padded", "sq", "images", "patches", "patches_sq")}
     trainer = rec["trainer"]
@@ -741,6 +754,8 @@ def child(spec: dict) -> dict:
     }
     if profile:
         result["profile"] = next((x for x in (p.summary() for p in rec["profilers"]) if x), None)
+    if memory:
+        result["memory"] = next((x for x in (p.memory_figures() for p in rec["memory"]) if x), None)
     if cuda:
         result.update(alloc_mb=torch.cuda.max_memory_allocated() / 2**20,
                       reserved_mb=torch.cuda.max_memory_reserved() / 2**20)
@@ -1119,7 +1134,7 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
                                              ("gme", built.get("gme")), ("qwen3vl", built.get("qwen3vl"))) if v}
     models = {"minilm": minilm, "qwen3": built.get("qwen3"), "gme": built.get("gme"), "qwen3vl": built.get("qwen3vl")}
     common = dict(job="train", device=s.device, dtype=s.dtype, amp=amp, attn_impl=a.attn_impl, workers=a.workers,
-                  out=os.path.join(work, "out"), deepspeed=a.deepspeed)
+                  out=os.path.join(work, "out"), deepspeed=a.deepspeed, profile_memory=a.profile_memory)
     swift_extra = shlex.split(a.swift_args or "")
     mm_extra = shlex.split(a.mmembed_args or "")
     runs: list[dict] = []
@@ -1134,6 +1149,8 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
         """Run one child; a crash or the time limit is that run's result, not the benchmark's end.
         With --save, the results so far are written after every run (a cut-off call keeps them)."""
         t1 = time.time()
+        if spec.get("profile_memory"):  # one more step: the memory step is not timed, the timed ones stay as many
+            spec = dict(spec, steps=spec["steps"] + 1)
         if deadline is not None and time.time() >= deadline:
             r = failed_run("not run: --time_limit reached", 0.0)
         else:
@@ -1426,6 +1443,7 @@ def print_table(res: dict, peak_given: float | None) -> None:
     print_targets(rows, s, dry)
     print_first_losses(runs)
     print_saved(runs)
+    print_memory(runs)
 
 
 def first_loss_pairs(runs: list) -> list:
@@ -1652,6 +1670,9 @@ def main() -> None:
                    "warmup, then not timed): time by region (vision tower, language model, attention, loss, other, "
                    "data, idle) and the top kernels (benchmarks/profile_step.py)")
     p.add_argument("--profile_trace", help="with --profile, also write each profiled step's Chrome trace here")
+    p.add_argument("--profile_memory", action="store_true", help="every run (every side): what one step's memory holds "
+                   "at its peak, by kind (parameters, optimizer state, gradients, activations, ...; the step after "
+                   "warmup and after --profile's, then not timed; benchmarks/memory_step.py)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:

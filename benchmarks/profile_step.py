@@ -157,9 +157,10 @@ class ProfiledStep:
     """Profile a block (one training step) with the regions' ranges; :meth:`summary` after it.
     ``start`` / ``stop`` for a block that spans callbacks (:class:`StepProfiler`)."""
 
-    def __init__(self, regions: dict[str, list], cuda: bool = False, top: int = 15, trace: str | None = None):
+    def __init__(self, regions: dict[str, list], cuda: bool = False, top: int = 15, trace: str | None = None,
+                 memory: bool = False):
         self.ranges = _Ranges(regions)
-        self.cuda, self.top, self.trace = cuda, top, trace
+        self.cuda, self.top, self.trace, self.memory = cuda, top, trace, memory
         self.prof = None
         self.step_range = None
         self.modules = {ROW_NAMES.get(k, k): len(v) for k, v in regions.items()}
@@ -169,7 +170,12 @@ class ProfiledStep:
         from torch.profiler import ProfilerActivity, profile, record_function
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-        self.prof = profile(activities=activities)
+        if self.memory:  # what the memory timeline needs (memory_step.py)
+            from memory_step import memory_profile
+
+            self.prof = memory_profile(self.cuda)
+        else:
+            self.prof = profile(activities=activities)
         self.ranges.attach()
         if self.cuda:
             torch.cuda.synchronize()
@@ -200,6 +206,14 @@ class ProfiledStep:
 
         return record_function(DATA)
 
+    def memory_figures(self) -> dict | None:
+        """memory_step.memory_at_peak of the step (``memory=True``), else None."""
+        if self.prof is None or not self.memory:
+            return None
+        from memory_step import memory_at_peak
+
+        return memory_at_peak(self.prof, "cuda:0" if self.cuda else "cpu")
+
     def summary(self) -> dict | None:
         if self.prof is None:
             return None
@@ -210,12 +224,12 @@ class ProfiledStep:
         return out
 
 
-def step_profiler(trainer, step: int, cuda: bool, top: int = 15, trace: str | None = None):
+def step_profiler(trainer, step: int, cuda: bool, top: int = 15, trace: str | None = None, memory: bool = False):
     """A TrainerCallback that profiles optimizer step ``step`` (0-based) of ``trainer``: from the
     end of step ``step - 1`` (or the start of training) to the end of step ``step``. Add it
     before any callback that times the steps, so that starting and stopping the profiler fall
     into the untimed step before and the profiled step. ``.summary()`` after training (None if
-    the run ended first)."""
+    the run ended first). ``memory``: the step's memory instead (``.memory_figures()``; no regions)."""
     import transformers
 
     class StepProfiler(transformers.TrainerCallback):
@@ -223,7 +237,8 @@ def step_profiler(trainer, step: int, cuda: bool, top: int = 15, trace: str | No
             self.step, self.running = None, False
 
         def _begin(self):
-            self.step = ProfiledStep(trainer_regions(trainer), cuda=cuda, top=top, trace=trace)
+            self.step = ProfiledStep({} if memory else trainer_regions(trainer), cuda=cuda, top=top, trace=trace,
+                                     memory=memory)
             self.step.start()
             self.running = True
 
@@ -249,6 +264,12 @@ def step_profiler(trainer, step: int, cuda: bool, top: int = 15, trace: str | No
                 self.step.stop()
                 self.running, self.step = False, None
             return self.step.summary() if self.step is not None else None
+
+        def memory_figures(self) -> dict | None:
+            if self.running:  # the step raised (out of memory): no figures of half a step
+                self.step.stop()
+                self.running, self.step = False, None
+            return self.step.memory_figures() if self.step is not None else None
 
     return StepProfiler()
 
