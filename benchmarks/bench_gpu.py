@@ -39,6 +39,10 @@ own child process (so each peak memory figure is that run's own), printed as one
    linear layer of the language model (PEFT), MultipleNegativesRankingLoss (scale 20), gradient
    checkpointing, the other sides' optimizer defaults (st_vl_model, train_st_vl).
 
+5. ``--largest_batch PARTS``: the largest batch each side trains on those parts' models (two-step
+   probes, doubling then halving the gap to the first out-of-memory batch; each probe's GPU capped at
+   ``--memory_cap_gb``, 80 by default: one 80 GB GPU; largest_batch, print_largest).
+
 The third side, ms-swift 4.6 (``swift sft --task_type embedding --loss_type infonce``), runs the
 Qwen3-0.6B-sized text run, the GME runs and the Qwen3-VL run with mmembed's settings
 (shared_flags: the same model folder and ``--model_type``, rows, batch, max length, attention,
@@ -661,6 +665,11 @@ def child(spec: dict) -> dict:
     import transformers
 
     cuda = spec["device"] == "cuda"
+    cap = spec.get("memory_cap_gb")
+    if cuda and cap:  # --largest_batch: an 80 GB GPU on a larger one (a cap above the GPU's size changes nothing)
+        total = torch.cuda.get_device_properties(0).total_memory
+        if cap * 2**30 < total:
+            torch.cuda.set_per_process_memory_fraction(cap * 2**30 / total)
     rec: dict = {"t": [], "wait": [], "stats": [], "trainer": None, "max_padded": 0, "profilers": [], "memory": [],
                  "first_loss": None, "first_batch": None, "saved": None}
     profile, memory = bool(spec.get("profile")), bool(spec.get("profile_memory"))
@@ -1121,11 +1130,14 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
         minilm, minilm_real = minilm_source(a.minilm)
         if not minilm_real:
             build["minilm_from"], build["minilm"] = minilm, os.path.join(work, "minilm")
-    if "text" in parts or "oom" in parts:
+    searched = [p for p in (a.largest_batch or "").split(",") if p]
+    if set(searched) - set(LARGEST_SIDES):
+        raise SystemExit(f"--largest_batch takes {', '.join(LARGEST_SIDES)}, not {a.largest_batch!r}")
+    if "text" in parts or "oom" in parts or "text" in searched:
         build["qwen3"] = os.path.join(work, "qwen3")
-    if "gme" in parts:
+    if "gme" in parts or "gme" in searched:
         build["gme"] = os.path.join(work, "gme")
-    if "qwen3vl" in parts:
+    if "qwen3vl" in parts or "qwen3vl" in searched:
         build["qwen3vl"] = os.path.join(work, "qwen3vl")
     built = run_child(dict(build, job="build"), child_env, deadline)["built"]
     minilm = built.get("minilm", minilm)
@@ -1143,7 +1155,8 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
         return dict(env=env_info, sizes=asdict(s), precision="float32 (dry run)" if dry else a.precision, dry=dry,
                     minilm_real=minilm_real, shapes={k: asdict(v) for k, v in shapes.items()},
                     wall_s=time.time() - t0, attn_impl=a.attn_impl, mmembed_args=a.mmembed_args,
-                    gme_args=a.gme_args, workers=a.workers, deepspeed=a.deepspeed, swift_args=a.swift_args)
+                    gme_args=a.gme_args, workers=a.workers, deepspeed=a.deepspeed, swift_args=a.swift_args,
+                    memory_cap_gb=a.memory_cap_gb)
 
     def record(spec: dict, env: dict, **fields) -> None:
         """Run one child; a crash or the time limit is that run's result, not the benchmark's end.
@@ -1177,6 +1190,55 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
                kind=kind, tuner=spec["tuner"],
                checkpointing=spec["checkpointing"], gradcache=spec.get("gradcache", 0), variant=kw.get("variant", ""))
 
+    gme_env = dict(child_env, MAX_PIXELS=str(s.image_size ** 2), MIN_PIXELS=str(56 * 56))
+    gme_swift_env = dict(swift_env, MAX_PIXELS=gme_env["MAX_PIXELS"], MIN_PIXELS=gme_env["MIN_PIXELS"])
+
+    def vl_job(model: str, label: str, side: str, batch: int, steps: int, warmup: int, data: str, pictures: str,
+               flags: list) -> tuple[dict, dict]:
+        """The spec and environment of one picture run (GME or Qwen3-VL-Embedding, LoRA) of ``side``."""
+        extra = shlex.split({"mmembed": a.gme_args, "swift": a.swift_args}.get(side) or "")
+        spec = dict(common, label=label, side=side, model=models[model], model_type=MODEL_TYPE[model],
+                    batch=batch, steps=steps, warmup=warmup, data=data, kind="gme", tuner="lora",
+                    lr=GME_LR, checkpointing=True, workers=a.workers, amp=amp, dtype=s.dtype, st_data=pictures,
+                    attn_impl=a.attn_impl or "sdpa", extra=extra + flags)
+        env = gme_swift_env if side == "swift" else gme_env
+        if side == "swift" and model == "qwen3vl":
+            # ms-swift 4.6's qwen3_vl_emb loader sets IMAGE_MAX_TOKEN_NUM=1800 before it converts MAX_PIXELS
+            # to tokens, so MAX_PIXELS has no effect there: the same budget in its tokens (32x32 pixels each)
+            env = dict(env, IMAGE_MAX_TOKEN_NUM=str(s.image_size ** 2 // 32 ** 2))
+        return spec, env
+
+    def probe(part: str, side: str, batch: int) -> bool | None:
+        """--largest_batch: does ``side`` train ``part``'s model at ``batch`` (two steps, under the
+        memory cap)? True, False (out of memory), None (it failed otherwise, or the time is up)."""
+        if deadline is not None and time.time() >= deadline:
+            return None
+        folder = os.path.join(work, "largest", f"{part}-{batch}")
+        os.makedirs(folder, exist_ok=True)
+        if part == "text":
+            pairs = write_text_rows(os.path.join(folder, "text.jsonl"), 2 * batch)
+            data = to_messages_form(pairs, os.path.join(folder, "text.messages.jsonl"))
+            spec = dict(common, label=LARGEST_LABELS[part][dry], side=side, model=models["qwen3"], batch=batch,
+                        steps=2, warmup=1, data=data, st_data=pairs, kind="text", tuner="full", lr=TEXT["lr"],
+                        checkpointing=False, model_type=MODEL_TYPE["qwen3"], extra=mm_extra if side == "mmembed" else
+                        swift_extra if side == "swift" else [])
+            env = swift_env if side == "swift" else child_env
+        else:
+            from bench_multimodal import make_images
+
+            pictures = make_images(folder, 3 * batch, 1, 0, s.image_size)
+            data = to_messages_form(pictures, os.path.join(folder, "images.messages.jsonl"))
+            spec, env = vl_job(part, LARGEST_LABELS[part][dry], side, batch, 2, 1, data, pictures, [])
+        spec.update(profile_memory=False, memory_cap_gb=a.memory_cap_gb)
+        try:
+            r = run_child(spec, env, deadline, swift_python if side == "swift" else None)
+        except RunFailed as e:
+            print(f"  {part} {side} batch {batch}: {e}", flush=True)
+            return None
+        fits = not r["error"]
+        print(f"  {part} {side} batch {batch}: {'fits' if fits else r['error'][:120]}", flush=True)
+        return fits if fits or r["error"].startswith("out of memory") else None
+
     if "text" in parts:
         pairs = write_text_rows(os.path.join(work, "text.jsonl"), s.steps * max(b for _, _, b in s.text_runs))
         data = to_messages_form(pairs, os.path.join(work, "text.messages.jsonl"))  # mmembed and ms-swift
@@ -1201,8 +1263,6 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
         rows = (s.gme_steps + 1) * max(batches)
         pictures = make_images(os.path.join(work, "images"), rows, 1, 0, s.image_size)
         data = to_messages_form(pictures, os.path.join(work, "images", "images.messages.jsonl"))
-        gme_env = dict(child_env, MAX_PIXELS=str(s.image_size ** 2), MIN_PIXELS=str(56 * 56))
-        gme_swift_env = dict(swift_env, MAX_PIXELS=gme_env["MAX_PIXELS"], MIN_PIXELS=gme_env["MIN_PIXELS"])
         vl_runs = [("gme", b, "GME Qwen2-VL-2B-sized" if not dry else "GME tiny Qwen2-VL") for b in s.gme_batches
                    if "gme" in parts]
         vl_runs += [("qwen3vl", b, "Qwen3-VL-Emb-2B-sized" if not dry else "tiny Qwen3-VL-Emb") for b in s.qwen3vl_batches
@@ -1214,22 +1274,88 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
             # sentence-transformers trains Qwen3-VL-Embedding (not GME, whose model is remote code): first,
             # as the table's ratios are to the s-t run before them
             for side, variant in ([("st", "")] if model == "qwen3vl" else []) + sides:
-                extra = shlex.split({"mmembed": a.gme_args, "swift": a.swift_args}.get(side) or "")
-                spec = dict(common, label=label, side=side, model=models[model], model_type=MODEL_TYPE[model],
-                            batch=batch, steps=s.gme_steps, warmup=s.gme_warmup, data=data, kind="gme", tuner="lora",
-                            lr=GME_LR, checkpointing=True, workers=a.workers, amp=amp, dtype=s.dtype, st_data=pictures,
-                            attn_impl=a.attn_impl or "sdpa", extra=extra + variant_flags.get(variant, []))
+                spec, env = vl_job(model, label, side, batch, s.gme_steps, s.gme_warmup, data, pictures,
+                                   variant_flags.get(variant, []))
                 if a.profile and side == "mmembed":
                     shown = " ".join(x for x in ("mmembed", variant) if x)
                     spec.update(profile=True, profile_trace=trace_path(a, spec["label"], shown, batch))
-                env = gme_swift_env if side == "swift" else gme_env
-                if side == "swift" and model == "qwen3vl":
-                    # ms-swift 4.6's qwen3_vl_emb loader sets IMAGE_MAX_TOKEN_NUM=1800 before it converts MAX_PIXELS
-                    # to tokens, so MAX_PIXELS has no effect there: the same budget in its tokens (32x32 pixels each)
-                    env = dict(env, IMAGE_MAX_TOKEN_NUM=str(s.image_size ** 2 // 32 ** 2))
                 record(spec, env, label=spec["label"], side=side, model=model,
                        batch=batch, kind="gme", tuner="lora", checkpointing=True, gradcache=0, variant=variant)
-    return {"meta": meta(), "runs": runs}
+    largest = []
+    for part in searched:
+        for side in LARGEST_SIDES[part]:
+            if side == "swift" and not swift_python:
+                continue
+            found = largest_batch(lambda b, part=part, side=side: probe(part, side, b), a.largest_start, a.largest_limit,
+                                  a.largest_step)
+            largest.append(dict(found, part=part, side=side, label=LARGEST_LABELS[part][dry]))
+    return {"meta": meta(), "runs": runs, "largest": largest}
+
+
+# --largest_batch: which sides train each part's model (s-t has no GME: its model is remote code)
+LARGEST_SIDES = {"text": ("st", "mmembed", "swift"), "gme": ("mmembed", "swift"), "qwen3vl": ("st", "mmembed", "swift")}
+LARGEST_LABELS = {"text": {False: "Qwen3-0.6B-sized", True: "Qwen3 2-layer"},
+                  "gme": {False: "GME Qwen2-VL-2B-sized", True: "GME tiny Qwen2-VL"},
+                  "qwen3vl": {False: "Qwen3-VL-Emb-2B-sized", True: "tiny Qwen3-VL-Emb"}}
+
+
+def largest_batch(fits, start: int, limit: int, step: int = 8) -> dict:
+    """The largest batch for which ``fits(batch)`` is True: from ``start``, doubled while it fits
+    (up to ``limit``) or halved while it does not; then halved intervals between the largest
+    that fitted and the smallest that did not, to a multiple of ``step``. ``fits`` returns None
+    when it cannot tell (a crash, the time limit): the search stops there. Returns ``largest``
+    (None: not even the smallest fitted), ``oom`` (the smallest batch that did not fit; None: none
+    tried), ``limit_reached`` and every ``probes`` (batch, outcome) in order."""
+    probes: list = []
+
+    def ask(b: int):
+        outcome = fits(b)
+        probes.append((b, outcome))
+        return outcome
+
+    good = bad = None
+    b = start
+    while True:
+        outcome = ask(b)
+        if outcome is None:
+            return dict(largest=good, oom=bad, limit_reached=False, probes=probes)
+        if outcome:
+            good = b
+            if b >= limit or bad is not None:
+                break
+            b = min(2 * b, limit)
+        else:
+            bad = b
+            if good is not None or b <= 1:
+                break
+            b = max(1, b // 2)
+    while good is not None and bad is not None and bad - good > step:
+        mid = (good + bad) // 2 // step * step
+        if mid <= good:
+            break
+        outcome = ask(mid)
+        if outcome is None:
+            break
+        good, bad = (mid, bad) if outcome else (good, mid)
+    return dict(largest=good, oom=bad, limit_reached=good is not None and good >= limit, probes=probes)
+
+
+def print_largest(res: dict) -> None:
+    """--largest_batch: each side's largest batch under the memory cap."""
+    found = res.get("largest") or []
+    if not found:
+        return
+    meta = res["meta"]
+    cap = meta.get("memory_cap_gb")
+    where = ("on the CPU (no device memory to run out of: the search stops at --largest_limit)" if not meta["env"]["cuda"]
+             else f"with the GPU capped at {cap:g} GiB" if cap else "on the whole GPU")
+    print(f"\nlargest batch that trains (two steps), {where}:")
+    for f in found:
+        largest = f["largest"] if f["largest"] is not None else "none"
+        until = (f" (the limit, {f['largest']}, fits)" if f["limit_reached"] else
+                 f" (out of memory at {f['oom']})" if f["oom"] is not None else " (the search stopped: see the probes)")
+        tried = ", ".join(f"{b} {'fits' if o else 'OOM' if o is False else 'failed'}" for b, o in f["probes"])
+        print(f"  {f['label']} {side_name(dict(side=f['side'], gradcache=0))}: {largest}{until}; tried {tried}")
 
 
 def trace_path(a: argparse.Namespace, label: str, side: str, batch: int) -> str | None:
@@ -1673,6 +1799,14 @@ def main() -> None:
     p.add_argument("--profile_memory", action="store_true", help="every run (every side): what one step's memory holds "
                    "at its peak, by kind (parameters, optimizer state, gradients, activations, ...; the step after "
                    "warmup and after --profile's, then not timed; benchmarks/memory_step.py)")
+    p.add_argument("--largest_batch", help="parts (text, gme, qwen3vl) whose largest batch each side trains is "
+                   "searched, after the other runs: doubling from --largest_start, then halving the gap to the first "
+                   "out-of-memory batch, to a multiple of --largest_step (two steps a probe)")
+    p.add_argument("--largest_start", type=int, default=32, help="--largest_batch's first batch (default 32)")
+    p.add_argument("--largest_limit", type=int, default=4096, help="--largest_batch's largest batch tried (default 4096)")
+    p.add_argument("--largest_step", type=int, default=8, help="--largest_batch's granularity (default 8)")
+    p.add_argument("--memory_cap_gb", type=float, default=80.0, help="--largest_batch: each probe may use this much of "
+                   "the GPU (torch.cuda.set_per_process_memory_fraction; default 80, one 80 GB GPU on a larger one)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -1682,12 +1816,14 @@ def main() -> None:
         return
     if a.load:
         loaded = [json.load(open(f, encoding="utf-8")) for f in a.load.split(",")]
-        res = {"meta": loaded[0]["meta"], "runs": [r for x in loaded for r in x["runs"]]}
+        res = {"meta": loaded[0]["meta"], "runs": [r for x in loaded for r in x["runs"]],
+               "largest": [f for x in loaded for f in x.get("largest", [])]}
         for x in loaded[1:]:
             res["meta"]["shapes"].update(x["meta"]["shapes"])
             if x["meta"]["env"]["device"] != res["meta"]["env"]["device"]:
                 print(f"note: results from different devices: {x['meta']['env']['device']}")
         print_table(res, a.peak_tflops)
+        print_largest(res)
         print_profiles(res)
         return
     if a.dry_run:
@@ -1699,6 +1835,7 @@ def main() -> None:
     if a.save:
         save(a.save, res)
     print_table(res, a.peak_tflops)
+    print_largest(res)
     print_profiles(res, a.save)
     print(f"\n{res['meta']['wall_s']:.0f} s in all")
     if a.dry_run:

@@ -70,10 +70,12 @@ def test_s_t_takes_the_rows_in_the_order_mmembed_draws_them(tmp_path):
 def test_dry_run_s_t_takes_the_same_first_batch_and_gives_the_same_first_loss(tmp_path):
     """The text run (the tiny Qwen3, full tuning) and the Qwen3-VL-Embedding run (LoRA on picture rows):
     s-t's first batch is mmembed's (the same rows' token ids and pictures) and the first losses agree;
-    the run fails otherwise (check_same_work)."""
+    the run fails otherwise (check_same_work). Also --largest_batch's probes run on each side (on the
+    CPU nothing runs out of memory: the search stops at its limit)."""
     proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "bench_gpu.py"), "--dry_run",
                            "--parts", "text,qwen3vl", "--text_models", "qwen3", "--qwen3vl_batches", "2",
-                           "--variants", "", "--vl_variants", "", "--work_dir", str(tmp_path)],
+                           "--variants", "", "--vl_variants", "", "--work_dir", str(tmp_path),
+                           "--largest_batch", "text", "--largest_start", "8", "--largest_limit", "8"],
                           capture_output=True, text=True, env=dict(os.environ, MMEMBED_SWIFT_PYTHON=""), timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = [x.split()[:4] for x in proc.stdout.splitlines() if x.startswith(("Qwen3 2-layer ", "tiny Qwen3-VL-Emb "))]
@@ -81,3 +83,33 @@ def test_dry_run_s_t_takes_the_same_first_batch_and_gives_the_same_first_loss(tm
     lines = [x for x in proc.stdout.splitlines() if "; s-t " in x]
     assert len(lines) == 2 and all("same batch, agree" in x for x in lines), proc.stdout[-3000:]
     assert any("pictures" in x and " 4 pictures" in x.split("; s-t ")[1] for x in lines), lines
+    largest = [x for x in proc.stdout.splitlines() if x.startswith("  Qwen3 2-layer ") and "tried" in x]
+    assert [x.split(":")[0].strip() for x in largest] == ["Qwen3 2-layer s-t", "Qwen3 2-layer mmembed"], largest
+    assert all(x.endswith("8 (the limit, 8, fits); tried 8 fits") for x in largest), largest
+
+
+@pytest.mark.parametrize("threshold", [0, 1, 5, 31, 32, 33, 100, 257, 1000, 5000])
+@pytest.mark.parametrize("start", [1, 32, 64])
+def test_the_largest_batch_search_brackets_the_threshold(threshold, start):
+    """largest_batch against a device that fits every batch up to ``threshold``: the largest batch
+    found fits, the smallest that did not is above the threshold, and the two are at most one step
+    apart (or the limit fits); every probe's outcome is the threshold's."""
+    limit, step = 4096, 8
+    found = bench_gpu.largest_batch(lambda b: b <= threshold, start, limit, step)
+    assert all(outcome == (b <= threshold) for b, outcome in found["probes"])
+    if threshold < 1:
+        assert found["largest"] is None and found["oom"] == 1
+        return
+    assert found["largest"] <= threshold
+    if threshold >= limit:
+        assert found["largest"] == limit and found["limit_reached"] and found["oom"] is None
+    else:
+        assert found["oom"] > threshold and found["oom"] - found["largest"] <= step
+        assert not found["limit_reached"]
+
+
+def test_the_search_stops_where_a_probe_cannot_tell():
+    """A probe that crashed or ran out of time (None) ends the search with what is known."""
+    outcomes = {32: True, 64: None}
+    found = bench_gpu.largest_batch(lambda b: outcomes[b], 32, 4096)
+    assert found == dict(largest=32, oom=None, limit_reached=False, probes=[(32, True), (64, None)])
