@@ -1404,7 +1404,9 @@ def variants(a: argparse.Namespace, part: str = "text") -> list[tuple[str, list[
     part, ``--vl_variants`` for the GME / Qwen3-VL parts. Default on a GPU: padding-free batches
     under PyTorch's own FlashAttention kernel (``--attn_impl varlen``), under FlexAttention (text
     only: transformers has none for the Qwen VL families) and under FlashAttention 2 where
-    flash-attn is installed. In a dry run: the VL parts' ``packed-varlen`` (on the CPU its spans
+    flash-attn is installed; for text also padded batches without the bucket widening
+    (``nobucket``) and in two length chunks (``chunks2``), the memory cures whose speed cost only a
+    GPU can tell. In a dry run: the VL parts' ``packed-varlen`` (on the CPU its spans
     run as one SDPA call each), no text variant (FlexAttention has no backward on a CPU)."""
     given = a.variants if part == "text" else a.vl_variants
     if given is not None:
@@ -1413,8 +1415,8 @@ def variants(a: argparse.Namespace, part: str = "text") -> list[tuple[str, list[
         spec = "" if part == "text" else "packed-varlen=--attn_impl varlen --padding_free true"
     else:
         spec = "packed-varlen=--attn_impl varlen --padding_free true"
-        if part == "text":
-            spec += ";packed-flex=--attn_impl flex_attention"
+        if part == "text":  # and the padded batches' memory cures: no widening to a bucket, two length chunks
+            spec += ";packed-flex=--attn_impl flex_attention;nobucket=--length_buckets false;chunks2=--length_chunks 2"
         if importlib.util.find_spec("flash_attn") is not None:
             spec += ";packed-fa2=--attn_impl flash_attn --padding_free true"
     out = []

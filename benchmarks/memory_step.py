@@ -60,13 +60,16 @@ def memory_at_peak(prof, device: str) -> dict | None:
 
 
 def render(runs: list[dict], peer_key, name_of) -> list[str]:
-    """Lines of a table: each run's peak and its kinds there (MiB), and the peak's ratio to the
-    other sides' at the same work (``peer_key(run)``; ``name_of(run)``: the side's name)."""
+    """Lines of a table: each run's peak and its kinds there (MiB), the most the activations held
+    during the step (the peak of a small model is the optimizer's update, where they are gone),
+    and the peak's ratio to the other sides' at the same work (``peer_key(run)``; ``name_of(run)``:
+    the side's name)."""
     measured = [r for r in runs if r.get("memory")]
     if not measured:
         return []
     kinds = [k for k in _kinds() if any(r["memory"]["at_peak"].get(k) for r in measured)]
-    head = f"{'run':<34}{'peak':>9}" + "".join(f"{k.replace('_', ' '):>17}" for k in kinds) + "   vs the others"
+    head = (f"{'run':<34}{'peak':>9}" + "".join(f"{k.replace('_', ' '):>17}" for k in kinds)
+            + f"{'activations at most':>21}   vs the others")
     lines = [head, "-" * len(head)]
     for r in measured:
         m = r["memory"]
@@ -74,5 +77,5 @@ def render(runs: list[dict], peer_key, name_of) -> list[str]:
         ratios = ", ".join(f"{m['peak_mb'] / v:.2f}x {n}" for n, v in others if v)
         label = f"{r['label']} b{r['batch']} {name_of(r)}"
         lines.append(f"{label:<34}{m['peak_mb']:>9.1f}" + "".join(f"{m['at_peak'].get(k, 0):>17.1f}" for k in kinds)
-                     + f"   {ratios}")
+                     + f"{m['most'].get('activation', 0):>21.1f}   {ratios}")
     return lines

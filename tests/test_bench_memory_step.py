@@ -43,11 +43,11 @@ def test_a_steps_kinds_are_its_tensors_bytes():
 
 
 def test_the_table_sets_each_run_beside_the_others_at_the_same_work():
-    figures = {"peak_mb": 100.0, "at_peak": {"parameter": 60.0, "activation": 40.0}, "most": {}}
+    figures = {"peak_mb": 100.0, "at_peak": {"parameter": 60.0, "activation": 40.0}, "most": {"activation": 45.0}}
     runs = [dict(label="X", batch=8, side="st", memory=figures),
             dict(label="X", batch=8, side="mmembed", memory=dict(figures, peak_mb=80.0)),
             dict(label="X", batch=16, side="mmembed", memory=dict(figures, peak_mb=50.0))]
     lines = render(runs, lambda r: r["batch"], lambda r: r["side"])
     assert "parameter" in lines[0] and "activation" in lines[0] and "gradient" not in lines[0]
     assert lines[2].endswith("1.25x mmembed") and lines[3].endswith("0.80x st")
-    assert lines[4].split() == ["X", "b16", "mmembed", "50.0", "60.0", "40.0"]  # alone at its batch: no ratio
+    assert lines[4].split() == ["X", "b16", "mmembed", "50.0", "60.0", "40.0", "45.0"]  # alone at its batch: no ratio
