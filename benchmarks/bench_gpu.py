@@ -7,8 +7,9 @@ own child process (so each peak memory figure is that run's own), printed as one
    run, the same file for both), max length 128, the same batch, lr 2e-5, AdamW (betas 0.9 /
    0.999, weight decay 0.01, the transformers default implementation), linear schedule without
    warmup, seed 42, no gradient checkpointing, full fine-tuning, the same precision (default
-   ``--precision bf16``: weights and optimizer state in bfloat16, no autocast, as ms-swift's
-   ``--torch_dtype bfloat16``; ``--precision amp``: float32 weights with bf16 autocast), each
+   ``--precision bf16``: weights and optimizer state in bfloat16 (``--torch_dtype bfloat16``), under
+   which mmembed's and ms-swift's trainers also autocast to bf16 (their GPU default), s-t's does
+   not; ``--precision amp``: float32 weights with bf16 autocast on every side), each
    side's own data-loader defaults (``--workers N`` forces N on both):
    sentence-transformers = SentenceTransformerTrainer + MultipleNegativesRankingLoss (scale 20);
    mmembed = ``mmembed sft --loss_type infonce`` with INFONCE_TEMPERATURE=0.05 (= 1/20).
@@ -1759,7 +1760,8 @@ def main() -> None:
     p.add_argument("--dry_run", action="store_true", help="CPU, float32, tiny models, 3 steps: every code path")
     p.add_argument("--parts", default="text,oom,gme,qwen3vl", help="which of text, oom, gme, qwen3vl to run")
     p.add_argument("--precision", choices=["bf16", "amp"], default="bf16",
-                   help="bf16: bfloat16 weights, no autocast; amp: float32 weights with bf16 autocast (both sides)")
+                   help="bf16: bfloat16 weights (mmembed and ms-swift autocast to bf16 on a GPU by default, s-t does "
+                   "not); amp: float32 weights with bf16 autocast (every side)")
     p.add_argument("--steps", type=int, help="text steps (GPU 40, dry 3)")
     p.add_argument("--warmup", type=int, help="untimed first steps (GPU 10, dry 1)")
     p.add_argument("--oom_batch", type=int, help="the batch where s-t runs out of memory (GPU 1024)")
