@@ -773,31 +773,44 @@ def child(spec: dict) -> dict:
 
 
 def train_st(spec: dict) -> None:
-    import torch
     from datasets import Dataset
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainingArguments
-    from sentence_transformers.losses import MultipleNegativesRankingLoss
+    from sentence_transformers import SentenceTransformer
 
-    SwiftOrderTrainer = _swift_order_trainer()
     rows = st_rows(spec)
     ds = Dataset.from_dict({"anchor": [r["query"] for r in rows], "positive": [r["response"] for r in rows]})
-    model_kwargs = {"dtype": getattr(torch, spec["dtype"])}
-    if spec.get("attn_impl"):
-        model_kwargs["attn_implementation"] = {"flash_attn": "flash_attention_2"}.get(spec["attn_impl"],
-                                                                                        spec["attn_impl"])
-    model = SentenceTransformer(spec["model"], device=spec["device"], model_kwargs=model_kwargs)
+    model = SentenceTransformer(spec["model"], device=spec["device"], model_kwargs=st_model_kwargs(spec))
     model.max_seq_length = TEXT["max_length"]
+    st_train(spec, model, ds, learning_rate=TEXT["lr"], weight_decay=TEXT["weight_decay"],
+             adam_beta2=TEXT["adam_beta2"], lr_scheduler_type="linear", gradient_checkpointing=False)
+
+
+def st_train(spec: dict, model, dataset, **recipe) -> None:
+    """Train the s-t side's ``model`` on ``dataset`` (its columns) for ``spec``'s batch and steps, in
+    ms-swift's order (SwiftOrderTrainer), with MultipleNegativesRankingLoss at scale 20 and the run's
+    ``recipe`` (learning rate, optimizer, schedule, checkpointing, prompts)."""
+    from sentence_transformers import SentenceTransformerTrainingArguments
+    from sentence_transformers.losses import MultipleNegativesRankingLoss
+
     extra = {} if spec.get("workers") is None else {"dataloader_num_workers": spec["workers"]}
     args = SentenceTransformerTrainingArguments(
-        output_dir=spec["out"], per_device_train_batch_size=spec["batch"], learning_rate=TEXT["lr"],
-        weight_decay=TEXT["weight_decay"], adam_beta2=TEXT["adam_beta2"], lr_scheduler_type="linear",
-        warmup_steps=0, max_steps=spec["steps"], save_strategy="no", logging_steps=1000, seed=TEXT["seed"],
-        report_to="none", disable_tqdm=True, dataloader_drop_last=True, gradient_checkpointing=False,
-        bf16=spec["amp"], use_cpu=spec["device"] == "cpu", **extra,
+        output_dir=spec["out"], per_device_train_batch_size=spec["batch"], warmup_steps=0, max_steps=spec["steps"],
+        save_strategy="no", logging_steps=1000, seed=TEXT["seed"], report_to="none", disable_tqdm=True,
+        dataloader_drop_last=True, bf16=spec["amp"], use_cpu=spec["device"] == "cpu", **recipe, **extra,
     )
-    trainer = SwiftOrderTrainer(model=model, args=args, train_dataset=ds,
-                                loss=MultipleNegativesRankingLoss(model, scale=TEXT["scale"]))
+    trainer = _swift_order_trainer()(model=model, args=args, train_dataset=dataset,
+                                     loss=MultipleNegativesRankingLoss(model, scale=TEXT["scale"]))
     trainer.train()
+
+
+def st_model_kwargs(spec: dict) -> dict:
+    """The s-t side's ``model_kwargs``: the run's dtype and attention (ms-swift's flash_attn is
+    transformers' flash_attention_2)."""
+    import torch
+
+    kwargs = {"dtype": getattr(torch, spec["dtype"])}
+    if spec.get("attn_impl"):
+        kwargs["attn_implementation"] = {"flash_attn": "flash_attention_2"}.get(spec["attn_impl"], spec["attn_impl"])
+    return kwargs
 
 
 def st_chat_template(model_type: str) -> str:
@@ -847,11 +860,7 @@ def st_vl_model(spec: dict):
     from mmembed.encoding.templates import get_template
 
     template = get_template(model_type=spec["model_type"])
-    model_kwargs = {"dtype": getattr(torch, spec["dtype"])}
-    if spec.get("attn_impl"):
-        model_kwargs["attn_implementation"] = {"flash_attn": "flash_attention_2"}.get(spec["attn_impl"],
-                                                                                        spec["attn_impl"])
-    backbone = Transformer(spec["model"], model_kwargs=model_kwargs,
+    backbone = Transformer(spec["model"], model_kwargs=st_model_kwargs(spec),
                            processor_kwargs={"chat_template": st_chat_template(spec["model_type"])})
     if os.environ.get("MAX_PIXELS"):
         backbone.processor.image_processor.size = {"shortest_edge": int(os.environ.get("MIN_PIXELS", str(56 * 56))),
@@ -873,12 +882,9 @@ def train_st_vl(spec: dict) -> None:
     InfoNCE temperature (scale 20 = 1 / INFONCE_TEMPERATURE 0.05), gradient checkpointing, and mmembed's (ms-swift's) optimizer
     and schedule defaults at the run's learning rate."""
     from datasets import Dataset
-    from sentence_transformers import SentenceTransformerTrainingArguments
-    from sentence_transformers.losses import MultipleNegativesRankingLoss
 
     from mmembed.training.sft_flags import SftFlags
 
-    SwiftOrderTrainer = _swift_order_trainer()
     columns: dict = {"anchor": [], "positive": [], "negative": []}
     for r in st_rows(spec):
         images = list(r.get("images") or [])
@@ -889,18 +895,10 @@ def train_st_vl(spec: dict) -> None:
         columns.pop("negative")
     model, system = st_vl_model(spec)
     defaults = SftFlags.__dataclass_fields__
-    extra = {} if spec.get("workers") is None else {"dataloader_num_workers": spec["workers"]}
-    args = SentenceTransformerTrainingArguments(
-        output_dir=spec["out"], per_device_train_batch_size=spec["batch"], learning_rate=spec["lr"],
-        weight_decay=defaults["weight_decay"].default, adam_beta2=defaults["adam_beta2"].default,
-        lr_scheduler_type=defaults["lr_scheduler_type"].default, warmup_steps=0, max_steps=spec["steps"],
-        save_strategy="no", logging_steps=1000, seed=TEXT["seed"], report_to="none", disable_tqdm=True,
-        dataloader_drop_last=True, gradient_checkpointing=spec["checkpointing"], prompts=system,
-        bf16=spec["amp"], use_cpu=spec["device"] == "cpu", **extra,
-    )
-    trainer = SwiftOrderTrainer(model=model, args=args, train_dataset=Dataset.from_dict(columns),
-                                loss=MultipleNegativesRankingLoss(model, scale=TEXT["scale"]))
-    trainer.train()
+    st_train(spec, model, Dataset.from_dict(columns), learning_rate=spec["lr"],
+             weight_decay=defaults["weight_decay"].default, adam_beta2=defaults["adam_beta2"].default,
+             lr_scheduler_type=defaults["lr_scheduler_type"].default, gradient_checkpointing=spec["checkpointing"],
+             prompts=system)
 
 
 def st_rows(spec: dict) -> list[dict]:
@@ -1178,17 +1176,21 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
         if a.save:
             save(a.save, {"meta": meta(), "runs": runs})
 
-    def go(label: str, side: str, model: str, batch: int, steps: int, warmup: int, data: str, kind: str = "text",
-           **kw) -> None:
+    def text_job(label: str, side: str, model: str, batch: int, steps: int, warmup: int, data: str,
+                 **kw) -> tuple[dict, dict]:
+        """The spec and environment of one text run (full tuning) of ``side``."""
         spec = dict(common, label=label, side=side, model=models[model], batch=batch, steps=steps, warmup=warmup,
-                    data=data, kind=kind, tuner="full", lr=TEXT["lr"], checkpointing=False, **kw)
+                    data=data, kind="text", tuner="full", lr=TEXT["lr"], checkpointing=False, **kw)
         if side != "st" and model in MODEL_TYPE:
             spec["model_type"] = MODEL_TYPE[model]
+        return spec, swift_env if side == "swift" else child_env
+
+    def go(label: str, side: str, model: str, batch: int, steps: int, warmup: int, data: str, **kw) -> None:
+        spec, env = text_job(label, side, model, batch, steps, warmup, data, **kw)
         if a.profile and side == "mmembed":
             shown = side_name({"side": side, "variant": kw.get("variant", ""), "gradcache": kw.get("gradcache", 0)})
             spec.update(profile=True, profile_trace=trace_path(a, label, shown, batch))
-        record(spec, swift_env if side == "swift" else child_env, label=label, side=side, model=model, batch=batch,
-               kind=kind, tuner=spec["tuner"],
+        record(spec, env, label=label, side=side, model=model, batch=batch, kind="text", tuner=spec["tuner"],
                checkpointing=spec["checkpointing"], gradcache=spec.get("gradcache", 0), variant=kw.get("variant", ""))
 
     gme_env = dict(child_env, MAX_PIXELS=str(s.image_size ** 2), MIN_PIXELS=str(56 * 56))
@@ -1219,11 +1221,8 @@ def benchmark(a: argparse.Namespace, work: str) -> dict:
         if part == "text":
             pairs = write_text_rows(os.path.join(folder, "text.jsonl"), 2 * batch)
             data = to_messages_form(pairs, os.path.join(folder, "text.messages.jsonl"))
-            spec = dict(common, label=LARGEST_LABELS[part][dry], side=side, model=models["qwen3"], batch=batch,
-                        steps=2, warmup=1, data=data, st_data=pairs, kind="text", tuner="full", lr=TEXT["lr"],
-                        checkpointing=False, model_type=MODEL_TYPE["qwen3"], extra=mm_extra if side == "mmembed" else
-                        swift_extra if side == "swift" else [])
-            env = swift_env if side == "swift" else child_env
+            extra = {"mmembed": mm_extra, "swift": swift_extra}.get(side, [])
+            spec, env = text_job(LARGEST_LABELS[part][dry], side, "qwen3", batch, 2, 1, data, st_data=pairs, extra=extra)
         else:
             from bench_multimodal import make_images
 
@@ -1581,55 +1580,58 @@ def first_loss_pairs(runs: list) -> list:
     return [(mm[run_key(r)], r) for r in runs if r["side"] != "mmembed" and run_key(r) in mm]
 
 
-def print_first_losses(runs: list) -> list:
+def compare_first_losses(m: dict, o: dict) -> tuple[str, str]:
+    """mmembed's run ``m`` against another side's ``o`` of the same work: ``("missing" | "other batch"
+    | "agree" | "dropout" | "differ", the verdict in words)``. The same batch is the same digest of
+    the rows' real token ids; the losses agree to first_loss_tol, and are not compared where a side
+    draws dropout masks."""
+    if m.get("first_loss") is None or o.get("first_loss") is None:
+        return "missing", "not measured"
+    mb, ob = m.get("first_batch") or {}, o.get("first_batch") or {}
+    if mb.get("digest") is None or mb.get("digest") != ob.get("digest"):
+        return "other batch", "different first batches"
+    diff, tol = abs(m["first_loss"] - o["first_loss"]), first_loss_tol(o["side"])
+    if diff <= tol:
+        return "agree", f"same batch, agree (|diff| {diff:.1e} <= {tol:g})"
+    if m.get("dropout") or o.get("dropout"):
+        return "dropout", f"same batch, |diff| {diff:.1e}: dropout masks, not compared"
+    return "differ", f"same batch, DIFFER (|diff| {diff:.1e})"
+
+
+def print_first_losses(runs: list) -> None:
     """Same work: each side's first loss and first batch (its rows' real token ids, digested) beside
-    mmembed's; returns the pairs whose batches match and losses differ by more than first_loss_tol
-    (where neither side draws dropout masks). Every side draws its batches in ms-swift's order
+    mmembed's, and compare_first_losses' verdict. Every side draws its batches in ms-swift's order
     (s-t through SwiftOrderTrainer), so the first batches are the same rows."""
     pairs = first_loss_pairs(runs)
     if not pairs:
-        return []
+        return
     print("\nfirst loss on the first batch (same batch: the same rows' real token ids, whatever the padding and order):")
-    bad = []
     for m, o in pairs:
-        if m.get("first_loss") is None or o.get("first_loss") is None:
+        kind, verdict = compare_first_losses(m, o)
+        if kind == "missing":
             print(f"  {m['label']} batch {m['batch']}: mmembed {m.get('first_loss')}, {side_name(o)} {o.get('first_loss')}"
                   f" (not measured)")
             continue
         mb, ob = m.get("first_batch") or {}, o.get("first_batch") or {}
-        same = mb.get("digest") is not None and mb.get("digest") == ob.get("digest")
-        diff = abs(m["first_loss"] - o["first_loss"])
-        dropout = bool(m.get("dropout") or o.get("dropout"))
-        tol = first_loss_tol(o["side"])
-        verdict = ("same batch, " + (f"agree (|diff| {diff:.1e} <= {tol:g})" if diff <= tol
-                                    else f"|diff| {diff:.1e}: dropout masks, not compared" if dropout
-                                    else f"DIFFER (|diff| {diff:.1e})")) if same else "different first batches"
-        if same and diff > tol and not dropout:
-            bad.append((m, o))
         print(f"  {m['label']} batch {m['batch']}: mmembed {m['first_loss']:.6f} [{mb.get('rows')} rows, "
               f"{mb.get('tokens')} tokens, {mb.get('images')} pictures, {mb.get('digest')}]; {side_name(o)} "
               f"{o['first_loss']:.6f} [{ob.get('rows')} rows, {ob.get('tokens')} tokens, {ob.get('images')} pictures, "
               f"{ob.get('digest')}]: {verdict}")
-    return bad
 
 
 def check_same_work(runs: list) -> None:
     """--dry_run: mmembed's, s-t's and ms-swift's first batches must be the same rows and their first
-    losses agree to first_loss_tol (float32 on the CPU; not where a side draws dropout masks): the
-    benchmark compares the same work."""
+    losses agree (compare_first_losses: to first_loss_tol, float32 on the CPU; not where a side draws
+    dropout masks): the benchmark compares the same work."""
     problems = []
     for m, o in first_loss_pairs(runs):
         if o["side"] not in ("swift", "st") or o.get("error") or m.get("error"):
             continue
-        mb, ob = m.get("first_batch") or {}, o.get("first_batch") or {}
-        if mb.get("digest") != ob.get("digest"):
-            problems.append(f"{m['label']} batch {m['batch']}: {side_name(o)}'s first batch differs ({mb} vs {ob})")
-        elif m.get("dropout") or o.get("dropout"):  # s-t's MiniLM: its masks are not mmembed's
-            print(f"  {m['label']} batch {m['batch']} {side_name(o)}: the same first batch; its first loss is not "
-                  f"compared (dropout draws other masks on each side)")
-        elif abs(m["first_loss"] - o["first_loss"]) > first_loss_tol(o["side"]):
-            problems.append(f"{m['label']} batch {m['batch']}: {side_name(o)}'s first loss {o['first_loss']} vs "
-                            f"mmembed's {m['first_loss']}")
+        kind, verdict = compare_first_losses(m, o)
+        if kind not in ("agree", "dropout"):
+            problems.append(f"{m['label']} batch {m['batch']}: {side_name(o)}: {verdict} (first losses mmembed "
+                            f"{m.get('first_loss')}, {side_name(o)} {o.get('first_loss')}; first batches "
+                            f"{m.get('first_batch')} vs {o.get('first_batch')})")
     plain = {run_key(r): r for r in runs if is_plain_mmembed(r) and not r.get("error")}
     for r in runs:  # packed batches: the same batch and, to float rounding, the same loss as padded ones
         m = plain.get(run_key(r))
