@@ -20,7 +20,11 @@ Markers:
   the argparse flags of each tool (``cmd_*`` in ``cli.py``, ``parse_serve_args`` in
   ``mmembed/tools/serve.py``);
 - ``template-fields``: the fields of ``Template`` (``mmembed/encoding/templates.py``);
-- ``templates``: the template files shipped in ``templates/``.
+- ``templates``: the template files shipped in ``templates/``;
+- ``swift-models``: ms-swift's embedding and reranker model types
+  (``tests/fixtures/swift/model_list.json``, read by ms-swift's own code) with mmembed's status:
+  the template that names each (``templates/*.toml``), else the reason kept in
+  ``mmembed/encoding/swift_models.py`` (imported: it imports nothing).
 
 It also shows the docstrings' Sphinx roles as Sphinx would (:func:`on_page_content`) and takes
 the backslash out of ``\\|`` in a table's code spans, which GitHub needs and Python-Markdown
@@ -32,6 +36,7 @@ from __future__ import annotations
 import ast
 import html
 import importlib
+import json
 import os
 import re
 import sys
@@ -314,6 +319,68 @@ def templates() -> str:
     return _table(["file", "task", "model types", "pooling", "padding", "tower", "media", "description"], rows)
 
 
+#: the kind of template each ms-swift task searches (``Task.template_task`` of mmembed/tasks/*,
+#: held equal by tests/tools/test_swift_model_list.py)
+TEMPLATE_TASK = {"embedding": "embedding", "reranker": "reranker", "generative_reranker": "reranker"}
+SWIFT_MODEL_LIST = "tests/fixtures/swift/model_list.json"  # made by tests/fixtures/swift/make_model_list.py
+
+
+def swift_model_statuses() -> list[dict]:
+    """Each model type of ms-swift's list (``tests/fixtures/swift/model_list.json``) with
+    mmembed's status: the template that names it among the templates of its task (as
+    ``get_template(model_type=...)`` finds it), else the reason of ``NOT_SUPPORTED`` or
+    ``IN_PROGRESS`` (``mmembed/encoding/swift_models.py``)."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    reasons = importlib.import_module("mmembed.encoding.swift_models")
+    where = SWIFT_MODEL_LIST
+    with open(os.path.join(ROOT, where), encoding="utf-8") as f:
+        listed = json.load(f)
+    folder = os.path.join(ROOT, "templates")
+    templates = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".toml"):
+            with open(os.path.join(folder, name), "rb") as f:
+                templates.append(tomllib.load(f))
+    out = []
+    for entry in listed["model_types"]:
+        model_type, task = entry["model_type"], entry["task"]
+        if task not in TEMPLATE_TASK:
+            raise PluginError(f"docs/hooks/generated.py: {where}: {model_type}'s task {task!r} is not one of "
+                              f"{', '.join(TEMPLATE_TASK)}")
+        found = next((t["name"] for t in templates if t.get("task", "embedding") == TEMPLATE_TASK[task]
+                      and (model_type in t.get("model_types", ()) or model_type == t["name"])), None)
+        if found:
+            status = {"status": "supported", "mmembed_template": found}
+        elif model_type in reasons.NOT_SUPPORTED:
+            status = {"status": "not supported", "why": reasons.NOT_SUPPORTED[model_type]}
+        elif model_type in reasons.IN_PROGRESS:
+            status = {"status": "in progress", "why": reasons.IN_PROGRESS[model_type]}
+        else:
+            raise PluginError(f"docs/hooks/generated.py: ms-swift's model type {model_type} ({where}) has no "
+                              "template and no reason in mmembed/encoding/swift_models.py")
+        out.append({**entry, **status})
+    return out
+
+
+def swift_models() -> str:
+    with open(os.path.join(ROOT, SWIFT_MODEL_LIST), encoding="utf-8") as f:
+        listed = json.load(f)
+    rows, counts = [], {}
+    for e in swift_model_statuses():
+        counts[e["status"]] = counts.get(e["status"], 0) + 1
+        ids = ", ".join(code(i["huggingface"] or i["modelscope"]) for i in e["model_ids"])
+        mine = (f"supported: template {code(e['mmembed_template'])}" if e["status"] == "supported"
+                else f"{e['status']}: {cell(e['why'])}")
+        rows.append([code(e["model_type"]), code(e["task"]), ids, ", ".join(code(a) for a in e["architectures"]),
+                     f"{code(e['template'] or '')} ({code(e['loader'][0])})", mine])
+    summary = "; ".join(f"{n} {status}" for status, n in counts.items())
+    return (f"ms-swift {listed['versions']['ms_swift']} registers {listed['registered_model_types']} model types, "
+            f"{len(rows)} of them for embedding or reranking ({summary}):\n\n"
+            + _table(["`--model_type`", "`--task_type`", "model ids", "architectures", "ms-swift template (loader)",
+                      "mmembed"], rows))
+
+
 CODE_SPAN = re.compile(r"(`+)(.+?)\1")
 
 
@@ -330,7 +397,7 @@ def _unescape_pipes_in_code(markdown: str) -> str:
 
 
 TABLES = {"sft-flags": sft_flags, "swift-flags": swift_flags, "tool-flags": tool_flags,
-          "template-fields": template_fields, "templates": templates}
+          "template-fields": template_fields, "templates": templates, "swift-models": swift_models}
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:

@@ -70,6 +70,7 @@ import tomllib
 
 from ..data.sample import Item
 from ..files import read_json_once
+from .swift_models import why_not
 
 POOLINGS = ("last", "mean", "cls", "max")
 MEDIA_TAGS = {"image": "<image>", "video": "<video>", "audio": "<audio>"}
@@ -347,6 +348,8 @@ def get_template(name: str | None = None, model_type: str | None = None, config_
             known = sorted(m for t in templates.values() for m in t.model_types)
             other = next((t for t in others if model_type in t.model_types or model_type == t.name), None)
             hint = f"; '{model_type}' is a model type of {_a(other.task)} template ({other.name})" if other else ""
+            if why_not(model_type):
+                hint += f"; ms-swift's '{model_type}' is not trained here: {why_not(model_type)}"
             raise ValueError(f"unknown --model_type '{model_type}' for {_a(wanted)} model{hint}; known: "
                              f"{', '.join(known)} (or pass --template)")
     raise ValueError(
