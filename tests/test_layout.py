@@ -1,13 +1,15 @@
 """The package's shape: each folder imports only from the folders before it in the flow,
 no module comes back to itself through its imports (a circle, imports for annotations under
 ``if TYPE_CHECKING:`` and inside functions counted), outside losses/ no code decides anything
-by comparing loss names, and no module is over 600 lines."""
+by comparing loss names, no module is over 600 lines, and no committed file names a path of one
+machine."""
 
 import ast
 import os
 import pathlib
 import re
 
+import pytest
 from conftest import REPO
 
 ORDER = ["data", "encoding", "model", "losses", "eval", "training", "tools"]
@@ -263,3 +265,28 @@ def test_no_module_is_over_600_lines():
         if n > MAX_LINES:
             long[str(path.relative_to(REPO))] = n
     assert not long, f"over {MAX_LINES} lines: {long}"
+
+
+#: absolute folders of one machine (this project's workspace, a user's home): the repository's
+#: files name paths relative to it, or take them from a variable or a flag
+MACHINE_PATH = re.compile(r"(?<![\w.~$])/(?:work|root|home/\w+)/")
+
+
+def test_no_file_names_a_path_of_one_machine():
+    """The committed text files (``git ls-files``: not what a run leaves in the tree)."""
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True)
+    if listed.returncode:
+        pytest.skip("not a git checkout")
+    found = []
+    for name in listed.stdout.split("\0"):
+        path = pathlib.Path(REPO, name)
+        if path.suffix not in (".py", ".md", ".sh", ".toml", ".yml", ".yaml", ".json", ".txt", ".cfg") \
+                or not path.is_file() or path.stat().st_size > 2_000_000:
+            continue
+        for i, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if MACHINE_PATH.search(line):
+                found.append(f"{name}:{i}: {line.strip()[:120]}")
+    assert not found, "\n".join(found)
+    assert MACHINE_PATH.search("MMEMBED_SWIFT_PYTHON=" + "/wo" + "rk/swift-venv/bin/python")  # the pattern bites
