@@ -38,6 +38,9 @@ def _enter(env: dict[str, str], out_path: str, err_path: str) -> None:
     for name in ("huggingface_hub.constants", "datasets.config"):
         if name in sys.modules:
             importlib.reload(sys.modules[name])
+    import tempfile
+
+    tempfile.tempdir = None  # the temporary folder of this child's TMPDIR, not the server's cached one
     import torch
 
     torch.set_num_threads(1)

@@ -60,4 +60,19 @@ def train(**options: Any) -> dict[str, Any]:
     except SystemExit as e:  # the CLI's way out; from Python an exception with the reason
         reason = e.code if isinstance(e.code, str) else f"invalid options (argparse printed why): {argv}"
         raise ValueError(reason) from None
-    return run_sft(args)
+    metrics = run_sft(args)
+    _after_the_run()
+    return metrics
+
+
+def _after_the_run() -> None:
+    """Under several processes (a script of the user's run by torchrun): once every process is
+    here, each has read its node's hub marker (``mmembed/training/hub_models.py``), which its
+    writer then removes. The process group stays the script's."""
+    import torch.distributed as dist
+
+    from ..training.hub_models import remove_markers
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+        remove_markers()

@@ -161,12 +161,17 @@ def _close_process_group(code: int) -> None:
     ``code`` at once (its output and logs flushed). Left to the interpreter's exit, a rank
     could tear down threads that gloo or DeepSpeed still hold (seen after complete ZeRO-2
     offload runs: 'terminate called without an active exception', SIGABRT, so torchrun
-    reports the finished run as failed). A single-process run returns normally."""
+    reports the finished run as failed). After the barrier every process has read the hub
+    markers of its node (``mmembed/training/hub_models.py``): their writers remove them. A
+    single-process run returns normally."""
     import torch.distributed as dist
+
+    from ..training.hub_models import remove_markers
 
     if dist.is_available() and dist.is_initialized():
         several = dist.get_world_size() > 1
         dist.barrier()
+        remove_markers()
         dist.destroy_process_group()
         if several:  # a process of torchrun's (a one-process group may live in a caller's process)
             sys.stdout.flush()

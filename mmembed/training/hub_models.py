@@ -7,7 +7,9 @@ others wait, then they resolve the same folder from the cache with no request. T
 a collective of the process group, whose ``--ddp_timeout`` (30 minutes) a large download
 would outlast: the others poll for a small file the first process writes when it is done
 (with its folders, or the one-line error they then raise as well), named by a token the run's
-first process hands out through the process group.
+first process hands out through the process group. The first process removes that file once
+every process has read it: after the run's final barrier (:func:`remove_markers`, called by
+``mmembed sft``'s exit), so the temporary folder keeps none of them.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ logger = logging.getLogger("mmembed")
 MODEL_FLAGS = ("model", "teacher_model", "guide_model", "eval_beir_first_stage")
 
 _POLL_SECONDS = 0.5
+_markers: list[str] = []  # the marker files this process wrote (removed by remove_markers)
 
 
 def resolve_model_flags(args: SftArguments, environment: Environment | None = None) -> dict[str, str]:
@@ -73,6 +76,7 @@ def once_per_node(args: SftArguments, resolve: Callable[[bool], dict[str, str]])
     node = args.process_index - args.local_process_index
     marker = os.path.join(tempfile.gettempdir(), f"mmembed-hub-{token[0]}-{node}.json")
     if args.local_process_index == 0:
+        _markers.append(marker)
         try:
             folders = resolve(False)
         except UsageError as e:
@@ -90,6 +94,18 @@ def once_per_node(args: SftArguments, resolve: Callable[[bool], dict[str, str]])
     if "error" in done:
         raise UsageError(done["error"])
     return resolve(True)
+
+
+def remove_markers() -> None:
+    """Remove the marker files this process wrote in :func:`once_per_node`. Call it only once
+    every process of the group has read its node's marker: after a barrier of the whole group
+    that follows the resolution (the run's final one, ``mmembed/tools/cli.py``); a waiting
+    process that found no file would wait for ever."""
+    while _markers:
+        try:
+            os.remove(_markers.pop())
+        except FileNotFoundError:
+            pass
 
 
 def _write(path: str, content: dict) -> None:

@@ -86,13 +86,14 @@ def run_swift_script(name: str, hub, tmp_path) -> tuple[subprocess.CompletedProc
     # server rather than relaunching them under torchrun (MMEMBED_TEST_TORCHRUN=1: mmembed's own)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    (tmp_path / "tmp").mkdir()
     (bin_dir / "mmembed").write_text(f"#!/bin/sh\nexec {sys.executable} {os.path.join(REPO, 'tests', 'forked_mmembed.py')} \"$@\"\n")
     (bin_dir / "mmembed").chmod(0o755)
     # online (the suite runs with HF_HUB_OFFLINE=1, which mmembed applies to both hubs); Hugging Face's
     # endpoint a closed loopback port, so that nothing reaches for it
     env = dict(os.environ, **modelscope_env(hub.url, str(tmp_path / "ms_cache"), str(tmp_path / "ms_home")),
                HF_HUB_OFFLINE="0", HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf_home"),
-               OMP_NUM_THREADS="1", MMEMBED_HUB_CACHE=str(tmp_path / "rows"),
+               OMP_NUM_THREADS="1", MMEMBED_HUB_CACHE=str(tmp_path / "rows"), TMPDIR=str(tmp_path / "tmp"),
                PATH=os.pathsep.join([str(bin_dir), os.path.dirname(sys.executable), os.environ["PATH"]]))
     proc = subprocess.run(["bash", str(script)], cwd=work, env=env, capture_output=True, text=True, timeout=900)
     return proc, str(work / "output")
@@ -120,6 +121,8 @@ def test_ms_swifts_script_runs_with_only_the_command_renamed(swift_hub, tmp_path
     metrics = json.loads(proc.stdout[proc.stdout.rindex("{\n"):])  # what mmembed sft prints last
     assert np.isfinite(metrics["train_loss"])
     assert ("--attn_impl flash_attn: no GPU here" in proc.stderr) == warning
+    # the file each node's waiting processes polled for (the model's hub id) is gone after the run
+    assert not [n for n in os.listdir(tmp_path / "tmp") if n.startswith("mmembed-hub-")]
     inputs = ["a red circle"]
     if "VL" in model:
         inputs.append({"query": "<image>", "images": [os.path.join(MM, "red_circle.png")]})

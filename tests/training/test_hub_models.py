@@ -1,9 +1,11 @@
 """Several processes of one node resolve a hub id once (mmembed/training/hub_models.py): the
 node's first process downloads, the other waits and then finds the same folder in the cache
-without a request; when the first cannot resolve it, both stop with its line."""
+without a request; when the first cannot resolve it, both stop with its line. The file the
+waiting process polls for is removed once both have passed the final barrier."""
 
 import json
 import os
+import re
 from types import SimpleNamespace
 
 from conftest import REPO, launch
@@ -15,8 +17,10 @@ WORKER = os.path.join(REPO, "tests", "hub_once_worker.py")
 def _run(tmp_path, hub_server, model: str) -> list[dict]:
     out = tmp_path / "result"
     flags = {"model": model, "use_hf": True, "dataset": ["unused.jsonl"], "output_dir": str(tmp_path / "run")}
+    (tmp_path / "tmp").mkdir()
     launch([WORKER, "--out", str(out), "--flags", json.dumps(flags)], nproc=2,
-           env=client_env(hub_server.url, str(tmp_path / "hf_home")))
+           env={**client_env(hub_server.url, str(tmp_path / "hf_home")), "TMPDIR": str(tmp_path / "tmp")})
+    assert os.listdir(tmp_path / "tmp") == []  # the hub marker removed after the last barrier
     return [json.loads((tmp_path / f"result.{rank}").read_text()) for rank in range(2)]
 
 
@@ -25,6 +29,9 @@ def test_two_processes_download_once(hub_server, minilm_path, tmp_path):
     hub_server.clear_requests()
     first, second = _run(tmp_path, hub_server, "hubtest/once")
     assert first == second and first["model"].endswith(f"/models--hubtest--once/snapshots/{repo.sha}")
+    # the node's marker (node 0) was in the run's temporary folder until the final barrier
+    assert len(first["markers"]) == 1 and re.fullmatch(r"mmembed-hub-[0-9a-f]{32}-0\.json", first["markers"][0])
+    assert first["markers_after"] == []
     requests = [(method, path) for method, path, _ in hub_server.requests]
     assert requests.count(("GET", "/api/models/hubtest/once/revision/main")) == 1  # the waiting process asked nothing
     assert requests.count(("GET", f"/hubtest/once/resolve/{repo.sha}/model.safetensors")) == 1
