@@ -67,9 +67,7 @@ def _setup_logging(environment: Environment) -> None:
     logging.getLogger("mmembed").setLevel(level)
     for name in ("httpx", "httpx2"):  # one INFO line per request of a hub download; its progress bars say enough
         logging.getLogger(name).setLevel(logging.WARNING)
-    # bitsandbytes (imported by peft wherever it is installed) warns on a CPU, in every process and whether or not
-    # the run quantizes, that an optional kernels package is missing; its plain-torch path is what runs there
-    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    # bitsandbytes' line on a missing optional kernels package: dropped by mmembed/__init__.py
 
 
 def _maybe_relaunch(argv: list[str], environment: Environment) -> int | None:
