@@ -24,7 +24,6 @@ NOT_SUPPORTED: dict[str, str] = {
 #: model types whose template is being written (issue 44): listed as in progress until a
 #: template names them, then as supported (an entry left here after that changes nothing)
 IN_PROGRESS: dict[str, str] = {
-    "gemma_emb": "EmbeddingGemma as a whole sentence-transformers folder (issue 44)",
     "qwen3_5_emb": "UEmbed on Qwen3.5 (issue 44)",
     "wemm_embedding": "WeMM-Embedding on Qwen3.5 (issue 44)",
     "jina_reranker_m0": "jina-reranker-m0, Qwen2-VL with a score head (issue 44)",
