@@ -22,6 +22,7 @@ Kinds (`KINDS`):
 | `qwen2`       | gte-Qwen2             | `Qwen2Model`                           | tokenizer only                               |
 | `qwen3`       | Qwen3-Embedding       | `Qwen3Model`                           | tokenizer only                               |
 | `qwen2_audio` | Qwen2-Audio           | `Qwen2AudioForConditionalGeneration`   | `Qwen2AudioProcessor` (Whisper features)     |
+| `jina_reranker_m0` | jina-reranker-m0 | `JinaVLForRanking`: Qwen2-VL + score MLP, its own `modeling.py` | `Qwen2VLProcessor`, left padding |
 
 Each folder holds `config.json`, `model.safetensors`, `tokenizer.json`,
 `tokenizer_config.json`; the multimodal kinds add `generation_config.json` and
@@ -43,7 +44,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "qwen3", "qwen2_audio")
+KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "qwen3", "qwen2_audio", "jina_reranker_m0")
 
 # The special tokens of the real checkpoints, in id order from 151643 (the first id after
 # the 151643 BPE ranks). Qwen2 text models stop after <|im_end|>; Qwen2-VL adds the vision
@@ -85,6 +86,7 @@ TOKENIZER_SPECS: dict[str, TokenizerSpec] = {
     "qwen2": TokenizerSpec(_CHAT, (), "<|endoftext|>", "left"),
     "qwen3": TokenizerSpec(_CHAT + _VISION, _QWEN3_PLAIN, "<|im_end|>", "left"),
     "qwen2_audio": TokenizerSpec(_CHAT + _AUDIO, (), "<|im_end|>", "right"),
+    "jina_reranker_m0": TokenizerSpec(_CHAT + _VISION, (), "<|im_end|>", "left"),  # its model card pads left
 }
 
 # The real vocabulary (embedding rows) of Qwen2-VL-2B / Qwen2.5-VL-3B / Qwen3-VL-2B /
@@ -299,6 +301,36 @@ def _build_audio(out_dir: str) -> None:
     _record_added_tokens(out_dir, tok)
 
 
+def _build_jina_reranker_m0(out_dir: str) -> None:
+    """jina-reranker-m0's folder: the tiny Qwen2-VL's weights (under transformers 5's key names,
+    ``model.language_model.*`` / ``model.visual.*``, which the hub checkpoint's own code loads under
+    transformers 5; the hub file itself has the older ``model.*`` / ``visual.*``), no ``lm_head``,
+    the score MLP ``score.0`` / ``score.2``; config.json's architectures ``JinaVLForRanking`` with
+    its ``auto_map`` and the folder's own ``modeling.py`` (examples/jina_reranker_m0_modeling.py,
+    which ms-swift runs and mmembed never does)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen2VLForConditionalGeneration
+
+    config = _vl_config("qwen2_vl")
+    model = Qwen2VLForConditionalGeneration(config)
+    hidden = config.text_config.hidden_size
+    score = torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1))
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    state.update({f"score.{k}": v.contiguous() for k, v in score.state_dict().items()})
+    save_file(state, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    config.architectures = ["JinaVLForRanking"]
+    config.auto_map = {"AutoModel": "modeling.JinaVLForRanking"}
+    config.save_pretrained(out_dir)
+    shutil.copyfile(os.path.join(os.path.dirname(os.path.abspath(__file__)), "jina_reranker_m0_modeling.py"),
+                    os.path.join(out_dir, "modeling.py"))
+    tok = make_qwen_tokenizer("jina_reranker_m0")
+    _vl_processor("qwen2_vl", tok, DEFAULT_PIXELS["qwen2_vl"]).save_pretrained(out_dir)
+    _record_added_tokens(out_dir, tok)
+
+
 def build(kind: str, out_dir: str, seed: int = 0, pixels=None) -> str:
     """Build the tiny random `kind` model with its tokenizer/processor into `out_dir`.
 
@@ -317,6 +349,8 @@ def build(kind: str, out_dir: str, seed: int = 0, pixels=None) -> str:
             _build_vl(kind, out_dir, pixels)
         elif kind == "qwen2_audio":
             _build_audio(out_dir)
+        elif kind == "jina_reranker_m0":
+            _build_jina_reranker_m0(out_dir)
         else:
             _build_text(kind, out_dir)
     return out_dir

@@ -41,14 +41,18 @@ embedding one text; they are searched by ``model_types`` only when a reranker is
 run and ``qwen3_reranker`` for a reranker run. Their extra fields:
 
 - ``task``: ``embedding`` (the default) or ``reranker``.
-- ``pair_format``: the text of one pair, with ``{instruction}``, ``{query}`` and
-  ``{document}`` (the query before the document: its media come first); the result is the
+- ``pair_format``: the text of one pair, with ``{query}`` and ``{document}`` in either order
+  (the media of the side written first come first) and ``{instruction}``; the result is the
   ``{content}`` of ``format`` (``format``'s ``{system}`` then takes ``default_system``, e.g.
-  Qwen3-Reranker's "Judge whether ...").
+  Qwen3-Reranker's "Judge whether ..."). A ``pair_format`` without ``{instruction}`` puts the
+  pair's instruction, when it has one, where ``format_with_system`` puts a system prompt
+  (jina-reranker-m0's ``{instruction}\n`` before the pair).
 - ``text_pair``: true instead of ``pair_format``: the tokenizer's own text-pair encoding
   ``tokenizer(query, document)`` with the token type ids it gives (what sentence-transformers'
   ``CrossEncoder`` feeds the model); an instruction, when a row has one, goes before the
   query as ``format_with_system`` puts it.
+- ``score_token_id``: a token id appended to every pair after tokenization, the position the
+  score is read at (jina-reranker-m0's 100, which its model card appends); ``None``: none.
 - ``default_instruction``: the instruction of a pair whose rows give none (``None``: none).
   A pair's instruction is the first present of: the document's own system, the query row's
   system, ``--query_system`` (or a dataset's), ``default_instruction``
@@ -103,6 +107,7 @@ class Template:
     pair_format: str | None = None
     text_pair: bool = False
     default_instruction: str | None = None
+    score_token_id: int | None = None
     media_defaults: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -248,7 +253,8 @@ def _check_task(where: str, raw: dict[str, Any]) -> None:
         raise ValueError(f"template '{where}': task must be one of {', '.join(TASKS)}, got {task!r}")
     pair_format, text_pair = raw.get("pair_format"), raw.get("text_pair", False)
     if task != "reranker":
-        extra = [k for k in ("pair_format", "text_pair", "default_instruction") if raw.get(k) not in (None, False)]
+        extra = [k for k in ("pair_format", "text_pair", "default_instruction", "score_token_id")
+                 if raw.get(k) not in (None, False)]
         if extra:
             raise ValueError(f"template '{where}': {', '.join(extra)} belong to a reranker template (task = \"reranker\")")
         return
@@ -267,10 +273,11 @@ def _check_task(where: str, raw: dict[str, Any]) -> None:
         except (KeyError, IndexError, ValueError) as e:
             raise ValueError(f"template '{where}': pair_format may name only {{instruction}}, {{query}} and "
                              f"{{document}}: {e!r}") from None
-        q, d = pair_format.find("{query}"), pair_format.find("{document}")
-        if q < 0 or d < 0 or q > d:
-            raise ValueError(f"template '{where}': pair_format needs {{query}} and then {{document}} (the query's "
-                             "media come first)")
+        if "{query}" not in pair_format or "{document}" not in pair_format:
+            raise ValueError(f"template '{where}': pair_format needs {{query}} and {{document}}")
+    token = raw.get("score_token_id")
+    if token is not None and (isinstance(token, bool) or not isinstance(token, int) or token < 0):
+        raise ValueError(f"template '{where}': score_token_id must be a token id (an integer >= 0), got {token!r}")
 
 
 def list_templates() -> list[str]:

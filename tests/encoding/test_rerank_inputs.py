@@ -117,7 +117,9 @@ def test_template_lookup_by_task():
 @pytest.mark.parametrize("fields, message", [
     ('task = "reranker"', "either a pair_format or text_pair = true"),
     ('task = "reranker"\ntext_pair = true\npair_format = "{query}{document}"', "either a pair_format or text_pair"),
-    ('task = "reranker"\npair_format = "{document} {query}"', r"needs \{query\} and then \{document\}"),
+    ('task = "reranker"\npair_format = "{query} {instruction}"', r"needs \{query\} and \{document\}"),
+    ('task = "reranker"\npair_format = "{query}{document}"\nscore_token_id = -1', "score_token_id must be a token id"),
+    ('format_with_system = "{system}"\nscore_token_id = 100', "score_token_id belong to a reranker template"),
     ('task = "reranker"\npair_format = "{query} {doc}"', r"may name only \{instruction\}, \{query\} and \{document\}"),
     ('pair_format = "{query} {document}"', r"pair_format belong to a reranker template"),
     ('task = "rank"', "task must be one of embedding, reranker"),

@@ -114,6 +114,6 @@ class RerankerTask(Task):
 
 
 RERANKER = RerankerTask("reranker", "a classification head over the (query, document) pair",
-                        ("ForSequenceClassification",))
+                        ("ForSequenceClassification", "JinaVLForRanking"))  # jina-reranker-m0's score MLP
 GENERATIVE_RERANKER = RerankerTask("generative_reranker", "a causal LM's yes / no logits at the last position",
                                    ("ForCausalLM", "ForConditionalGeneration"))

@@ -4,10 +4,13 @@ A reranker reads the same rows as an embedding model (a ``Sample``: the query, i
 its negatives) but scores one (query, document) pair per model input. A reranker template
 (``task = "reranker"``, :mod:`mmembed.encoding.templates`) says how a pair becomes text:
 
-- ``pair_format`` (Qwen3-Reranker, Qwen3-VL-Reranker): one text, ``pair_format`` filled with
-  the pair's instruction, the query's text and the document's, as the ``{content}`` of the
-  template's chat ``format`` (whose system turn is ``default_system``); the pair's media are
-  the query's, then the document's (the order of their tags in the text).
+- ``pair_format`` (Qwen3-Reranker, Qwen3-VL-Reranker, jina-reranker-m0): one text,
+  ``pair_format`` filled with the pair's instruction, the query's text and the document's, as
+  the ``{content}`` of the template's chat ``format`` (whose system turn is ``default_system``;
+  a ``pair_format`` without ``{instruction}`` gives the pair's instruction that place); the
+  pair's media are those of the side written first, then the other's (the order of their tags
+  in the text). A template's ``score_token_id`` is appended to every pair after tokenization
+  (and counts against ``--max_length``): the position its score is read at.
 - ``text_pair = true`` (BERT, ModernBERT, XLM-R cross-encoders): the tokenizer's own pair
   encoding ``tokenizer(query, document)``, token type ids included where the tokenizer gives
   them: what sentence-transformers' ``CrossEncoder`` feeds the model.
@@ -57,7 +60,8 @@ from ...encoding.templates import Template
 if TYPE_CHECKING:  # the media loader is imported at the first row with media
     from ...encoding.media import MediaSettings
 
-__all__ = ["GROUP_IDS", "RerankCollator", "draw_pairs", "pair_instruction", "pair_item", "pair_texts", "pair_token_lengths"]
+__all__ = ["GROUP_IDS", "RerankCollator", "document_after_query", "draw_pairs", "pair_instruction", "pair_item",
+           "pair_texts", "pair_token_lengths", "with_score_token"]
 
 #: the batch key of each pair's group index (a long tensor [N])
 GROUP_IDS = "group_ids"
@@ -91,10 +95,17 @@ def pair_item(template: Template, query: Item, document: Item) -> Item:
     _require_reranker(template)
     if template.pair_format is None:
         raise ValueError(f"template '{template.name}' encodes a pair as the tokenizer's text pair; see pair_texts")
-    text = template.pair_format.format(instruction=pair_instruction(template, query, document) or "",
-                                       query=query.text, document=document.text)
-    return Item(text, None, query.images + document.images, query.videos + document.videos,
-                query.audios + document.audios)
+    instruction = pair_instruction(template, query, document)
+    text = template.pair_format.format(instruction=instruction or "", query=query.text, document=document.text)
+    system = None if "{instruction}" in template.pair_format else instruction
+    first, second = (query, document) if document_after_query(template) else (document, query)
+    return Item(text, system, first.images + second.images, first.videos + second.videos,
+                first.audios + second.audios)
+
+
+def document_after_query(template: Template) -> bool:
+    """Whether ``template.pair_format`` writes the query before the document."""
+    return template.pair_format.find("{query}") < template.pair_format.find("{document}")
 
 
 def pair_texts(template: Template, query: Item, document: Item) -> tuple[str] | tuple[str, str]:
@@ -134,6 +145,8 @@ def pair_token_lengths(samples: Sequence[Sample], builder: InputBuilder, total_w
         items = [pair_item(template, q, d) for q, d in flat]
         origins = [(samples[i].source, samples[i].line, "query + document") for i in owner] if builder.multimodal else None
         measured = builder.lengths(items, origins)
+    if template.score_token_id is not None:
+        measured = [n + 1 for n in measured]
     for i, n in zip(owner, measured):
         lengths[i] = lengths[i] + min(n, total_within) if total_within is not None else max(lengths[i], n)
     return lengths
@@ -202,7 +215,9 @@ class RerankCollator(StandInCollation):
         if self.max_positive < 1 or self.max_negative < 0:
             raise ValueError(f"max_positive must be >= 1 and max_negative >= 0, got {self.max_positive} and "
                              f"{self.max_negative}")
-        self.builder = InputBuilder(self.template, self.tokenizer, self.max_length, self.truncation_side, self.truncate,
+        # the score token is appended after the text is cut to the rest of --max_length
+        room = self.max_length - 1 if self.max_length and self.template.score_token_id is not None else self.max_length
+        self.builder = InputBuilder(self.template, self.tokenizer, room, self.truncation_side, self.truncate,
                                     bucket=self.bucket, media=self.media)
         self._templates = self.instructions.templates(self.template)
         self.random_state = np.random.RandomState(SEED)
@@ -261,9 +276,12 @@ class RerankCollator(StandInCollation):
         items = [pair_item(p.template, p.query, p.document) for p in pairs]
         origins = [(p.source, p.line, f"#{k}") for k, p in enumerate(pairs)]
         try:
-            return self.builder(items, origins)
+            batch = self.builder(items, origins)
         except DataError as e:
             raise _named(e, pairs) from None
+        if self.template.score_token_id is not None:
+            batch = with_score_token(batch, self.template.score_token_id, tokenizer_of(self.tokenizer).pad_token_id)
+        return batch
 
     # ---- truncation: the document first --------------------------------------------------
     def _shortened(self, pairs: list[_Pair]) -> list[_Pair]:
@@ -277,7 +295,7 @@ class RerankCollator(StandInCollation):
                                              for p in (pairs[k] for k in text_rows)])
         out = list(pairs)
         for k, n in zip(text_rows, lengths):
-            if n > self.max_length:
+            if n > self.builder.max_length:
                 out[k] = self._cut(pairs[k], tokenizer)
         return out
 
@@ -291,7 +309,7 @@ class RerankCollator(StandInCollation):
                 end = start + len(item.text)
                 enc = tokenizer(rendered.replace(_MARK, item.text), add_special_tokens=self.template.add_special_tokens,
                                 return_offsets_mapping=True)
-                over = len(enc["input_ids"]) - self.max_length
+                over = len(enc["input_ids"]) - self.builder.max_length
                 if over <= 0:
                     return pair
                 inside = [t for t, (a, b) in enumerate(enc["offset_mapping"]) if a >= start and b <= end and b > a]
@@ -307,6 +325,35 @@ class RerankCollator(StandInCollation):
                 if not text:
                     break
         return pair  # still over: the builder cuts the rest
+
+
+# the batch keys with one entry per token (media tensors have other rows)
+_SEQUENCE_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
+
+
+def with_score_token(batch: dict[str, Any], token_id: int, pad_id: int | None) -> dict[str, Any]:
+    """``batch`` with ``token_id`` after each row's last real token (``attention_mask`` 1 there;
+    the row's padding, on either side, stays where it was): each tensor of one entry per token
+    (``input_ids``, ``attention_mask``, ``token_type_ids``, ``mm_token_type_ids``) becomes ``[N, L + 1]``."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    n, width = ids.shape
+    lengths = mask.sum(1)
+    left = bool(n) and bool((mask[:, -1] == 1).all()) and not bool((mask[:, 0] == 1).all())
+    # each old position's new column: after the row's real tokens the padding moves one right
+    cols = torch.arange(width).expand(n, width)
+    moved = cols + (0 if left else (cols >= lengths[:, None]).long())
+    at = torch.full((n,), width) if left else lengths  # the score token's column
+    out = dict(batch)
+    for key in _SEQUENCE_KEYS:
+        value = batch.get(key)
+        if value is None:
+            continue
+        fill = {"input_ids": pad_id if pad_id is not None else 0}.get(key, 0)
+        new = value.new_full((n, width + 1), fill)
+        new.scatter_(1, moved if not left else cols, value)
+        new[torch.arange(n), at] = {"input_ids": token_id, "attention_mask": 1}.get(key, 0)
+        out[key] = new
+    return out
 
 
 _PAIR_FIELD = re.compile(r"^#(\d+)(?: (images|videos|audios)\[(\d+)\])?$")

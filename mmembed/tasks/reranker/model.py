@@ -3,11 +3,14 @@
 Two kinds, as ms-swift's ``--task_type`` names them:
 
 - ``reranker`` (kind ``classifier``): ``AutoModelForSequenceClassification`` with one label
-  (BERT, ModernBERT, GTE rerankers); the score is its logit. A folder without such a head (a
-  base model, e.g. all-MiniLM-L6-v2) gets a new, randomly initialized one, as a classifier
-  trained from a base model must. Saved, the folder loads in transformers as
-  ``AutoModelForSequenceClassification`` and in sentence-transformers as ``CrossEncoder``
-  (whose ``predict`` applies a sigmoid to the score unless given ``activation_fn=Identity()``).
+  (BERT, ModernBERT, GTE rerankers); the score is its logit. jina-reranker-m0's folders
+  (``JinaVLForRanking``) load as :class:`~mmembed.tasks.reranker.jina.JinaRerankerM0`, Qwen2-VL
+  with its score MLP: the score is ``score(h) - 2.65`` at the pair's last token. A folder
+  without such a head (a base model, e.g. all-MiniLM-L6-v2) gets a new, randomly initialized
+  one, as a classifier trained from a base model must. Saved, the folder loads in transformers
+  as ``AutoModelForSequenceClassification`` and in sentence-transformers as ``CrossEncoder``
+  (whose ``predict`` applies a sigmoid to the score unless given
+  ``activation_fn=Identity()``).
 - ``generative_reranker`` (kind ``generative``): a causal language model (Qwen3-Reranker,
   or a vision-language model such as Qwen3-VL-Reranker, loaded with its media towers); the
   score is ``logit(yes) - logit(no)`` at each row's last real token, where ``yes`` / ``no``
@@ -99,6 +102,8 @@ class RerankerModel(BackboneCheckpointing, nn.Module):
         if self.kind == "generative":
             return None
         transformer = self._transformer()
+        if getattr(transformer, "logit_bias", None) is not None:
+            return f"{type(transformer).__name__} is scored from padded rows only"
         if getattr(transformer, "score", None) is None or not is_causal(transformer.base_model):
             return f"{type(transformer).__name__} pools each row inside the model (no last-token score head)"
         return None
@@ -235,6 +240,13 @@ def _load_classifier(path: str, config: Any, kwargs: dict[str, Any], tokenizer: 
                      head_from_adapter: bool = False) -> RerankerModel:
     from transformers import AutoModelForSequenceClassification
 
+    from .jina import is_jina_reranker, load_jina_reranker
+
+    if is_jina_reranker(getattr(config, "architectures", None)):  # its own score head, no folder code run
+        model, info = _quietly(load_jina_reranker, path, **kwargs)
+        _report(path, info.get("missing_keys", []), info.get("unexpected_keys", []))
+        use_for_towers(model)
+        return RerankerModel(model, "classifier")
     model, info = _quietly(AutoModelForSequenceClassification.from_pretrained, path, num_labels=1, **kwargs)
     missing = list(info.get("missing_keys", []))
     head = [k for k in missing if k.split(".")[0] in ("classifier", "score") or k.startswith("pooler.")]

@@ -53,12 +53,18 @@ def reranker_task_of(path: str, cfg: dict[str, Any] | None = None) -> str:
     base = _base_of(path, cfg)
     with open(os.path.join(base, "config.json"), encoding="utf-8") as f:
         architectures = json.load(f).get("architectures") or []
-    if any(a.endswith("ForSequenceClassification") for a in architectures):
+    if any(a.endswith("ForSequenceClassification") for a in architectures) or _jina(architectures):
         return "reranker"
     if any(a.endswith(("ForCausalLM", "ForConditionalGeneration")) for a in architectures):
         return "generative_reranker"
     raise UsageError(f"{path}: not a reranker (config.json's architectures {architectures}); pass --task_type "
                      "reranker or generative_reranker")
+
+
+def _jina(architectures: Any) -> bool:
+    from .jina import is_jina_reranker  # transformers' Qwen2-VL classes: imported when a folder is read
+
+    return is_jina_reranker(architectures)
 
 
 def _base_of(path: str, cfg: dict[str, Any] | None) -> str:
@@ -89,7 +95,10 @@ def load_reranker_folder(path: str, task_type: str | None = None, torch_dtype: s
     if cfg.get("template"):
         template = template_from_config(cfg["template"])
     else:
-        template = get_template(config_model_type=AutoConfig.from_pretrained(base).model_type, task="reranker")
+        config = AutoConfig.from_pretrained(base)
+        jina = _jina(getattr(config, "architectures", None))  # model_type qwen2_vl: the class says it
+        template = get_template("jina_reranker_m0" if jina else None, config_model_type=config.model_type,
+                                task="reranker")
     if cfg.get("default_system") is not None:
         template = dataclasses.replace(template, default_system=cfg["default_system"])
     instruction = (cfg.get("instructions") or {}).get("query")
