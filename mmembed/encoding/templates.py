@@ -31,6 +31,21 @@ A template is a declarative TOML file in ``templates/`` (shipped inside the whee
   (ms-swift 4.6's, e.g. Qwen3-VL-Embedding's ``image_max_tokens = 1800`` tokens per image,
   ``fps = 1``, ``fps_max_frames = 64``): each applies when its variable (``MAX_PIXELS``, ``FPS``,
   ``FPS_MAX_FRAMES``) is unset.
+- ``trim``: strip the whitespace around the content and the system prompt before rendering
+  (ms-swift's Qwen3.5 templates do, as the models' own chat template trims every turn).
+- ``eos_tokens``: a count of trailing tokens read from the model folder, as UEmbed's
+  ``sparse_info.json``: ``{file, field, token}``; when the folder's ``file`` gives ``field`` = N > 0
+  (:meth:`Template.for_model`), the ``token`` that ends ``format`` (and ``format_with_system``)
+  is written N times and ``last`` pooling takes the position before those N tokens
+  (``pool_skip`` = N); absent, 0: the template as written.
+- ``pool_skip``: positions ``last`` pooling steps back from the last real token (set by
+  ``eos_tokens``; 0: the last token itself).
+- ``architectures``: config.json ``architectures`` that pick this template before its
+  ``model_type`` does (a family that shares a transformers model type with another).
+- ``model_files``: files of the model folder carried into every checkpoint and export
+  (ms-swift's ``additional_saved_files``; :mod:`mmembed.model.model_files`).
+- ``saved_architectures``: the ``architectures`` a saved folder's ``config.json`` names (its
+  ``auto_map`` dropped), as ms-swift saves WeMM-Embedding.
 - ``adapter_prefix``: where the family's full class (the causal-LM or conditional-generation
   class ms-swift and PEFT users load) holds the ``AutoModel`` backbone, e.g. ``"model."``;
   LoRA adapters are written with the full class's module names. Empty: the bare model.
@@ -109,6 +124,12 @@ class Template:
     default_instruction: str | None = None
     score_token_id: int | None = None
     media_defaults: dict[str, Any] = field(default_factory=dict)
+    trim: bool = False
+    eos_tokens: dict[str, str] = field(default_factory=dict)
+    pool_skip: int = 0
+    architectures: tuple[str, ...] = ()
+    model_files: tuple[str, ...] = ()
+    saved_architectures: tuple[str, ...] = ()
 
     @property
     def reranker(self) -> bool:
@@ -164,7 +185,7 @@ class Template:
         item's own (its row's, or its dataset's), the side's instruction
         (``query_system``/``document_system``), ``default_system`` (``--system``, else the
         template's)."""
-        content = item.text
+        content = item.text.strip() if self.trim else item.text
         for kind, tag in MEDIA_TAGS.items():
             if tag in content:
                 if kind not in self.media:
@@ -175,11 +196,40 @@ class Template:
     def format_text(self, content: str, system: str | None) -> str:
         """``content`` (its media tags already replaced by placeholders) in this template's
         format, with ``system`` as its system prompt (None or empty: none)."""
+        if system and self.trim:
+            system = system.strip()
         if system and self.format_with_system is not None:
             return self.format_with_system.format(system=system, content=content)
         if "{system}" in self.format:
             return self.format.format(system=system or "", content=content)
         return self.format.format(content=content)
+
+    def for_model(self, model_dir: str | None) -> Template:
+        """This template for the model in ``model_dir``: with ``eos_tokens``, its suffix token
+        written N times and ``pool_skip`` = N, N read from the folder's file (see the module
+        docstring); the template itself when there is nothing to apply."""
+        if not self.eos_tokens or not model_dir:
+            return self
+        path = os.path.join(model_dir, self.eos_tokens["file"])
+        if not os.path.isfile(path):
+            return self
+        key = self.eos_tokens["field"]
+        try:
+            raw = read_json_once(path).get(key, 0)
+            count = int(raw if raw is not None else 0)
+        except (ValueError, TypeError, AttributeError) as e:
+            raise ValueError(f"{path}: '{key}' must be a whole number of tokens ({e})") from None
+        if count < 0:
+            raise ValueError(f"{path}: '{key}' must be 0 or more, got {count}")
+        if count == 0:
+            return self
+        token = self.eos_tokens["token"]
+
+        def repeat(fmt: str | None) -> str | None:
+            return None if fmt is None else fmt[: -len(token)] + token * count
+
+        return dataclasses.replace(self, format=repeat(self.format), format_with_system=repeat(self.format_with_system),
+                                   pool_skip=count, eos_tokens={})
 
     def resolve_pooling(self, model_dir: str | None) -> str:
         """The pooling this template uses for the model in ``model_dir``."""
@@ -242,8 +292,37 @@ def _from_fields(where: str, raw: dict[str, Any]) -> Template:
     if defaults and not media:
         raise ValueError(f"template '{where}': [media_defaults] without [media] placeholders")
     raw["media_defaults"] = dict(defaults)
+    _check_suffix(where, raw)
     _check_task(where, raw)
     return Template(**raw)
+
+
+def _check_suffix(where: str, raw: dict[str, Any]) -> None:
+    """``eos_tokens``, ``pool_skip``, ``trim`` and ``architectures``: their types, and a suffix the
+    formats end with."""
+    for key in ("architectures", "model_files", "saved_architectures"):
+        raw[key] = tuple(raw.get(key, ()))
+        if not all(isinstance(a, str) and a for a in raw[key]):
+            raise ValueError(f"template '{where}': {key} must be a list of names")
+    if not isinstance(raw.get("trim", False), bool):
+        raise ValueError(f"template '{where}': trim must be true or false")
+    skip = raw.get("pool_skip", 0)
+    if not isinstance(skip, int) or isinstance(skip, bool) or skip < 0:
+        raise ValueError(f"template '{where}': pool_skip must be 0 or more, got {skip!r}")
+    if skip and raw.get("pooling") != "last":
+        raise ValueError(f"template '{where}': pool_skip needs pooling = \"last\"")
+    eos = raw.get("eos_tokens", {})
+    if not eos:
+        raw["eos_tokens"] = {}
+        return
+    if not isinstance(eos, dict) or set(eos) != {"file", "field", "token"} or not all(isinstance(v, str) and v for v in eos.values()):
+        raise ValueError(f"template '{where}': eos_tokens takes the strings file, field and token, got {eos!r}")
+    if raw.get("pooling") != "last":
+        raise ValueError(f"template '{where}': eos_tokens needs pooling = \"last\"")
+    for key in ("format", "format_with_system"):
+        if raw.get(key) is not None and not raw[key].endswith(eos["token"]):
+            raise ValueError(f"template '{where}': {key} must end with eos_tokens' token {eos['token']!r}")
+    raw["eos_tokens"] = dict(eos)
 
 
 def _check_task(where: str, raw: dict[str, Any]) -> None:
@@ -314,6 +393,8 @@ def template_config(template: Template) -> str | dict[str, Any]:
         return template.name
     fields = dataclasses.asdict(template)
     fields["model_types"] = list(fields["model_types"])
+    for key in ("architectures", "model_files", "saved_architectures"):
+        fields[key] = list(fields[key])
     fields["parts"] = {k: list(v) for k, v in fields["parts"].items()}
     return fields
 
@@ -326,9 +407,9 @@ def template_from_config(value: str | dict[str, Any]) -> Template:
 
 
 def get_template(name: str | None = None, model_type: str | None = None, config_model_type: str | None = None,
-                 task: str | None = None) -> Template:
+                 task: str | None = None, architectures: list[str] | tuple[str, ...] = ()) -> Template:
     """Find a template by name or TOML file path, else by ms-swift ``--model_type``, else by
-    the model config's ``model_type``. ``task`` (what the template is for, one of :data:`TASKS`:
+    one of the model config's ``architectures`` a template names, else by its ``model_type``. ``task`` (what the template is for, one of :data:`TASKS`:
     ``embedding`` or ``reranker``, a task's :attr:`~mmembed.task.Task.template_task`; None:
     embedding) picks which templates the model types are searched among; a template named
     outright must be of that kind when one is given."""
@@ -345,6 +426,10 @@ def get_template(name: str | None = None, model_type: str | None = None, config_
         return _of_task(templates[name], task)
     others = [t for t in templates.values() if t.task != wanted]
     templates = {n: t for n, t in templates.items() if t.task == wanted}
+    if not model_type:
+        for t in templates.values():
+            if set(t.architectures) & set(architectures or ()):
+                return t
     for key in (model_type, config_model_type):
         if not key:
             continue

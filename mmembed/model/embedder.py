@@ -96,7 +96,10 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
     if cfg.get("template"):
         template = template_from_config(cfg["template"])
     else:
-        template = _swift_template(path, base) or get_template(config_model_type=AutoConfig.from_pretrained(base).model_type)
+        config = AutoConfig.from_pretrained(base)
+        template = _swift_template(path, base) or get_template(config_model_type=config.model_type,
+                                                               architectures=config.architectures or ())
+        template = template.for_model(base)  # e.g. UEmbed's sparse_info.json
     template.check_installed()
     quant = Quantization.from_record(cfg.get("quantization")) if is_adapter else None
     if quantized and quant is None:
@@ -129,6 +132,8 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
         model = EmbeddingModel(backbone, pooling, normalize=cfg.get("normalize", True), tower=template.tower)
     else:
         model = head(backbone, template, tokenizer)
+    if head is None:
+        model.pool_skip = template.pool_skip  # UEmbed's num_eos_tokens (0: the last token)
     model.eval()
     # a text model's sentence-transformers prompts (its own, else its base model's: what an
     # export keeps): the prompt of a side the run gave no instruction (Qwen3-Embedding's query)

@@ -27,11 +27,13 @@ from .varlen_attention import transformers_name, use_for_towers
 TOKEN_INPUTS = {"token_type_ids"}
 
 
-def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str, skip: int = 0) -> torch.Tensor:
     """Pool token states ``[N, L, D]`` into ``[N, D]``.
 
     ``last`` takes the last position whose mask is 1, which is right under left padding
-    (the final column) and right padding (the column before the first pad) alike.
+    (the final column) and right padding (the column before the first pad) alike; with
+    ``skip`` = k, the position k before it (UEmbed's ``num_eos_tokens``: the state before
+    its k trailing ``<|endoftext|>``, ms-swift's pooling hook).
     """
     mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
     if mode == "mean":
@@ -42,7 +44,7 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch
         return hidden.masked_fill(mask == 0, torch.finfo(hidden.dtype).min).max(1).values
     if mode == "last":
         positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-        last = (attention_mask.long() * positions).argmax(1)
+        last = (attention_mask.long() * positions).argmax(1) - skip
         return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
     raise ValueError(f"pooling must be one of {POOLINGS}, got {mode!r}")
 
@@ -104,6 +106,9 @@ class EmbeddingModel(BackboneCheckpointing, nn.Module):
             bounded set of widths (:func:`~mmembed.model.packing.bucket_width`), so that a run
             meets a few shapes rather than one per longest row.
     """
+
+    #: ``last`` pooling's step back from the last real token (a template's ``pool_skip``)
+    pool_skip: int = 0
 
     def __init__(self, backbone: nn.Module, pooling: str, normalize: bool = True, length_chunks: int = 4,
                  tower: str | None = None, padding_free: bool = False, bucket: bool = False):
@@ -215,7 +220,7 @@ class EmbeddingModel(BackboneCheckpointing, nn.Module):
     def _embed(self, input_ids, attention_mask, inputs) -> torch.Tensor:
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **inputs)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        return pool(hidden, attention_mask, self.pooling)
+        return pool(hidden, attention_mask, self.pooling, self.pool_skip)
 
     def _embed_packed(self, input_ids, attention_mask, inputs) -> torch.Tensor:
         """The batch's real tokens as one sequence, each row attending to itself only (a media
@@ -225,7 +230,7 @@ class EmbeddingModel(BackboneCheckpointing, nn.Module):
             self._is_causal = is_causal(base)
         hidden, packed = packed_forward(self.backbone, base, input_ids, attention_mask, inputs,
                                         multiple_of=PACKED_MULTIPLE if self.bucket else 1, causal=self._is_causal)
-        return pool_packed(hidden, packed, self.pooling)
+        return pool_packed(hidden, packed, self.pooling, self.pool_skip)
 
     def _embed_by_length(self, input_ids, attention_mask, inputs, chunks: int) -> torch.Tensor:
         """Rows sorted by length, in ``chunks`` calls, each cut to its own longest row (or

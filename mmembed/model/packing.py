@@ -184,13 +184,13 @@ def packed_forward(model: torch.nn.Module, base: torch.nn.Module, input_ids: tor
     return hidden[0], packed
 
 
-def pool_packed(hidden: torch.Tensor, packed: Packed, mode: str) -> torch.Tensor:
+def pool_packed(hidden: torch.Tensor, packed: Packed, mode: str, skip: int = 0) -> torch.Tensor:
     """Pool packed token states ``[T, D]`` into ``[N, D]``, one vector per row, as
-    :func:`mmembed.model.embedding.pool` pools the padded batch."""
+    :func:`mmembed.model.embedding.pool` pools the padded batch (``skip``: its ``last``'s step back)."""
     n = packed.rows
     starts, ends = packed.cu_seqlens[:n].long(), packed.cu_seqlens[1 : n + 1].long()
     if mode == "last":
-        return hidden[ends - 1]
+        return hidden[ends - 1 - skip]
     if mode == "cls":
         return hidden[starts]
     seg = packed.segments[: packed.tokens]

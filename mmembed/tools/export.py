@@ -24,6 +24,7 @@ from ..model.embedder import load_embedding_model
 from ..model.embedding import hidden_size
 from ..model.folder import write_saved_folder
 from ..model.io import read_mmembed_config, save_tokenizer
+from ..model.model_files import carry_model_files
 from ..task import task_of_folder
 
 
@@ -70,4 +71,5 @@ def export_embedding(checkpoint: str, output_dir: str) -> str:
             cfg["trained_with_quantization"] = cfg.pop("quantization")
         write_saved_folder(tmp, cfg, hidden_size(model.backbone.config), final_path=os.path.abspath(output_dir),
                            tokenizer=tokenizer)
+        carry_model_files(template, [checkpoint, info["base_model"]], tmp)  # UEmbed's sparse_info.json, ...
     return output_dir

@@ -64,7 +64,9 @@ def resolve_template(model_dir: str, name: str | None, model_type: str | None, s
     if config is None:
         config = read_model_config(model_dir)
     try:
-        template = get_template(name, model_type, getattr(config, "model_type", None), task=get_task(task).template_task)
+        template = get_template(name, model_type, getattr(config, "model_type", None), task=get_task(task).template_task,
+                                architectures=getattr(config, "architectures", None) or ())
+        template = template.for_model(model_dir)  # e.g. UEmbed's sparse_info.json
         template.check_installed()
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -303,8 +305,14 @@ def build_model(args: SftArguments, template: Template, pooling: str, head: Any 
     logger.info("on %s: %s", args.device.type, ", ".join(
         [*getattr(args, "device_defaults", []), f"--padding_free {str(padding_free).lower()}",
          f"--attn_impl {backbone.config._attn_implementation}"]))
-    return (head or EmbeddingModel)(backbone, pooling=pooling, length_chunks=args.length_chunks, tower=template.tower,
-                                    padding_free=padding_free, bucket=bool(args.length_buckets))
+    model = (head or EmbeddingModel)(backbone, pooling=pooling, length_chunks=args.length_chunks, tower=template.tower,
+                                     padding_free=padding_free, bucket=bool(args.length_buckets))
+    if template.pool_skip:  # UEmbed's num_eos_tokens: pooled before the trailing <|endoftext|>
+        if not isinstance(model, EmbeddingModel) or pooling != "last":
+            raise UsageError(f"template {template.name}: its pooling {template.pool_skip} positions before the last "
+                             f"token is for one vector per input with last-token pooling (--task_type embedding)")
+        model.pool_skip = template.pool_skip
+    return model
 
 
 # ----------------------------------------------------------------------------- the loss and its side models

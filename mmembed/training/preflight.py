@@ -68,6 +68,7 @@ def check_settings(args: SftArguments, environment: Environment | None = None) -
     media = check_environment(args, environment)
     config = read_model_config(args.model)
     template = resolve_template(args.model, args.template, args.model_type, args.system, config, task=args.task_type)
+    check_linear_attention_packing(args, config)
     limit = getattr(config, "max_position_embeddings", None)
     if args.max_length and limit and getattr(config, "position_embedding_type", None) == "absolute" \
             and args.max_length > limit:
@@ -98,6 +99,20 @@ def check_settings(args: SftArguments, environment: Environment | None = None) -
         if path and not exists(path):  # the user's data, as a --dataset that is not there (exit status 1)
             raise SpecError(f"{flag} {path}: no such {'file' if exists is os.path.isfile else 'folder'}")
     return RunSetup(media, config, template, loss)
+
+
+def check_linear_attention_packing(args: SftArguments, config) -> None:
+    """A model with linear-attention layers (Qwen3.5's Gated DeltaNet: UEmbed, WeMM-Embedding) runs
+    a recurrence over the sequence that would carry one row's state into the next in a packed
+    sequence; mmembed keeps its rows padded, each alone, and refuses what asks for one sequence."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if "linear_attention" not in (getattr(text, "layer_types", None) or ()):
+        return
+    asked = [flag for flag, on in (("--packing true", args.packing), ("--padding_free true", args.padding_free)) if on]
+    if asked:
+        raise UsageError(f"{' and '.join(asked)}: model type {config.model_type} has linear-attention layers "
+                         "(Gated DeltaNet), whose recurrence would run from one row into the next in a packed "
+                         "sequence; mmembed trains it on padded batches: leave the flag out")
 
 
 def check_embedding_loss(args: SftArguments, loss: EmbeddingLoss, template: Template, config) -> None:

