@@ -155,3 +155,22 @@ def test_wemm_embedding_is_its_published_forward(folders, tmp_path):
     expected = torch.nn.functional.normalize(hidden[torch.arange(2), enc["attention_mask"].sum(1) - 1], dim=-1)
     got = torch.from_numpy(Embedder.from_pretrained(folders["wemm_embedding"]).encode(texts))
     assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_the_uembed_script_trains(folders, tmp_path):
+    """examples/train_uembed.sh (LoRA on the language model, picture and text rows bundled with the
+    examples) on the tiny UEmbed with num_eos_tokens 2, one step, no DeepSpeed: its checkpoint
+    carries sparse_info.json and pools 2 positions back."""
+    from conftest import run_example
+
+    env = {"MODEL": folders["sparse"], "OUTPUT_DIR": str(tmp_path / "out"), "TORCH_DTYPE": "float32",
+           "DEEPSPEED": "", "ATTN_IMPL": "sdpa"}
+    r = run_example("train_uembed.sh", env, [
+        "--max_steps", "1", "--save_steps", "1", "--per_device_train_batch_size", "2", "--split_dataset_ratio", "0",
+        "--eval_strategy", "no", "--max_length", "512", "--dataloader_num_workers", "0", "--dataset_num_proc", "1",
+        "--report_to", "none", "--dataloader_drop_last", "false", "--disable_tqdm", "true"])
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-4000:])
+    metrics = json.loads(r.stdout[r.stdout.rindex("{\n"):])
+    folder = metrics["last_checkpoint"]
+    assert json.load(open(os.path.join(folder, "sparse_info.json"))) == {"num_eos_tokens": 2}
+    assert json.load(open(os.path.join(folder, "mmembed.json")))["template"]["pool_skip"] == 2
