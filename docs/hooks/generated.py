@@ -328,8 +328,8 @@ SWIFT_MODEL_LIST = "tests/fixtures/swift/model_list.json"  # made by tests/fixtu
 def swift_model_statuses() -> list[dict]:
     """Each model type of ms-swift's list (``tests/fixtures/swift/model_list.json``) with
     mmembed's status: the template that names it among the templates of its task (as
-    ``get_template(model_type=...)`` finds it), else the reason of ``NOT_SUPPORTED`` or
-    ``IN_PROGRESS`` (``mmembed/encoding/swift_models.py``)."""
+    ``get_template(model_type=...)`` finds it), else the reason of ``NOT_SUPPORTED``
+    (``mmembed/encoding/swift_models.py``)."""
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
     reasons = importlib.import_module("mmembed.encoding.swift_models")
@@ -354,8 +354,6 @@ def swift_model_statuses() -> list[dict]:
             status = {"status": "supported", "mmembed_template": found}
         elif model_type in reasons.NOT_SUPPORTED:
             status = {"status": "not supported", "why": reasons.NOT_SUPPORTED[model_type]}
-        elif model_type in reasons.IN_PROGRESS:
-            status = {"status": "in progress", "why": reasons.IN_PROGRESS[model_type]}
         else:
             raise PluginError(f"docs/hooks/generated.py: ms-swift's model type {model_type} ({where}) has no "
                               "template and no reason in mmembed/encoding/swift_models.py")

@@ -21,14 +21,6 @@ NOT_SUPPORTED: dict[str, str] = {
         "transformers has no such class"),
 }
 
-#: model types whose template is being written (issue 44): listed as in progress until a
-#: template names them, then as supported (an entry left here after that changes nothing)
-IN_PROGRESS: dict[str, str] = {
-    "qwen3_5_emb": "UEmbed on Qwen3.5 (issue 44)",
-    "wemm_embedding": "WeMM-Embedding on Qwen3.5 (issue 44)",
-    "jina_reranker_m0": "jina-reranker-m0, Qwen2-VL with a score head (issue 44)",
-}
-
 
 def why_not(model_type: str | None) -> str | None:
     """Why mmembed does not train ms-swift's ``model_type`` (None: no reason is kept for it)."""

@@ -13,7 +13,7 @@ import re
 import pytest
 from conftest import REPO
 
-from mmembed.encoding.swift_models import IN_PROGRESS, NOT_SUPPORTED
+from mmembed.encoding.swift_models import NOT_SUPPORTED
 from mmembed.encoding.templates import get_template
 from mmembed.task import get_task
 
@@ -44,9 +44,8 @@ def template_of(entry: dict) -> str | None:
 
 def unaccounted(entries: list[dict]) -> list[str]:
     """The model types of ``entries`` that no template names for their task and that no reason
-    explains (NOT_SUPPORTED, IN_PROGRESS)."""
-    return [e["model_type"] for e in entries
-            if template_of(e) is None and e["model_type"] not in NOT_SUPPORTED and e["model_type"] not in IN_PROGRESS]
+    explains (NOT_SUPPORTED)."""
+    return [e["model_type"] for e in entries if template_of(e) is None and e["model_type"] not in NOT_SUPPORTED]
 
 
 def test_the_fixture_is_ms_swift_4_6_s_own_list():
@@ -74,10 +73,9 @@ def test_every_listed_model_type_is_trained_or_explained():
 
 def test_a_reason_is_kept_only_for_a_listed_model_type_no_template_names():
     listed = {e["model_type"]: e for e in _listed()["model_types"]}
-    assert set(NOT_SUPPORTED) <= set(listed) and set(IN_PROGRESS) <= set(listed)
+    assert set(NOT_SUPPORTED) <= set(listed)
     stale = [m for m in NOT_SUPPORTED if template_of(listed[m]) is not None]
     assert stale == [], f"mmembed/encoding/swift_models.py: {stale} are trained now; take their reason out"
-    assert not set(NOT_SUPPORTED) & set(IN_PROGRESS)
 
 
 def test_a_model_type_kept_as_not_supported_says_why_in_the_error():
@@ -97,7 +95,7 @@ def test_the_docs_table_lists_the_fixture_with_mmembed_s_status():
         if found is not None:
             assert (s["status"], s["mmembed_template"]) == ("supported", found), s["model_type"]
         else:
-            assert s["status"] in ("not supported", "in progress"), s["model_type"]
+            assert s["status"] == "not supported" and s["why"] == NOT_SUPPORTED[s["model_type"]], s["model_type"]
     table = hook.swift_models()
     rows = [line for line in table.splitlines() if line.startswith("| `") and not line.startswith("| `--")]
     assert [re.match(r"\| `([^`]+)`", r).group(1) for r in rows] == [s["model_type"] for s in statuses]
