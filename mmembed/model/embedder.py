@@ -26,6 +26,7 @@ from .adapters import load_lora
 from .embedding import EmbeddingModel, default_max_length, load_backbone, require_local_model
 from .io import instructions_of, read_mmembed_config, read_sentence_transformers_prompts
 from .quantization import Quantization
+from .st_modules import SentenceTransformersModules, entries_of_records, modules_of_folder
 
 if TYPE_CHECKING:
     from ..encoding.media import MediaSettings
@@ -129,7 +130,8 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
     else:
         max_length = default_max_length(base, tokenizer_of(tokenizer))
     if head is None:
-        model = EmbeddingModel(backbone, pooling, normalize=cfg.get("normalize", True), tower=template.tower)
+        model = EmbeddingModel(backbone, pooling, normalize=cfg.get("normalize", True), tower=template.tower,
+                               modules=_st_modules(path, base, cfg, pooling))
     else:
         model = head(backbone, template, tokenizer)
     if head is None:
@@ -141,6 +143,22 @@ def load_embedding_model(path: str, torch_dtype: str | None = None, merge: bool 
     info = {"pooling": pooling, "max_length": max_length, "base_model": base, "is_adapter": is_adapter, "prompts": prompts,
             "quantization": quant.record() if quant else None}
     return model, tokenizer, template, info
+
+
+def _st_modules(path: str, base: str, cfg: dict[str, Any], pooling: str) -> SentenceTransformersModules | None:
+    """The sentence-transformers modules (Dense layers, ...) of a saved folder (its
+    ``mmembed.json`` lists them; their folders are in ``path``) or of a base model's folder."""
+    records = cfg.get("sentence_transformers_modules")
+    if records:
+        modules = SentenceTransformersModules(entries_of_records(records), path)
+    else:
+        entries = modules_of_folder(base)
+        if not entries:
+            return None
+        modules = SentenceTransformersModules(entries, base)
+    if modules.own_pooling is not None and cfg.get("pooling"):
+        modules.use_pooling(pooling)
+    return modules
 
 
 def as_item(x: Any, source: str = "<input>", line: int = 0, base_dir: str | None = None) -> Item:

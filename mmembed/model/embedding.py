@@ -20,6 +20,7 @@ from ..encoding.templates import POOLINGS
 from ..errors import UsageError
 from ..files import read_json_once
 from .packing import PACKED_MULTIPLE, bucket_width, is_causal, packed_forward, pool_packed
+from .st_modules import SentenceTransformersModules
 from .varlen_attention import transformers_name, use_for_towers
 
 # per-token inputs that can be cut to a chunk's width; anything else (pixels, grids) keeps
@@ -105,13 +106,17 @@ class EmbeddingModel(BackboneCheckpointing, nn.Module):
         bucket: widen padded text batches (and length chunks, and packed sequences) to a
             bounded set of widths (:func:`~mmembed.model.packing.bucket_width`), so that a run
             meets a few shapes rather than one per longest row.
+        modules: a sentence-transformers folder's modules after its Transformer
+            (:class:`~mmembed.model.st_modules.SentenceTransformersModules`: Dense layers,
+            LayerNorm, token weights...), run after (or, for token modules, instead of) the pooling.
     """
 
     #: ``last`` pooling's step back from the last real token (a template's ``pool_skip``)
     pool_skip: int = 0
 
     def __init__(self, backbone: nn.Module, pooling: str, normalize: bool = True, length_chunks: int = 4,
-                 tower: str | None = None, padding_free: bool = False, bucket: bool = False):
+                 tower: str | None = None, padding_free: bool = False, bucket: bool = False,
+                 modules: SentenceTransformersModules | None = None):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
@@ -124,20 +129,26 @@ class EmbeddingModel(BackboneCheckpointing, nn.Module):
         self.pooling = pooling
         self.normalize = normalize
         self.length_chunks = length_chunks
-        self.padding_free = padding_free
+        self.padding_free = padding_free and not (modules is not None and modules.needs_tokens)
         self.bucket = bucket
+        self.st_modules = modules
 
     @property
     def config(self):
         return self.backbone.config
 
     def save_head(self, folder: str, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        """Write what the model holds beside its backbone into a saved ``folder`` (nothing here;
-        a late-interaction model's projection). ``state_dict``: the whole model's, when the
+        """Write what the model holds beside its backbone into a saved ``folder``: a
+        sentence-transformers folder's modules (Dense, ...), each in its own sub-folder
+        (a late-interaction model: its projection). ``state_dict``: the whole model's, when the
         trainer gathered it (DeepSpeed), keyed as ``named_parameters``."""
+        if self.st_modules is not None:
+            self.st_modules.save(folder, state_dict, prefix="st_modules.")
 
     def load_head(self, folder: str) -> None:
         """Load back what :meth:`save_head` wrote into ``folder`` (resuming, the best checkpoint)."""
+        if self.st_modules is not None:
+            self.st_modules.load(folder)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **inputs: Any) -> dict[str, torch.Tensor]:
         inputs.pop("media_counts", None)  # bookkeeping of the collator (which media belong to which row)
@@ -152,6 +163,8 @@ class EmbeddingModel(BackboneCheckpointing, nn.Module):
             emb = self._embed(input_ids, attention_mask, inputs)
         if zero is not None:
             emb = emb + zero.to(emb.dtype)
+        if self.st_modules is not None:
+            emb = self.st_modules.over_pooled(emb)
         if self.normalize:
             emb = F.normalize(emb.float(), dim=-1)
         return {"last_hidden_state": emb}
@@ -218,8 +231,12 @@ class EmbeddingModel(BackboneCheckpointing, nn.Module):
         return base.multi_modal_projector(hidden).sum() * 0.0
 
     def _embed(self, input_ids, attention_mask, inputs) -> torch.Tensor:
+        if self.st_modules is not None and self.st_modules.hidden_states:
+            inputs = {**inputs, "output_hidden_states": True}
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **inputs)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        if self.st_modules is not None and self.st_modules.needs_tokens:  # sentence-transformers' token modules and pooling
+            return self.st_modules.pool_tokens(hidden, attention_mask, input_ids, getattr(out, "hidden_states", None))
         return pool(hidden, attention_mask, self.pooling, self.pool_skip)
 
     def _embed_packed(self, input_ids, attention_mask, inputs) -> torch.Tensor:

@@ -43,7 +43,8 @@ def write_saved_folder(output_dir: str, config: dict[str, Any], dim: int, log_hi
         prompts, default_name = sentence_transformers_prompts(
             config, read_sentence_transformers_prompts(base_model_folder(config)))
         write_sentence_transformers_config(output_dir, dim, config["pooling"], config.get("max_length"),
-                                           prompts=prompts, default_prompt_name=default_name)
+                                           prompts=prompts, default_prompt_name=default_name,
+                                           modules=config.get("sentence_transformers_modules"))
         config["sentence_transformers_prompts"] = prompts
     config["sentence_transformers"] = st
     write_mmembed_config(output_dir, **config)

@@ -282,11 +282,20 @@ def sentence_transformers_prompts(config: dict[str, Any], base_prompts: dict[str
 
 def write_sentence_transformers_config(output_dir: str, dim: int, pooling: str, max_seq_length: int | None,
                                        prompt: str = "", prompts: dict[str, str] | None = None,
-                                       default_prompt_name: str | None = None) -> None:
+                                       default_prompt_name: str | None = None,
+                                       modules: list[dict[str, Any]] | None = None) -> None:
     """Files that let ``sentence_transformers.SentenceTransformer(output_dir)`` load the folder
     as Transformer (text only) -> Pooling -> Normalize, with ``prompts`` (named prompts:
     ``query`` and ``document`` for ``encode_query`` / ``encode_document``) and
-    ``default_prompt_name``; or, without ``prompts``, ``prompt`` as its default prompt."""
+    ``default_prompt_name``; or, without ``prompts``, ``prompt`` as its default prompt.
+    ``modules``: the ``modules.json`` entries of a pipeline of the model's own (a
+    sentence-transformers folder's Dense layers, ...), whose module folders the model wrote
+    (:meth:`~mmembed.model.embedding.EmbeddingModel.save_head`), in place of Pooling -> Normalize."""
+    if modules is not None:
+        _write_json(os.path.join(output_dir, "modules.json"), modules)
+        _write_transformer_config(output_dir, max_seq_length)
+        _write_st_config(output_dir, prompt, prompts, default_prompt_name)
+        return
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -307,6 +316,11 @@ def write_sentence_transformers_config(output_dir: str, dim: int, pooling: str, 
         "include_prompt": True,
     }
     _write_json(os.path.join(output_dir, "1_Pooling", "config.json"), pool_cfg)
+    _write_transformer_config(output_dir, max_seq_length)
+    _write_st_config(output_dir, prompt, prompts, default_prompt_name)
+
+
+def _write_transformer_config(output_dir: str, max_seq_length: int | None) -> None:
     # text only: a tokenizer with a chat template would otherwise be fed chat messages
     _write_json(os.path.join(output_dir, "sentence_bert_config.json"), {
         "max_seq_length": max_seq_length or 512,
@@ -315,6 +329,10 @@ def write_sentence_transformers_config(output_dir: str, dim: int, pooling: str, 
         "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
         "module_output_name": "token_embeddings",
     })
+
+
+def _write_st_config(output_dir: str, prompt: str, prompts: dict[str, str] | None,
+                     default_prompt_name: str | None) -> None:
     if prompts is None:
         prompts = {"default": prompt} if prompt else {}
         default_prompt_name = "default" if prompt else None

@@ -22,6 +22,13 @@ class EmbeddingTask(Task):
         refuse_beir_first_stage(args, "an embedding")
         super().check_flags(args)
 
+    def check_model(self, args: Any, config: Any) -> None:
+        """A sentence-transformers folder's modules, before any weight loads: one mmembed cannot
+        run is refused, naming it (:func:`~mmembed.model.st_modules.check_modules`)."""
+        from ..model.st_modules import check_modules
+
+        check_modules(args.model)
+
     def build_loss(self, args: Any, environment: Any) -> Any:
         from ..training.model_assembly import make_loss
 
@@ -36,6 +43,19 @@ class EmbeddingTask(Task):
         from ..training.sft import build_trainer
 
         return build_trainer(args, setup)
+
+    def model_head(self, args: Any, encoding: Any) -> Any:
+        from ..training.model_assembly import embedding_head
+
+        return embedding_head(args, encoding.pooling)
+
+    def saved_config(self, args: Any, encoding: Any, config: dict[str, Any]) -> dict[str, Any]:
+        from ..model.st_modules import modules_of_folder, with_normalize
+
+        entries = modules_of_folder(args.model)
+        if entries:  # the pipeline each saved folder writes (modules.json) and loads back
+            config = {**config, "sentence_transformers_modules": [e.record() for e in with_normalize(entries)]}
+        return config
 
     def export(self, checkpoint: str, output_dir: str) -> str:
         from ..tools.export import export_embedding

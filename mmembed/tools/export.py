@@ -61,6 +61,7 @@ def export_embedding(checkpoint: str, output_dir: str) -> str:
     model, tokenizer, template, info = load_embedding_model(checkpoint, merge=True)
     with folder_replaced_when_done(output_dir) as tmp:
         model.backbone.save_pretrained(tmp, safe_serialization=True)
+        model.save_head(tmp)  # a sentence-transformers folder's modules (Dense layers, ...)
         save_tokenizer(tmp, tokenizer)
         cfg = exported_config(checkpoint, output_dir, template=template_config(template),
                               default_system=template.default_system, pooling=info["pooling"],

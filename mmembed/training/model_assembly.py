@@ -151,10 +151,12 @@ def lora_flags(args: SftArguments) -> str:
     return flags + (f" --modules_to_save {' '.join(args.modules_to_save)}" if args.modules_to_save else "")
 
 
-def apply_lora(backbone: nn.Module, args: SftArguments, template: Template, peft_task: str = "FEATURE_EXTRACTION") -> nn.Module:
+def apply_lora(backbone: nn.Module, args: SftArguments, template: Template, peft_task: str = "FEATURE_EXTRACTION",
+               modules_to_save: list[str] | None = None) -> nn.Module:
     """A new LoRA adapter as the flags say, or (``--adapters``) an existing one trained on.
     ``peft_task``: PEFT's task type (a reranker's ``SEQ_CLS``, whose new head PEFT trains and
-    saves whole, or ``CAUSAL_LM``)."""
+    saves whole, or ``CAUSAL_LM``). ``modules_to_save``: the backbone's modules trained whole
+    (default ``--modules_to_save``; less the sentence-transformers modules it names)."""
     from peft import LoraConfig, TaskType, get_peft_model
 
     if args.adapters:
@@ -174,7 +176,7 @@ def apply_lora(backbone: nn.Module, args: SftArguments, template: Template, peft
         use_rslora=args.use_rslora,
         bias=args.lora_bias,
         init_lora_weights=init,
-        modules_to_save=list(args.modules_to_save) or None,
+        modules_to_save=list(args.modules_to_save if modules_to_save is None else modules_to_save) or None,
     )
     return get_peft_model(backbone, config)
 
@@ -293,8 +295,10 @@ def build_model(args: SftArguments, template: Template, pooling: str, head: Any 
         logger.info("--use_liger_kernel: liger-kernel's fused kernels applied to the %s backbone",
                     backbone.config.model_type)
     if args.tuner_type == "lora":
+        peft_names = getattr(head, "peft_modules_to_save", None)
         try:
-            backbone = apply_lora(backbone, args, template)
+            backbone = apply_lora(backbone, args, template,
+                                  modules_to_save=peft_names(args.modules_to_save) if peft_names else None)
         except ValueError as e:  # PEFT's refusal of a target the skeleton check could not see
             if args.adapters:
                 raise
@@ -313,6 +317,41 @@ def build_model(args: SftArguments, template: Template, pooling: str, head: Any 
                              f"token is for one vector per input with last-token pooling (--task_type embedding)")
         model.pool_skip = template.pool_skip
     return model
+
+
+class SentenceTransformersHead:
+    """The embedding model of a ``--model`` folder whose sentence-transformers modules mmembed
+    keeps (:mod:`mmembed.model.st_modules`: Dense layers, LayerNorm, token weights...): an
+    :class:`EmbeddingModel` around the backbone with those modules, trained in full training,
+    frozen under LoRA but for the ones ``--modules_to_save`` names (which PEFT then does not
+    see: they are outside the backbone)."""
+
+    def __init__(self, args: SftArguments, pooling: str):
+        from ..model.st_modules import SentenceTransformersModules, modules_of_folder
+
+        self.modules = SentenceTransformersModules(modules_of_folder(args.model), args.model)
+        if args.pooling:
+            self.modules.use_pooling(pooling)
+        mine, self.peft_names = self.modules.modules_named(list(args.modules_to_save))
+        trained = self.modules.set_trainable(args.tuner_type == "full", mine)
+        kinds = " -> ".join(e.kind for e in self.modules.entries)
+        logger.info("%s: sentence-transformers modules %s kept; trained: %s", args.model, kinds,
+                    ", ".join(trained) or "none (LoRA: name them in --modules_to_save to train them)")
+
+    def peft_modules_to_save(self, names: list[str]) -> list[str]:
+        """The ``--modules_to_save`` names left for PEFT (the backbone's)."""
+        return self.peft_names
+
+    def __call__(self, backbone: nn.Module, **options: Any) -> EmbeddingModel:
+        return EmbeddingModel(backbone, modules=self.modules, **options)
+
+
+def embedding_head(args: SftArguments, pooling: str) -> Any:
+    """What :func:`build_model` wraps an embedding backbone in: an :class:`EmbeddingModel`, or
+    for a sentence-transformers folder with modules of its own a :class:`SentenceTransformersHead`."""
+    from ..model.st_modules import modules_of_folder
+
+    return SentenceTransformersHead(args, pooling) if modules_of_folder(args.model) else EmbeddingModel
 
 
 # ----------------------------------------------------------------------------- the loss and its side models
