@@ -85,8 +85,10 @@ class LateInteractionTask(Task):
         if heads:
             raise UsageError(f"--model {args.model}: a {heads[0]} gives scores, not a transformer's token states; train "
                              "from its base model (a late-interaction projection is added)")
-        from .start import folder_projection
+        from .start import check_multivector_folder, folder_projection
 
+        if os.path.isdir(args.model):
+            check_multivector_folder(args.model)  # every module kept, or refused naming it
         start = folder_projection(args.model) if os.path.isdir(args.model) else None
         if start is not None and args.late_interaction_dim is not None and start.shape[0] != args.late_interaction_dim:
             raise UsageError(f"--model {args.model}: its late-interaction projection is {start.shape[0]}-d, this run's "

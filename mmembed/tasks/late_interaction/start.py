@@ -13,10 +13,63 @@ from typing import Any
 
 import torch
 
+from ...errors import UsageError
 from ...files import read_json_once, read_once
-from ...model.late_interaction import PROJECTION_FILE, PROJECTION_KEY, load_projection
+from ...model.late_interaction import PROJECTION_FILE, PROJECTION_KEY, PUNCTUATION_SKIPLIST, load_projection
+from ...model.st_modules import read_entries
 from ...task import folder_json
 from .settings import saved_settings
+
+#: what mmembed's late-interaction model is, module by module, as sentence-transformers 6.2 writes it
+_LAYOUT = "Transformer -> Dense (no bias, identity activation, token_embeddings) -> [MultiVectorMask] -> Normalize"
+_IDENTITY = ("torch.nn.modules.linear.Identity", "torch.nn.Identity", None)
+
+
+def check_multivector_folder(path: str, flag: str = "--model") -> None:
+    """A sentence-transformers ``MultiVectorEncoder`` folder's modules, before any weight loads:
+    each must be what mmembed's late-interaction model holds (:data:`_LAYOUT`; the mask's
+    skiplist none or ColBERT's punctuation, on documents; no prompts), or the run is refused in
+    one line naming the module, so that nothing of the folder is dropped silently."""
+    st = _json(os.path.join(path, "config_sentence_transformers.json"))
+    if st.get("model_type") != "MultiVectorEncoder":
+        return
+    entries = read_entries(path, flag) or []
+
+    def refuse(entry: Any, why: str) -> UsageError:
+        return UsageError(f"{flag} {path}: modules.json module {entry.name!r} ({entry.type}, folder "
+                          f"{entry.path or '.'!r}) {why}; mmembed's late-interaction model is {_LAYOUT}")
+
+    kinds = [e.kind for e in entries]
+    if not entries or kinds[0] != "Transformer" or entries[0].path not in ("", "."):
+        raise UsageError(f"{flag} {path}: modules.json must start with the Transformer stored in the folder itself; "
+                         f"mmembed's late-interaction model is {_LAYOUT}")
+    expected = ["Dense", "MultiVectorMask", "Normalize"]
+    for entry in entries[1:]:
+        if entry.kind not in expected:
+            raise refuse(entry, "cannot be kept" if entry.kind not in ("Dense", "MultiVectorMask", "Normalize")
+                         else "is a second one or out of order")
+        expected = expected[expected.index(entry.kind) + 1:]
+        config = _json(os.path.join(path, entry.path, "config.json"))
+        if entry.kind == "Dense":
+            if config.get("bias", True) or config.get("activation_function") not in _IDENTITY \
+                    or config.get("module_input_name") != "token_embeddings":
+                raise refuse(entry, f"has bias {config.get('bias', True)}, activation "
+                                    f"{config.get('activation_function')} over {config.get('module_input_name')}")
+        elif entry.kind == "MultiVectorMask":
+            words = config.get("skiplist_words") or []
+            if (words and set(words) != set(PUNCTUATION_SKIPLIST)) or config.get("keep_only_token_ids") \
+                    or list(config.get("skiplist_tasks") or ["document"]) != ["document"]:
+                raise refuse(entry, "masks other tokens than none or ColBERT's punctuation on documents")
+    if "Normalize" in expected:
+        raise UsageError(f"{flag} {path}: modules.json has no Normalize after the Dense; mmembed's late-interaction "
+                         f"vectors are L2-normalised ({_LAYOUT}): add a Normalize")
+    if "Dense" in expected:
+        raise UsageError(f"{flag} {path}: modules.json has no Dense projection; mmembed's late-interaction model is "
+                         f"{_LAYOUT}")
+    prompts = {k: v for k, v in (st.get("prompts") or {}).items() if v}
+    if prompts:
+        raise UsageError(f"{flag} {path}: config_sentence_transformers.json's prompts {prompts} cannot be kept: mmembed's "
+                         "late-interaction run puts no prompt before queries or documents; remove them")
 
 
 def _dense_folder(path: str) -> str | None:
@@ -86,6 +139,8 @@ def folder_defaults(path: str) -> dict[str, Any]:
         out.update(late_interaction_query_expansion="mask", late_interaction_query_length=int(st["query_length"]),
                    late_interaction_attend_expansion=bool(st.get("attend_to_expansion_tokens", False)))
     skiplist = st.get("skiplist_words") if st.get("model_type") == "ColBERT" else None
+    if st.get("model_type") == "MultiVectorEncoder":
+        skiplist = []  # no MultiVectorMask: every token scored
     for entry in _json(os.path.join(path, "modules.json")) or []:
         if isinstance(entry, dict) and str(entry.get("type", "")).endswith("MultiVectorMask"):
             skiplist = _json(os.path.join(path, entry.get("path", ""), "config.json")).get("skiplist_words")

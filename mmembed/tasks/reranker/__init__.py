@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import UsageError
-from ...task import Task, folder_architectures
+from ...task import Task, folder_architectures, folder_json
 from ...training.task_flags import EMBEDDING_ONLY, refuse_flags
 from .losses import RERANK_LOSS_CLASSES, RERANK_LOSSES, is_rerank_loss, rerank_task_of
 
@@ -69,7 +69,22 @@ class RerankerTask(Task):
     def check_model(self, args: Any, config: Any) -> None:
         """A folder whose classification head has more than one label (an NLI classifier, a
         multi-class model) is refused before it loads; one without a classification head gets
-        a new one-label head."""
+        a new one-label head. A sentence-transformers CrossEncoder folder is kept whole or
+        refused, naming what cannot be kept (:mod:`.st_folder`); its default prompt becomes the
+        run's query instruction unless ``--query_system`` gives one."""
+        from .st_folder import read_cross_encoder
+
+        if self.name != "reranker":
+            st = folder_json(args.model, "config_sentence_transformers.json")
+            if isinstance(st, dict) and st.get("model_type") == "CrossEncoder":
+                raise UsageError(f"--model {args.model}: a sentence-transformers CrossEncoder folder (a causal LM's "
+                                 "LogitScore): mmembed's generative reranker scores its template's prompt layout, which "
+                                 "CrossEncoder does not write; give the causal LM's folder without the "
+                                 "sentence-transformers files")
+        else:
+            cross_encoder = read_cross_encoder(args.model)
+            if cross_encoder is not None and args.query_system is None:
+                args.query_system = cross_encoder.instruction
         architectures = getattr(config, "architectures", None) or []
         labels = getattr(config, "num_labels", 1)
         if self.name == "reranker" and labels != 1 and any(a.endswith("ForSequenceClassification")

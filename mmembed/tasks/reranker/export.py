@@ -24,6 +24,7 @@ def export_reranker(checkpoint: str, output_dir: str) -> str:
     model, processing, template, info = load_reranker_folder(checkpoint, merge=True)
     with folder_replaced_when_done(output_dir) as tmp:
         model.backbone.save_pretrained(tmp, safe_serialization=True)
+        model.save_head(tmp)  # a CrossEncoder folder's sentence-transformers files
         save_tokenizer(tmp, processing)
         cfg = exported_config(
             checkpoint, output_dir,

@@ -93,6 +93,8 @@ class RerankerModel(BackboneCheckpointing, nn.Module):
         self.token_ids = tuple(int(i) for i in token_ids) if token_ids is not None else None
         self.tokens = tuple(tokens) if tokens is not None else None
         self.padding_free = padding_free
+        # a sentence-transformers CrossEncoder folder's own files and settings (.st_folder), kept in every saved folder
+        self.cross_encoder: Any = None
 
     def packable(self) -> str | None:
         """Why this reranker's batches cannot be packed (``--padding_free``), or None when they
@@ -117,8 +119,12 @@ class RerankerModel(BackboneCheckpointing, nn.Module):
         return get() if callable(get) else self.backbone
 
     def save_head(self, folder: str, state_dict: dict[str, torch.Tensor] | None = None) -> None:
-        """Nothing beside the backbone: a classifier's head is the backbone's own module (saved
-        with it, or with a LoRA adapter as PEFT's ``modules_to_save``); a generative one's is the LM head."""
+        """Nothing of weights beside the backbone: a classifier's head is the backbone's own
+        module (saved with it, or with a LoRA adapter as PEFT's ``modules_to_save``); a generative
+        one's is the LM head. A model folder (not an adapter) trained from a CrossEncoder folder
+        gets its sentence-transformers files (:class:`~mmembed.tasks.reranker.st_folder.CrossEncoderFolder`)."""
+        if self.cross_encoder is not None and not os.path.isfile(os.path.join(folder, "adapter_config.json")):
+            self.cross_encoder.save(folder)
 
     def load_head(self, folder: str) -> None:
         """Nothing to load beside the backbone (see :meth:`save_head`)."""
@@ -241,6 +247,7 @@ def _load_classifier(path: str, config: Any, kwargs: dict[str, Any], tokenizer: 
     from transformers import AutoModelForSequenceClassification
 
     from .jina import is_jina_reranker, load_jina_reranker
+    from .st_folder import read_cross_encoder
 
     if is_jina_reranker(getattr(config, "architectures", None)):  # its own score head, no folder code run
         model, info = _quietly(load_jina_reranker, path, **kwargs)
@@ -248,6 +255,7 @@ def _load_classifier(path: str, config: Any, kwargs: dict[str, Any], tokenizer: 
         use_for_towers(model)
         return RerankerModel(model, "classifier")
     model, info = _quietly(AutoModelForSequenceClassification.from_pretrained, path, num_labels=1, **kwargs)
+    cross_encoder = read_cross_encoder(path)  # its modules checked by the run before the weights loaded
     missing = list(info.get("missing_keys", []))
     head = [k for k in missing if k.split(".")[0] in ("classifier", "score") or k.startswith("pooler.")]
     if head and not head_from_adapter:
@@ -260,7 +268,9 @@ def _load_classifier(path: str, config: Any, kwargs: dict[str, Any], tokenizer: 
         tok = getattr(tok, "tokenizer", tok)
         if getattr(tok, "pad_token_id", None) is not None:
             model.config.pad_token_id = tok.pad_token_id
-    return RerankerModel(model, "classifier")
+    reranker = RerankerModel(model, "classifier")
+    reranker.cross_encoder = cross_encoder
+    return reranker
 
 
 def _load_generative(path: str, config: Any, kwargs: dict[str, Any], tokenizer: Any,

@@ -14,7 +14,8 @@ Scores are reported as TEI, Cohere / Jina clients and sentence-transformers'
 ``sigmoid(s)`` of the model's raw score ``s`` (:func:`probabilities`). For a classifier ``s`` is
 its one logit; for a generative reranker ``s = logit(yes) - logit(no)`` and ``sigmoid(s)`` is
 ``softmax([logit(no), logit(yes)])[1]``, Qwen3-Reranker's own score. ``raw_scores=True`` gives
-``s`` itself. Rankings follow ``s`` (the probabilities of two large scores can round to one
+``s`` itself. A model trained from a sentence-transformers CrossEncoder folder reports
+``activation_fn(s)``, the folder's own (:mod:`.st_folder`), as its ``predict`` does. Rankings follow ``s`` (the probabilities of two large scores can round to one
 value), ties in the documents' order (:func:`rank_order`).
 """
 
@@ -109,6 +110,10 @@ def load_reranker_folder(path: str, task_type: str | None = None, torch_dtype: s
     tokens = cfg.get("tokens") or [None, None]
     model = load_reranker(base, task, torch_dtype=torch_dtype, tokenizer=processing,
                           positive_token=tokens[0], negative_token=tokens[1], head_from_adapter=is_adapter)
+    if model.cross_encoder is not None:  # a CrossEncoder's default prompt is its query instruction
+        if template.query_system is None and model.cross_encoder.instruction is not None:
+            template = dataclasses.replace(template, query_system=model.cross_encoder.instruction)
+        model.cross_encoder = model.cross_encoder.with_instruction(template)
     if is_adapter:
         from peft import PeftModel
 
@@ -187,11 +192,13 @@ class Reranker:
             if lengths is not None:
                 lengths.extend(int(n) for n in batch["attention_mask"].sum(1).tolist())
         raw = np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
-        return raw if raw_scores else probabilities(raw)
+        return raw if raw_scores else self.relevance(raw)
 
-    @staticmethod
-    def relevance(raw: np.ndarray) -> np.ndarray:
-        """The ``relevance_score`` of raw scores: :func:`~mmembed.eval.ranking.probabilities`."""
+    def relevance(self, raw: np.ndarray) -> np.ndarray:
+        """The ``relevance_score`` of raw scores: :func:`~mmembed.eval.ranking.probabilities`, or
+        for a model trained from a CrossEncoder folder its ``activation_fn`` (``predict``'s default)."""
+        if self.model.cross_encoder is not None:
+            return self.model.cross_encoder.activate(raw)
         return probabilities(raw)
 
     def score(self, query: Any, documents: Sequence[Any], batch_size: int = 32,
@@ -204,5 +211,5 @@ class Reranker:
         """``[(index, score)]``, at most ``top_n``, best first: ordered by the raw scores (ties
         in document order, :func:`rank_order`), each score as :meth:`score` gives it."""
         raw = self.score(query, documents, batch_size, raw_scores=True)
-        shown = raw if raw_scores else probabilities(raw)
+        shown = raw if raw_scores else self.relevance(raw)
         return [(int(i), float(shown[i])) for i in rank_order(raw, top_n)]

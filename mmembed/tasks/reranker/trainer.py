@@ -233,6 +233,7 @@ class RerankTrainer(EmbeddingTrainer):
             prefix = "backbone."
             state_dict = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
         model.backbone.save_pretrained(output_dir, state_dict=state_dict, safe_serialization=True)
+        model.save_head(output_dir)  # a CrossEncoder folder's sentence-transformers files
         if self.processing_class is not None:
             save_tokenizer(output_dir, self.processing_class)
         config = dict(self.mmembed_config)
@@ -255,6 +256,8 @@ def build_reranker(args: SftArguments, encoding: Encoding) -> RerankerModel:
     tokenizer = getattr(encoding.processing, "tokenizer", None) or encoding.processing
     model = load_reranker(args.model, args.task_type, torch_dtype=args.torch_dtype, tokenizer=tokenizer,
                           attn_impl=args.attn_impl)
+    if model.cross_encoder is not None:  # its default prompt: the run's query instruction, as the template writes it
+        model.cross_encoder = model.cross_encoder.with_instruction(encoding.template)
     if args.tuner_type == "lora":
         task = "SEQ_CLS" if model.kind == "classifier" else "CAUSAL_LM"
         try:
