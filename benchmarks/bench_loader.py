@@ -35,16 +35,16 @@ import argparse
 import math
 import os
 import platform
-import sys
 import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-sys.path.insert(0, os.path.join(REPO, "examples"))
-sys.path.insert(0, REPO)
+if not __package__:  # run as a file: the package registered from its folder (benchmarks/_bootstrap.py)
+    import _bootstrap  # noqa: F401
 
-from bench_gpu import QWEN3_TINY, TEXT, batch_stats, minilm_source, model_shape, step_flops, write_text_rows  # noqa: E402
+from benchmarks.gpu.measure import batch_stats, model_shape, step_flops  # noqa: E402
+from benchmarks.gpu.models import minilm_source, write_text_rows  # noqa: E402
+from benchmarks.gpu.specs import QWEN3_TINY, TEXT  # noqa: E402
 
 # sentence-transformers' samples/s on an H100 in issue 9's table (bf16, max length 128); the
 # target is 1.5x these. Qwen3: the upper end of its measured range (the stricter budget).
@@ -119,7 +119,7 @@ def step_budget(r: dict, gme_shape) -> float:
 
 def gme_shape():
     """bench_gpu.py's Shape of the Qwen2-VL-2B-sized model (its config on the meta device)."""
-    from bench_multimodal import qwen2_vl_2b_config
+    from benchmarks.bench_multimodal import qwen2_vl_2b_config
 
     with tempfile.TemporaryDirectory() as d:
         cfg = qwen2_vl_2b_config()
@@ -136,16 +136,16 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["MAX_PIXELS"], os.environ["MIN_PIXELS"] = str(GME_SIZE ** 2), str(56 * 56)
-    from bench_gpu import build_qwen3
-    from bench_multimodal import make_images, save_qwen2_vl_processor
-    from tiny_models import build
+    from benchmarks.bench_multimodal import make_images, save_qwen2_vl_processor
+    from benchmarks.checkout import tiny_models
+    from benchmarks.gpu.models import build_qwen3
 
     t0 = time.time()
     results = []
     with tempfile.TemporaryDirectory() as work:
         minilm, _ = minilm_source(a.minilm)
         qwen3 = build_qwen3(os.path.join(work, "qwen3"), QWEN3_TINY, "cpu", "float32", TEXT["max_length"])
-        gme = build("qwen2_vl", os.path.join(work, "gme"), seed=0)
+        gme = tiny_models().build("qwen2_vl", os.path.join(work, "gme"), seed=0)
         save_qwen2_vl_processor(gme)  # Qwen2-VL's own pixel defaults (the tiny build's budget is tiny)
         batches = a.batches + 2 * 4 + 2  # timed + untimed (2 workers x prefetch 4 + 1) + a spare
         text = write_text_rows(os.path.join(work, "text.jsonl"), batches * 256)

@@ -53,9 +53,10 @@ import tempfile
 import threading
 import time
 
+if not __package__:  # run as a file: the package registered from its folder (benchmarks/_bootstrap.py)
+    import _bootstrap  # noqa: F401
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "examples"))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 IMAGE_SIZE = 224
 CLIP = dict(size=128, fps=10, seconds=3)
@@ -79,8 +80,9 @@ GPU_IMAGE_SIZE = 448  # 32 x 32 patches of 14 -> 256 merged tokens per picture
 def make_images(out_dir: str, rows: int, negatives: int, seed: int, size: int = IMAGE_SIZE) -> str:
     """``rows`` rows caption -> ``size``x``size`` picture (+ ``negatives`` pictures of other
     classes); returns the jsonl."""
-    from learn_multimodal import COLOURS, SHAPES, draw
     from PIL import Image
+
+    from benchmarks.learn_multimodal import COLOURS, SHAPES, draw
 
     rng = random.Random(seed)
     classes = [(c, s) for c in COLOURS for s in SHAPES]
@@ -102,7 +104,8 @@ def make_videos(out_dir: str, rows: int, negatives: int, seed: int, per_class: i
     """
     import av
     import numpy as np
-    from learn_multimodal import COLOURS, SHAPES, draw
+
+    from benchmarks.learn_multimodal import COLOURS, SHAPES, draw
 
     rng = random.Random(seed)
     classes = [(c, s) for c in COLOURS for s in SHAPES]
@@ -131,7 +134,7 @@ def make_videos(out_dir: str, rows: int, negatives: int, seed: int, per_class: i
 
 
 def _write_rows(path: str, kind: str, media: dict, rows: int, negatives: int, rng: random.Random) -> str:
-    from learn_multimodal import caption
+    from benchmarks.learn_multimodal import caption
 
     classes = list(media)
     field = "images" if kind == "image" else "videos"
@@ -349,12 +352,13 @@ def run_child(spec: dict, env: dict) -> dict:
 def cpu_benchmark(a: argparse.Namespace) -> None:
     import torch
     import transformers
-    from tiny_models import build
+
+    from benchmarks.checkout import tiny_models
 
     work = a.work_dir
     rows = a.steps * a.batch_size + a.batch_size  # one epoch covers the run: no worker restarts
     t0 = time.time()
-    model = build("qwen2_vl", os.path.join(work, "model"), seed=0)
+    model = tiny_models().build("qwen2_vl", os.path.join(work, "model"), seed=0)
     data = {"image": make_images(os.path.join(work, "data"), rows, a.negatives, 0),
             "video": make_videos(os.path.join(work, "data"), rows, a.negatives, 1)}
     print(f"built the model and {rows} rows of each data set in {time.time() - t0:.0f} s", flush=True)
@@ -443,11 +447,12 @@ def cpu_benchmark(a: argparse.Namespace) -> None:
 
 def qwen2_vl_2b_config():
     """Qwen2-VL-2B's config (the real shapes and token ids), for random weights."""
-    from tiny_models import TOKENIZER_SPECS, VOCAB_SIZE
     from transformers import Qwen2VLConfig
 
-    ids = TOKENIZER_SPECS["qwen2_vl"].added_ids()
-    text = dict(QWEN2_VL_2B_TEXT, vocab_size=VOCAB_SIZE, bos_token_id=None, eos_token_id=ids["<|im_end|>"],
+    from benchmarks.checkout import tiny_models
+
+    ids = tiny_models().TOKENIZER_SPECS["qwen2_vl"].added_ids()
+    text = dict(QWEN2_VL_2B_TEXT, vocab_size=tiny_models().VOCAB_SIZE, bos_token_id=None, eos_token_id=ids["<|im_end|>"],
                 pad_token_id=ids["<|endoftext|>"], tie_word_embeddings=True,
                 rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]})
     return Qwen2VLConfig(text_config=text, vision_config=dict(QWEN2_VL_2B_VISION), image_token_id=ids["<|image_pad|>"],
@@ -467,10 +472,11 @@ def count_params_meta() -> int:
 
 def save_qwen2_vl_processor(out_dir: str) -> None:
     """The real Qwen tokenizer and a Qwen2-VL processor with Qwen2-VL's own pixel defaults."""
-    from tiny_models import build_qwen_tokenizer
     from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
 
-    tok = build_qwen_tokenizer(out_dir, "qwen2_vl")
+    from benchmarks.checkout import tiny_models
+
+    tok = tiny_models().build_qwen_tokenizer(out_dir, "qwen2_vl")
     image = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=28 * 28 * 1280, patch_size=14, temporal_patch_size=2,
                                   merge_size=2)
     video = Qwen2VLVideoProcessor(min_pixels=128 * 28 * 28, max_pixels=768 * 28 * 28, patch_size=14,

@@ -84,8 +84,10 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, "examples", "data", "stsb_train_hardneg.jsonl")
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-from learn_reranker import hold_out  # noqa: E402 - the same held-out rows as the reranker's benchmark
+if not __package__:  # run as a file: the package registered from its folder (benchmarks/_bootstrap.py)
+    import _bootstrap  # noqa: F401
+
+from benchmarks.learn_reranker import hold_out  # noqa: E402 - the same held-out rows as the reranker's benchmark
 
 METRICS = ("ndcg@10", "mrr@10", "recall@1")
 

@@ -32,6 +32,9 @@ import time
 
 import numpy as np
 
+if not __package__:  # run as a file: the package registered from its folder (benchmarks/_bootstrap.py)
+    import _bootstrap  # noqa: F401
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLOURS = {"red": (220, 30, 30), "green": (30, 170, 50), "blue": (40, 60, 220),
            "yellow": (235, 215, 30), "purple": (140, 40, 170), "orange": (245, 140, 20)}
@@ -151,11 +154,10 @@ def main(argv: list[str] | None = None, run=None) -> dict[str, dict[str, float]]
     args = ap.parse_args(argv)
     late = args.task_type == "late_interaction"
 
-    sys.path.insert(0, os.path.join(REPO, "examples"))
-    from tiny_models import build
+    from benchmarks.checkout import tiny_models
 
     work = args.work_dir or tempfile.mkdtemp(prefix="mmembed-learn-")
-    model_dir = build("qwen2_vl", os.path.join(work, "model"), seed=args.seed)
+    model_dir = tiny_models().build("qwen2_vl", os.path.join(work, "model"), seed=args.seed)
     train, test = make_task(os.path.join(work, "data"), args.train_per_class, args.test_per_class, args.seed)
     before = evaluate_late_interaction(model_dir, test, seed=args.seed) if late else evaluate(model_dir, test)
     out = os.path.join(work, "out")

@@ -51,6 +51,9 @@ import json
 import threading
 from dataclasses import dataclass
 
+if not __package__:  # run as a file: the package registered from its folder (benchmarks/_bootstrap.py)
+    import _bootstrap  # noqa: F401
+
 LABEL = "mmembed::"
 STEP, DATA = LABEL + "step", LABEL + "data"
 VISION, LLM, ATTENTION, LOSS = (LABEL + x for x in ("vision", "llm", "attention", "loss"))
@@ -171,7 +174,7 @@ class ProfiledStep:
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         if self.memory:  # what the memory timeline needs (memory_step.py)
-            from memory_step import memory_profile
+            from benchmarks.memory_step import memory_profile
 
             self.prof = memory_profile(self.cuda)
         else:
@@ -210,7 +213,7 @@ class ProfiledStep:
         """memory_step.memory_at_peak of the step (``memory=True``), else None."""
         if self.prof is None or not self.memory:
             return None
-        from memory_step import memory_at_peak
+        from benchmarks.memory_step import memory_at_peak
 
         return memory_at_peak(self.prof, "cuda:0" if self.cuda else "cpu")
 

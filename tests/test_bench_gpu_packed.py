@@ -24,12 +24,9 @@ def test_saved_for_backward_counts_what_autograd_keeps_once_per_storage():
     """The bench's activation measure, against a step whose saved tensors are known: a matmul keeps
     its input (for the weight's gradient) and the weight (a parameter: left out), relu keeps its
     output, and a view of the input saved again is the same storage (counted once)."""
-    import sys
-
     import torch
 
-    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-    from bench_gpu import saved_for_backward
+    from benchmarks.gpu.measure import saved_for_backward
 
     model = torch.nn.Linear(8, 16, bias=False)
     x = torch.randn(4, 8)
@@ -45,12 +42,9 @@ def test_saved_for_backward_is_the_most_held_at_once():
     """Two graphs one after the other, the first's saved tensors freed by its backward before the
     second saves its own: the most held at once is one graph's, whatever addresses the allocator
     hands out; both storages are counted as saved."""
-    import sys
-
     import torch
 
-    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-    from bench_gpu import saved_for_backward
+    from benchmarks.gpu.measure import saved_for_backward
 
     model = torch.nn.Linear(256, 256, bias=False)
     with saved_for_backward(model) as saved:

@@ -11,17 +11,17 @@ import sys
 import jinja2
 import pytest
 
+from benchmarks.gpu.largest import largest_batch
+from benchmarks.gpu.models import to_messages_form
+from benchmarks.gpu.st_side import st_chat_template, st_rows, st_vl_column
+from mmembed.data.sample import Item
+from mmembed.encoding.templates import get_template
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-
-import bench_gpu  # noqa: E402
-
-from mmembed.data.sample import Item  # noqa: E402
-from mmembed.encoding.templates import get_template  # noqa: E402
 
 
 def render(messages: list) -> str:
-    return jinja2.Environment().from_string(bench_gpu.st_chat_template("qwen3_vl_emb")).render(messages=messages)
+    return jinja2.Environment().from_string(st_chat_template("qwen3_vl_emb")).render(messages=messages)
 
 
 @pytest.mark.parametrize("content,item", [
@@ -45,12 +45,12 @@ def test_the_chat_template_renders_a_row_as_mmembeds_template(content, item):
 
 def test_a_query_row_becomes_s_t_inputs_with_its_pictures_in_order():
     images = ["p.png", "n.png"]
-    assert bench_gpu.st_vl_column("a red circle", images) == "a red circle" and images == ["p.png", "n.png"]
-    assert bench_gpu.st_vl_column("<image>", images) == {"image": "p.png"}
-    assert bench_gpu.st_vl_column("<image> at night", images) == {"text": " at night", "image": "n.png"}
+    assert st_vl_column("a red circle", images) == "a red circle" and images == ["p.png", "n.png"]
+    assert st_vl_column("<image>", images) == {"image": "p.png"}
+    assert st_vl_column("<image> at night", images) == {"text": " at night", "image": "n.png"}
     assert images == []
     with pytest.raises(ValueError, match="one picture per input"):
-        bench_gpu.st_vl_column("<image><image>", ["a", "b"])
+        st_vl_column("<image><image>", ["a", "b"])
 
 
 def test_s_t_takes_the_rows_in_the_order_mmembed_draws_them(tmp_path):
@@ -61,8 +61,8 @@ def test_s_t_takes_the_rows_in_the_order_mmembed_draws_them(tmp_path):
 
     src = tmp_path / "rows.jsonl"
     src.write_text("".join(json.dumps({"query": f"q{i}", "response": f"r{i}"}) + "\n" for i in range(12)))
-    data = bench_gpu.to_messages_form(str(src), str(tmp_path / "rows.messages.jsonl"))
-    rows = bench_gpu.st_rows({"data": data, "st_data": str(src)})
+    data = to_messages_form(str(src), str(tmp_path / "rows.messages.jsonl"))
+    rows = st_rows({"data": data, "st_data": str(src)})
     loaded = [Sample.from_json(x).anchor.text for x in load_samples(data, seed=42, shuffle=True).dataset["sample"]]
     assert [r["query"] for r in rows] == loaded and sorted(loaded) != loaded  # shuffled, and the same way
 
@@ -95,7 +95,7 @@ def test_the_largest_batch_search_brackets_the_threshold(threshold, start):
     found fits, the smallest that did not is above the threshold, and the two are at most one step
     apart (or the limit fits); every probe's outcome is the threshold's."""
     limit, step = 4096, 8
-    found = bench_gpu.largest_batch(lambda b: b <= threshold, start, limit, step)
+    found = largest_batch(lambda b: b <= threshold, start, limit, step)
     assert all(outcome == (b <= threshold) for b, outcome in found["probes"])
     if threshold < 1:
         assert found["largest"] is None and found["oom"] == 1
@@ -111,5 +111,5 @@ def test_the_largest_batch_search_brackets_the_threshold(threshold, start):
 def test_the_search_stops_where_a_probe_cannot_tell():
     """A probe that crashed or ran out of time (None) ends the search with what is known."""
     outcomes = {32: True, 64: None}
-    found = bench_gpu.largest_batch(lambda b: outcomes[b], 32, 4096)
+    found = largest_batch(lambda b: outcomes[b], 32, 4096)
     assert found == dict(largest=32, oom=None, limit_reached=False, probes=[(32, True), (64, None)])

@@ -10,11 +10,10 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
 
 def test_query_rows_become_messages_rows_with_their_pictures(tmp_path):
-    from bench_gpu import to_messages_form
+    from benchmarks.gpu.models import to_messages_form
 
     src = tmp_path / "q.jsonl"
     src.write_text(json.dumps({"query": "a red square", "response": "<image>", "rejected_response": ["<image>"],

@@ -1,15 +1,10 @@
 """benchmarks/memory_step.py (``bench_gpu.py --profile_memory``): a training step's memory at its peak
 by kind, read from PyTorch's memory profiler, against a step whose tensors are known by their shapes."""
 
-import os
-import sys
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-
-from memory_step import MIB, memory_at_peak, memory_profile, render  # noqa: E402
+from benchmarks.memory_step import MIB, memory_at_peak, memory_profile, render
 
 
 def test_a_steps_kinds_are_its_tensors_bytes():

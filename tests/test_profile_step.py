@@ -3,17 +3,13 @@ loss, other, data, idle) and the top kernels. The summariser is checked on hand-
 events whose split is worked out below, then on a tiny model profiled on the CPU against what
 the test itself controls (a module never called, a dominant matmul, timed sleeps)."""
 
-import os
-import sys
 import time
 
 import pytest
 import torch
-from conftest import REPO
 from torch import nn
 
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-from profile_step import (  # noqa: E402
+from benchmarks.profile_step import (
     ATTENTION,
     DATA,
     LLM,
