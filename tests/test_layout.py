@@ -1,8 +1,9 @@
 """The package's shape: each folder imports only from the folders before it in the flow,
 no module comes back to itself through its imports (a circle, imports for annotations under
 ``if TYPE_CHECKING:`` and inside functions counted), outside losses/ no code decides anything
-by comparing loss names, no module is over 600 lines, and no committed file names a path of one
-machine."""
+by comparing loss names, no module is over 600 lines, no committed file names a path of one
+machine, and benchmarks/ is a package of short modules that neither edits ``sys.path`` nor imports
+from tests/ or examples/."""
 
 import ast
 import os
@@ -290,3 +291,79 @@ def test_no_file_names_a_path_of_one_machine():
                 found.append(f"{name}:{i}: {line.strip()[:120]}")
     assert not found, "\n".join(found)
     assert MACHINE_PATH.search("MMEMBED_SWIFT_PYTHON=" + "/wo" + "rk/swift-venv/bin/python")  # the pattern bites
+
+
+BENCHMARKS = os.path.join(REPO, "benchmarks")
+#: what benchmarks/ may not import: the folders tests/ and examples/ and the modules directly in them
+#: (benchmarks/checkout.py reads the two files the benchmarks need by their paths)
+NOT_FOR_BENCHMARKS = {"tests", "examples"} | {p.stem for top in ("tests", "examples")
+                                               for p in pathlib.Path(REPO, top).glob("*.py")}
+SYS_PATH_EDITS = {"insert", "append", "extend", "remove", "pop", "clear"}
+
+
+def _is_sys_path(node) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+            and node.value.id == "sys")
+
+
+def _benchmark_problems(folder) -> list:
+    """Each file under ``folder`` over MAX_LINES lines, each Python file without an opening
+    docstring, each edit of ``sys.path`` (a call of its insert / append / ..., an assignment to it or
+    to an item of it) and each import of a module of tests/ or examples/."""
+    problems = []
+    for path in sorted(pathlib.Path(folder).rglob("*")):
+        if not path.is_file() or "__pycache__" in path.parts:
+            continue
+        name = path.relative_to(folder).as_posix()
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if len(text.splitlines()) > MAX_LINES:
+            problems.append(f"{name}: {len(text.splitlines())} lines, over {MAX_LINES}")
+        if path.suffix != ".py":
+            continue
+        tree = ast.parse(text)
+        if ast.get_docstring(tree) is None:
+            problems.append(f"{name}: no opening docstring")
+        found = []  # (line, problem): ast.walk goes level by level, the report line by line
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            else:
+                modules = []
+            found += [(node.lineno, f"{name}:{node.lineno} imports {m} (from tests/ or examples/)") for m in modules
+                      if m.split(".")[0] in NOT_FOR_BENCHMARKS]
+            edited = False
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                edited = _is_sys_path(node.func.value) and node.func.attr in SYS_PATH_EDITS
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                edited = any(_is_sys_path(t) or (isinstance(t, ast.Subscript) and _is_sys_path(t.value))
+                             for t in targets)
+            if edited:
+                found.append((node.lineno, f"{name}:{node.lineno} edits sys.path"))
+        problems += [problem for _, problem in sorted(found)]
+    return problems
+
+
+def test_benchmarks_are_a_package_of_short_modules_apart_from_tests_and_examples():
+    """benchmarks/ (issue 45): no file over 600 lines, every module opening with a docstring, no
+    ``sys.path`` edit (a command run as a file finds its package through benchmarks/_bootstrap.py),
+    nothing imported from tests/ or examples/ (benchmarks/checkout.py reads what it needs of them by
+    path)."""
+    problems = _benchmark_problems(BENCHMARKS)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_benchmark_check_names_each_violation(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "bad.py").write_text(
+        '"""A planted violation."""\nimport sys\n\nimport tiny_models\nfrom tests.reference_losses import parse_groups\n'
+        'sys.path.insert(0, "x")\nsys.path += ["y"]\nsys.path[0] = "z"\nprint(sys.path[0])\n')
+    (tmp_path / "long.sh").write_text("echo\n" * (MAX_LINES + 1))
+    (tmp_path / "bare.py").write_text("import os\n")
+    assert _benchmark_problems(tmp_path) == [
+        "bare.py: no opening docstring", f"long.sh: {MAX_LINES + 1} lines, over {MAX_LINES}",
+        "sub/bad.py:4 imports tiny_models (from tests/ or examples/)",
+        "sub/bad.py:5 imports tests.reference_losses (from tests/ or examples/)",
+        "sub/bad.py:6 edits sys.path", "sub/bad.py:7 edits sys.path", "sub/bad.py:8 edits sys.path"]
