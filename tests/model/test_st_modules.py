@@ -182,3 +182,31 @@ def test_a_module_mmembed_cannot_run_is_refused_before_the_weights_load(tmp_path
 
     with pytest.raises(UsageError, match=said):  # the run's checks say it before anything loads
         check_settings(parse_sft_args(["--model", str(folder), "--dataset", rows, "--output_dir", str(tmp_path / "o")]))
+
+
+def _global_batch_run(model: str, rows: str, out: str, nproc: int, *extra: str) -> str:
+    """One step of plain SGD (lr 1: differences show) on the 8 rows' global batch, in ``nproc``
+    processes of 8 / ``nproc`` rows each; returns checkpoint-1."""
+    from conftest import launch
+
+    args = ["-m", "mmembed.tools.cli", "sft", "--model", model, "--dataset", rows, "--tuner_type", "full",
+            "--per_device_train_batch_size", str(8 // nproc), "--gradient_accumulation_steps", "1", "--max_steps", "1",
+            "--save_steps", "1", "--optim", "sgd", "--learning_rate", "1.0", "--weight_decay", "0", "--max_grad_norm", "0",
+            "--lr_scheduler_type", "constant", "--gradient_checkpointing", "false", "--max_length", "32", "--seed", "3",
+            "--output_dir", out, "--disable_tqdm", "true", "--dataloader_num_workers", "0", "--report_to", "none", *extra]
+    launch(args, nproc=nproc)
+    return os.path.join(out, "checkpoint-1")
+
+
+def test_zero3_on_two_processes_trains_the_dense_layer_as_one_process(tmp_path, minilm_dense):
+    """The Dense layer's gradient reaches it from both processes' rows, and its gathered weights
+    are what the checkpoint saves under ZeRO-3 (partitioned in the run)."""
+    rows = write_jsonl(tmp_path / "rows.jsonl", [{"query": r["query"], "response": r["response"]} for r in stsb_pairs(8)])
+    one = _global_batch_run(minilm_dense, rows, str(tmp_path / "one"), 1)
+    two = _global_batch_run(minilm_dense, rows, str(tmp_path / "two"), 2, "--deepspeed", "zero3")
+    before = dense_weights(minilm_dense)["linear.weight"]
+    a, b = dense_weights(one), dense_weights(two)
+    assert (a["linear.weight"] - before).abs().max() > 1e-3
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(st_encode(two), mm_encode(two), atol=1e-5)
