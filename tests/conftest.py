@@ -270,6 +270,14 @@ def load_tiny_models():
     return sys.modules["tiny_models"]
 
 
+def load_docs_hooks():
+    """docs/hooks/generated.py (the site's generated tables; not a package) as a module."""
+    spec = importlib.util.spec_from_file_location("docs_hooks_generated", os.path.join(REPO, "docs", "hooks", "generated.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """``tiny_model(kind)``: the folder of a tiny random-weight Qwen model (built once per

@@ -7,21 +7,12 @@ in tests/run.sh checks the links inside docs/)."""
 import argparse
 import ast
 import dataclasses
-import importlib.util
 import os
 import re
 
 import pytest
 import yaml
-from conftest import REPO
-
-
-def _hook():
-    path = os.path.join(REPO, "docs", "hooks", "generated.py")
-    spec = importlib.util.spec_from_file_location("docs_hooks_generated", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import REPO, load_docs_hooks
 
 
 def _value(node):
@@ -39,7 +30,7 @@ def test_the_sft_flag_table_lists_every_field_sftarguments_declares_with_its_def
     from mmembed.training.arguments import SftArguments
     from mmembed.training.sft_flags import SftFlags
 
-    fields = _hook().sft_fields()
+    fields = load_docs_hooks().sft_fields()
     assert [f["name"] for f in fields] == list(SftFlags.__dict__["__annotations__"])
     assert not SftArguments.__dict__.get("__annotations__")  # its flags are SftFlags' all
     runtime = {f.name: f for f in dataclasses.fields(SftArguments)}
@@ -49,7 +40,7 @@ def test_the_sft_flag_table_lists_every_field_sftarguments_declares_with_its_def
         assert _value(f["default"]) == default, f["name"]
         assert f["metadata"].get("help") == field.metadata.get("help"), f["name"]
         assert f["metadata"].get("choices") == field.metadata.get("choices"), f["name"]
-    markdown = _hook().sft_flags()
+    markdown = load_docs_hooks().sft_flags()
     for f in fields:
         assert f"| `--{f['name']}` |" in markdown
 
@@ -67,7 +58,7 @@ def test_the_tool_flag_tables_list_what_each_command_parses(monkeypatch):
         raise _Parser(self)
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", caught)
-    tools = {tool["command"]: tool for tool in _hook().tool_parsers()}
+    tools = {tool["command"]: tool for tool in load_docs_hooks().tool_parsers()}
     commands = {name for name, function in cli.COMMANDS.items() if function is not cli.cmd_sft}
     assert set(tools) == commands
     for name, tool in tools.items():
@@ -85,7 +76,7 @@ def test_the_tool_flag_tables_list_what_each_command_parses(monkeypatch):
             expected = False if isinstance(action, argparse._StoreTrueAction) else action.default
             if not isinstance(action, argparse._StoreTrueAction):
                 assert _value(flag.get("default")) == expected, where
-    markdown = _hook().tool_flags()
+    markdown = load_docs_hooks().tool_flags()
     for name in commands:
         assert f"### `mmembed {name}`" in markdown
 
@@ -93,7 +84,7 @@ def test_the_tool_flag_tables_list_what_each_command_parses(monkeypatch):
 def test_the_template_tables_list_every_field_and_file():
     from mmembed.encoding.templates import Template
 
-    hook = _hook()
+    hook = load_docs_hooks()
     assert re.findall(r"^\| `(\w+)` \|", hook.template_fields(), re.MULTILINE) == \
         [f.name for f in dataclasses.fields(Template)]
     shipped = sorted(n for n in os.listdir(os.path.join(REPO, "templates")) if n.endswith(".toml"))

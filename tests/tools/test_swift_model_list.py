@@ -5,13 +5,12 @@ in mmembed/encoding/swift_models.py with why not; and docs/swift.md's table (mad
 docs/hooks/generated.py) has exactly those model types with that status. A model type a new
 ms-swift release adds, once the fixture is made again, fails here until it is handled."""
 
-import importlib.util
 import json
 import os
 import re
 
 import pytest
-from conftest import REPO
+from conftest import REPO, load_docs_hooks
 
 from mmembed.encoding.swift_models import NOT_SUPPORTED
 from mmembed.encoding.templates import get_template
@@ -23,14 +22,6 @@ FIXTURE = os.path.join(REPO, "tests", "fixtures", "swift", "model_list.json")
 def _listed():
     with open(FIXTURE, encoding="utf-8") as f:
         return json.load(f)
-
-
-def _hook():
-    path = os.path.join(REPO, "docs", "hooks", "generated.py")
-    spec = importlib.util.spec_from_file_location("docs_hooks_generated", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def template_of(entry: dict) -> str | None:
@@ -85,7 +76,7 @@ def test_a_model_type_kept_as_not_supported_says_why_in_the_error():
 
 
 def test_the_docs_table_lists_the_fixture_with_mmembed_s_status():
-    hook = _hook()
+    hook = load_docs_hooks()
     for task, template_task in hook.TEMPLATE_TASK.items():
         assert get_task(task).template_task == template_task
     statuses = hook.swift_model_statuses()
