@@ -178,8 +178,18 @@ def main(argv: list[str] | None = None, run=None) -> dict[str, dict[str, float]]
         run(cmd, env)
     seconds = time.time() - t0
     ckpts = sorted((d for d in os.listdir(out) if d.startswith("checkpoint-")), key=lambda d: int(d.split("-")[1]))
+    # the trained model reads the held-out pictures under the training's budget, set for that
+    # only: main() runs in the test suite's processes too, whose later runs must not inherit it
+    saved = {k: os.environ.get(k) for k in ("MAX_PIXELS", "MIN_PIXELS")}
     os.environ.update(MAX_PIXELS=env["MAX_PIXELS"], MIN_PIXELS=env["MIN_PIXELS"])
-    after = (evaluate_late_interaction if late else evaluate)(os.path.join(out, ckpts[-1]), test)
+    try:
+        after = (evaluate_late_interaction if late else evaluate)(os.path.join(out, ckpts[-1]), test)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     print(f"\ntiny Qwen2-VL ({args.task_type}) from random weights, {len(test)} held-out pictures x 18 captions; training took {seconds:.0f} s")
     print(f"{'metric':10s}{'before':>10s}{'after':>10s}{'chance':>10s}")
     print(f"{'recall@1':10s}{before['recall@1']:10.4f}{after['recall@1']:10.4f}{after['chance']:10.4f}")

@@ -21,6 +21,7 @@ from mmembed.encoding.collator import EmbeddingCollator
 from mmembed.encoding.inputs import InputBuilder, select_rows
 from mmembed.encoding.layout import Layout
 from mmembed.encoding.templates import get_template
+from mmembed.environment import read as read_environment
 
 MM = os.path.join(DATA, "mm")
 # the real ids of the special tokens (the checkpoints' tokenizer_config.json)
@@ -647,8 +648,10 @@ def test_tiny_qwen2_vl_learns_image_text_retrieval_from_random_weights(tmp_path)
     import learn_multimodal
 
     # the training command in a process forked from the test server (tests/forked_cli.py)
+    environ = read_environment().variables
     result = learn_multimodal.main(["--work_dir", str(tmp_path), "--epochs", "20"],
                                    run=lambda args, env: launch(args, env=env, timeout=900))
+    assert read_environment().variables == environ  # its MAX_PIXELS / MIN_PIXELS stay its own
     assert result["before"]["recall@1"] < 2 * result["before"]["chance"]
     assert result["after"]["recall@1"] >= 3 * result["after"]["chance"]
 

@@ -60,11 +60,16 @@ def test_first_loss_equals_ms_swift(folders, model_type, rows, tmp_path, monkeyp
     first loss, on text rows and on picture rows (relative image paths, run from data/ as ms-swift's)."""
     swift = json.load(open(os.path.join(FIXTURES, "first_loss", f"{model_type}_{rows}.json")))
     monkeypatch.chdir(os.path.join(FIXTURES, "data"))
+    for var in ("MAX_PIXELS", "MIN_PIXELS", "FPS", "FPS_MAX_FRAMES"):  # none set by the user in ms-swift's run
+        monkeypatch.delenv(var, raising=False)
     flags = swift_flags(folders[model_type], model_type, "text.jsonl" if rows == "text" else "gme.jsonl",
                         str(tmp_path / "out"))
     with recording() as rec:
         _sft([*flags, "--save_strategy", "no"])
-    assert rec["first_loss"] == pytest.approx(swift["first_loss"], abs=1e-5)
+    batch = rec["first_batch"] or {}
+    shapes = {k: tuple(v.shape) for k, v in batch.items() if hasattr(v, "shape")}
+    grids = batch["image_grid_thw"].tolist() if "image_grid_thw" in batch else None
+    assert rec["first_loss"] == pytest.approx(swift["first_loss"], abs=1e-5), (shapes, grids)
 
 
 def _rendered(model_dir: str, text: str, system: str | None = SYSTEM) -> torch.Tensor:

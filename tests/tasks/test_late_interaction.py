@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import REPO, stsb_pairs, write_jsonl
 
+from mmembed.environment import read as read_environment
 from mmembed.errors import UsageError
 from mmembed.training.arguments import parse_sft_args
 from mmembed.training.sft import build_trainer, run_sft
@@ -331,8 +332,10 @@ def test_a_tiny_qwen2_vl_learns_image_text_retrieval_as_a_multi_vector_model(tmp
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     import learn_multimodal
 
+    environ = read_environment().variables
     result = learn_multimodal.main(["--work_dir", str(tmp_path), "--epochs", "10", "--task_type", "late_interaction"],
                                    run=lambda args, env: launch(args, env=env, timeout=900))
+    assert read_environment().variables == environ  # its MAX_PIXELS / MIN_PIXELS stay its own
     assert result["before"]["recall@1"] < 2 * result["before"]["chance"]
     assert result["after"]["recall@1"] >= 3 * result["after"]["chance"], result
 
