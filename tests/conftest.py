@@ -167,7 +167,7 @@ LONGEST_FIRST = [
     # the reranker files, alone on one thread (2026-11-26): 97-124 s, 47, 39, 38, 37 s; test_rerank_cli
     # before test_serve_rerank's and test_mine_teacher's turn on a worker makes their checkpoint
     # (reranker_checkpoints) ready for them; test_hub.py (one sft step from the loopback hub): 55-60 s
-    "training/test_rerank_sft.py", "test_hub.py", "test_hub_modelscope.py", "tools/test_rerank_cli.py", "tools/test_serve_rerank.py",
+    "tasks/reranker/test_rerank_sft.py", "test_hub.py", "test_hub_modelscope.py", "tools/test_rerank_cli.py", "tools/test_serve_rerank.py",
     "tools/test_mine_teacher.py", "model/test_reranker.py",
 ]
 

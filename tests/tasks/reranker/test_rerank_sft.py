@@ -195,7 +195,7 @@ def test_a_vision_language_reranker_trains_on_image_rows_and_scores_them(tiny_mo
     (the scores against transformers' full logits: tests/model/test_reranker.py)."""
     from mmembed.tasks.reranker.scorer import Reranker
 
-    mm = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "data", "mm")
+    mm = os.path.join(REPO, "examples", "data", "mm")
     model = tiny_model("qwen3_vl")
     out = run_sft(parse_sft_args([
         "--model", model, "--task_type", "generative_reranker", "--dataset", os.path.join(mm, "qwen3_vl_train.jsonl"),
