@@ -332,7 +332,7 @@ class SentenceTransformersHead:
         self.modules = SentenceTransformersModules(modules_of_folder(args.model), args.model)
         if args.pooling:
             self.modules.use_pooling(pooling)
-        mine, self.peft_names = self.modules.modules_named(list(args.modules_to_save))
+        mine = self.modules.modules_named(list(args.modules_to_save))[0]
         trained = self.modules.set_trainable(args.tuner_type == "full", mine)
         kinds = " -> ".join(e.kind for e in self.modules.entries)
         logger.info("%s: sentence-transformers modules %s kept; trained: %s", args.model, kinds,
@@ -340,7 +340,7 @@ class SentenceTransformersHead:
 
     def peft_modules_to_save(self, names: list[str]) -> list[str]:
         """The ``--modules_to_save`` names left for PEFT (the backbone's)."""
-        return self.peft_names
+        return self.modules.modules_named(list(names))[1]
 
     def __call__(self, backbone: nn.Module, **options: Any) -> EmbeddingModel:
         return EmbeddingModel(backbone, modules=self.modules, **options)
